@@ -1,0 +1,23 @@
+// CUDA and NCCL status checks that carry file:line (host code only).
+#pragma once
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include "weft/core/error.hpp"
+
+#define WEFT_CUDA_CHECK(call)                                                                   \
+  do {                                                                                          \
+    cudaError_t weft_e_ = (call);                                                               \
+    if (weft_e_ != cudaSuccess)                                                                 \
+      ::weft::throw_error(__FILE__, __LINE__,                                                   \
+                          fmt::format("{} failed: {}", #call, cudaGetErrorString(weft_e_)));    \
+  } while (0)
+
+#define WEFT_NCCL_CHECK(call)                                                                   \
+  do {                                                                                          \
+    ncclResult_t weft_r_ = (call);                                                              \
+    if (weft_r_ != ncclSuccess)                                                                 \
+      ::weft::throw_error(__FILE__, __LINE__,                                                   \
+                          fmt::format("{} failed: {} ({})", #call, ncclGetErrorString(weft_r_), \
+                                      ncclGetLastError(nullptr)));                              \
+  } while (0)

@@ -1,0 +1,36 @@
+// Tunables: each declared once with a name, an environment variable and a default.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace weft {
+
+// A snapshot of the process environment; tests pass their own.
+using EnvMap = std::map<std::string, std::string>;
+EnvMap current_env();
+std::optional<std::string> env_get(const EnvMap& env, const std::string& key);
+
+struct Tunable {
+  const char* env;
+  int64_t default_value;
+  const char* doc;
+};
+
+namespace tunables {
+inline constexpr Tunable kTimeoutMs{"WEFT_TIMEOUT_MS", 30000,
+                                    "deadline of every cross-rank wait, in milliseconds"};
+inline constexpr Tunable kHostHeapMiB{"WEFT_HOST_HEAP_MIB", 256,
+                                      "symmetric heap per rank on the host backend (MiB, sparse)"};
+inline constexpr Tunable kGpuHeapMiB{"WEFT_GPU_HEAP_MIB", 2048,
+                                     "symmetric heap per rank on the nccl backend (MiB)"};
+inline constexpr Tunable kHostRanks{"WEFT_HOST_RANKS", 2,
+                                    "ranks that CLI commands launch on the host backend"};
+}  // namespace tunables
+
+// Reads the tunable's variable from the environment; throws InvalidArgument if it is not an integer.
+int64_t tunable_value(const Tunable& t, const EnvMap& env);
+int64_t tunable_value(const Tunable& t);
+
+}  // namespace weft

@@ -1,0 +1,41 @@
+// PTX memory-ordering wrappers, named by instruction, scope and meaning.
+// PTX ISA 8.x: §9.7.9.8 ld (.acquire), §9.7.9.10 st (.release), §9.7.13.5 red (.release),
+// §9.7.13.4 fence (.acq_rel / .sc), §10 special register %globaltimer.
+#pragma once
+#if defined(__CUDACC__)
+#include <cstdint>
+
+namespace weft::ptx {
+
+// Acquire load at system scope: later reads see everything the releasing peer wrote.
+__device__ __forceinline__ uint64_t ld_acquire_sys_global(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Release store at system scope: earlier writes of this thread are visible before the value.
+__device__ __forceinline__ void st_release_sys_global(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// Release add at system scope with no return value (a fire-and-forget reduction).
+__device__ __forceinline__ void red_release_sys_global_add(uint64_t* p, uint64_t v) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// Cumulative fence: orders every access this thread observed before it against later ones.
+__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+
+// Sequentially consistent fence at system scope (membar.sys): all prior writes complete.
+__device__ __forceinline__ void fence_sc_sys() { asm volatile("fence.sc.sys;" ::: "memory"); }
+
+// Nanoseconds of the global timer (coarse on some parts: ~1 µs ticks); for deadlines only.
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+}  // namespace weft::ptx
+#endif

@@ -1,0 +1,19 @@
+// Launchers of the runtime's own small kernels (framework-free: raw values and a stream
+// in, status out). Defined in src/kernels/runtime_kernels.cu; host logic stays in .cpp.
+#pragma once
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include "weft/device/barrier.hpp"
+#include "weft/device/ctx.hpp"
+
+namespace weft::kernels {
+
+// out[p] = peer p's base of `win` as this GPU addresses it (p < world).
+cudaError_t lsa_bases(ncclWindow_t win, int world, char** out, cudaStream_t stream);
+// Writes ((rank+1) << 32 | p) into slot `rank` (8 bytes each) of every peer p's heap.
+cudaError_t symmetry_write(const dev::DeviceCtx& c, cudaStream_t stream);
+// One thread per rank runs dev::barrier: lines GPUs up before a timed region.
+cudaError_t device_barrier(const dev::DeviceCtx& c, dev::BarrierHandle bar, cudaStream_t stream);
+
+}  // namespace weft::kernels

@@ -1,0 +1,73 @@
+// Bootstrap: small host-side exchanges between ranks before (and beside) the GPU
+// communicator: the NCCL unique id, allocation records, shared-memory names.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "weft/core/env.hpp"
+#include "weft/runtime/world.hpp"
+
+namespace weft {
+
+// What every rank tells every other at start; used to reject worlds that disagree and to
+// name ranks whose process has exited.
+struct PeerInfo {
+  int world_size;
+  int local_size;
+  int pid;
+  uint64_t host_hash;
+};
+
+class Bootstrap {
+ public:
+  virtual ~Bootstrap() = default;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // Collective: every rank contributes `bytes` bytes; `out` receives size()*bytes, rank-major.
+  // Throws TimeoutError naming the missing rank(s) after WEFT_TIMEOUT_MS.
+  virtual void allgather(const void* in, size_t bytes, void* out) = 0;
+
+  void broadcast(void* buf, size_t bytes, int root);
+  void barrier();
+  const std::vector<PeerInfo>& peers() const { return peers_; }
+  // True if `peer` is known to have exited (same host only; false when unknown).
+  bool peer_exited(int peer) const;
+
+ protected:
+  Bootstrap(int rank, int size) : rank_(rank), size_(size) {}
+  // Exchanges PeerInfo; throws InvalidArgument when ranks disagree on the world's size.
+  void handshake(const World& w);
+
+  int rank_;
+  int size_;
+  std::vector<PeerInfo> peers_;
+};
+
+// Ranks of one node rendezvous through files in a directory they share (weft launch makes
+// one and sets WEFT_BOOTSTRAP_DIR). Every exchange is a round of files `<round>.<rank>`.
+class FileBootstrap final : public Bootstrap {
+ public:
+  FileBootstrap(const World& w, std::string dir, int64_t timeout_ms);
+  ~FileBootstrap() override;
+  void allgather(const void* in, size_t bytes, void* out) override;
+
+ private:
+  std::string path(uint64_t round, int rank) const;
+  std::string dir_;
+  int64_t timeout_ms_;
+  uint64_t round_ = 0;
+};
+
+// The bootstrap for this world: a single rank needs none; WEFT_BOOTSTRAP_DIR (set by
+// weft launch) or a directory derived from torchrun's run id on one node; MPI where weft
+// was built with it and the world came from Open MPI. Throws InvalidArgument otherwise.
+std::unique_ptr<Bootstrap> make_bootstrap(const World& w, const EnvMap& env);
+
+uint64_t this_host_hash();
+// True when a process with this pid is gone or a zombie (exited, not yet reaped).
+bool process_exited(int pid);
+
+}  // namespace weft

@@ -1,0 +1,45 @@
+// Starting ranks on this node: `weft launch -n N -- cmd` (exec) and run_ranks (fork and
+// call a function; used by the tests and by CLI commands that launch themselves).
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "weft/core/env.hpp"
+
+namespace weft {
+
+struct RankResult {
+  int rank = 0;
+  int exit_code = 0;        // -1 when killed by a signal
+  int term_signal = 0;      // the signal that ended it, if any
+  bool killed_by_launcher = false;
+  std::string message;      // the error the rank reported (run_ranks only)
+};
+
+struct LaunchOptions {
+  int nranks = 1;
+  EnvMap extra_env;  // set in every rank, on top of WEFT_RANK & co.
+  // Once one rank has failed, the others get this long to finish before they are killed.
+  int64_t grace_ms = 0;  // 0: WEFT_TIMEOUT_MS + 5 s
+  // Hard limit on the whole run (0: none): a rank still alive then is killed and reported.
+  int64_t deadline_ms = 0;
+  bool quiet = false;  // no summary of failed ranks on stderr
+};
+
+// Forks n ranks that exec argv with WEFT_RANK, WEFT_WORLD_SIZE, WEFT_LOCAL_RANK,
+// WEFT_LOCAL_SIZE and a fresh WEFT_BOOTSTRAP_DIR; waits for all; returns their results.
+std::vector<RankResult> launch_exec(const std::vector<std::string>& argv, const LaunchOptions& opt);
+
+// Forks n ranks that each call fn() with the same environment as launch_exec. A rank
+// that throws reports the exception's message and exits 1; one that returns exits 0.
+std::vector<RankResult> run_ranks(const std::function<void()>& fn, const LaunchOptions& opt);
+
+// 0 when every rank exited 0, else the first failing rank's exit code (or 128+signal).
+int launch_exit_code(const std::vector<RankResult>& results);
+std::string describe_results(const std::vector<RankResult>& results);
+
+// True when this process runs as one rank of a launcher (weft, torchrun, MPI, Slurm).
+bool inside_launcher(const EnvMap& env);
+
+}  // namespace weft

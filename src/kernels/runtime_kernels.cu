@@ -1,0 +1,37 @@
+#include <nccl_device.h>
+
+#include "weft/device/api.hpp"
+#include "weft/kernels/runtime_kernels.hpp"
+
+namespace weft::kernels {
+namespace {
+
+__global__ void lsa_bases_kernel(ncclWindow_t win, int world, char** out) {
+  for (int p = threadIdx.x; p < world; p += blockDim.x) out[p] = static_cast<char*>(ncclGetPeerPointer(win, 0, p));
+}
+
+__global__ void symmetry_write_kernel(dev::DeviceCtx c) {
+  for (int p = threadIdx.x; p < c.world; p += blockDim.x)
+    *c.ptr<uint64_t>(p, 8ull * c.rank) = (static_cast<uint64_t>(c.rank + 1) << 32) | static_cast<uint64_t>(p);
+}
+
+__global__ void barrier_kernel(dev::DeviceCtx c, dev::BarrierHandle bar) { dev::barrier(dev::CoopThread{}, c, bar); }
+
+}  // namespace
+
+cudaError_t lsa_bases(ncclWindow_t win, int world, char** out, cudaStream_t stream) {
+  lsa_bases_kernel<<<1, 128, 0, stream>>>(win, world, out);
+  return cudaGetLastError();
+}
+
+cudaError_t symmetry_write(const dev::DeviceCtx& c, cudaStream_t stream) {
+  symmetry_write_kernel<<<1, 128, 0, stream>>>(c);
+  return cudaGetLastError();
+}
+
+cudaError_t device_barrier(const dev::DeviceCtx& c, dev::BarrierHandle bar, cudaStream_t stream) {
+  barrier_kernel<<<1, 1, 0, stream>>>(c, bar);
+  return cudaGetLastError();
+}
+
+}  // namespace weft::kernels

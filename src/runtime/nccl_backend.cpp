@@ -1,0 +1,144 @@
+#include <nccl.h>
+#include <nccl_device.h>
+
+#include <vector>
+
+#include "weft/core/cuda_check.hpp"
+#include "weft/kernels/runtime_kernels.hpp"
+#include "weft/runtime/nccl_backend.hpp"
+
+namespace weft {
+namespace {
+
+class NcclBackend final : public Backend {
+ public:
+  NcclBackend(const World& w, const EnvMap& env, std::unique_ptr<Bootstrap> bs)
+      : Backend(BackendKind::kNccl, w, std::move(bs)) {
+    const int gpus = count_gpus();
+    check_local_ranks_fit(w, gpus);
+    device_ = w.local_rank;
+    WEFT_CUDA_CHECK(cudaSetDevice(device_));
+    cudaDeviceProp prop{};
+    WEFT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+    name_ = prop.name;
+
+    ncclUniqueId id{};
+    if (w.rank == 0) WEFT_NCCL_CHECK(ncclGetUniqueId(&id));
+    bootstrap_->broadcast(&id, sizeof id, 0);
+    WEFT_NCCL_CHECK(ncclCommInitRank(&comm_, w.size, id, w.rank));
+
+    // Load/store reach to every rank is what the device API assumes.
+    ncclTeam_t lsa = ncclTeamLsa(comm_);
+    WEFT_REQUIRE(lsa.nRanks == w.size,
+                 fmt::format("the NCCL window is not symmetric over all ranks: rank {} reaches {} of {} ranks by "
+                             "load/store (NVLink); weft's nccl backend needs peer access between every pair of GPUs "
+                             "(GPUs without peer access, or several nodes: use WEFT_BACKEND=host for tests)",
+                             w.rank, lsa.nRanks, w.size));
+
+    const int64_t mib = tunable_value(tunables::kGpuHeapMiB, env);
+    WEFT_REQUIRE(mib >= 1, fmt::format("{}={} must be at least 1", tunables::kGpuHeapMiB.env, mib));
+    heap_bytes_ = static_cast<size_t>(mib) << 20;
+    WEFT_NCCL_CHECK(ncclMemAlloc(&buf_, heap_bytes_));
+    WEFT_NCCL_CHECK(ncclCommWindowRegister(comm_, buf_, heap_bytes_, &win_, NCCL_WIN_COLL_SYMMETRIC));
+    ncclDevCommRequirements reqs{};
+    reqs.lsaBarrierCount = 1;
+    WEFT_NCCL_CHECK(ncclDevCommCreate(comm_, &reqs, &devcomm_));
+    have_devcomm_ = true;
+
+    WEFT_CUDA_CHECK(cudaHostAlloc(&slot_host_, sizeof(dev::ErrorSlot), cudaHostAllocMapped));
+    *slot_host_ = dev::ErrorSlot{};
+    WEFT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&slot_dev_), slot_host_, 0));
+    ctx_.error = slot_dev_;
+
+    char** bases_dev = nullptr;
+    WEFT_CUDA_CHECK(cudaMalloc(&bases_dev, sizeof(char*) * w.size));
+    WEFT_CUDA_CHECK(kernels::lsa_bases(win_, w.size, bases_dev, nullptr));
+    std::vector<char*> bases(w.size);
+    WEFT_CUDA_CHECK(cudaMemcpy(bases.data(), bases_dev, sizeof(char*) * w.size, cudaMemcpyDeviceToHost));
+    WEFT_CUDA_CHECK(cudaFree(bases_dev));
+    for (int p = 0; p < w.size; ++p) ctx_.peer_base[p] = bases[p];
+    WEFT_CHECK(ctx_.peer_base[w.rank] == buf_, "the window's local LSA pointer is not the buffer NCCL allocated");
+
+    check_symmetry();
+    init_heap(heap_bytes_);
+  }
+
+  ~NcclBackend() override {
+    // After a failed wait the context is gone: abort instead of collective teardown.
+    if (failed_) {
+      if (comm_) ncclCommAbort(comm_);
+      return;
+    }
+    if (have_devcomm_) ncclDevCommDestroy(comm_, &devcomm_);
+    if (win_) ncclCommWindowDeregister(comm_, win_);
+    if (buf_) ncclMemFree(buf_);
+    if (comm_) ncclCommDestroy(comm_);
+    if (slot_host_) cudaFreeHost(slot_host_);
+  }
+
+  std::string device_name() const override { return name_; }
+
+  void zero(uint64_t offset, size_t bytes) override {
+    WEFT_CUDA_CHECK(cudaMemset(static_cast<char*>(buf_) + offset, 0, bytes));
+    synchronize();
+  }
+
+  void copy_to_host(void* dst, uint64_t offset, size_t bytes) override {
+    synchronize();
+    WEFT_CUDA_CHECK(cudaMemcpy(dst, static_cast<char*>(buf_) + offset, bytes, cudaMemcpyDeviceToHost));
+  }
+  void copy_from_host(uint64_t offset, const void* src, size_t bytes) override {
+    synchronize();
+    WEFT_CUDA_CHECK(cudaMemcpy(static_cast<char*>(buf_) + offset, src, bytes, cudaMemcpyHostToDevice));
+  }
+
+  void synchronize() override {
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) return;
+    failed_ = true;
+    if (slot_host_->claimed) raise_timeout(*slot_host_, ctx_.timeout_ns);
+    throw_error(__FILE__, __LINE__, fmt::format("rank {}: device failure: {}", rank(), cudaGetErrorString(e)));
+  }
+
+ private:
+  // Writes through every peer pointer and reads back what the peers wrote here: proves the
+  // window is symmetric and mapped before anything relies on it.
+  void check_symmetry() {
+    const size_t bytes = 8ull * size();
+    WEFT_CUDA_CHECK(cudaMemset(buf_, 0, bytes));
+    WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+    bootstrap_->barrier();
+    WEFT_CUDA_CHECK(kernels::symmetry_write(ctx_, nullptr));
+    WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+    bootstrap_->barrier();
+    std::vector<uint64_t> got(size());
+    WEFT_CUDA_CHECK(cudaMemcpy(got.data(), buf_, bytes, cudaMemcpyDeviceToHost));
+    for (int r = 0; r < size(); ++r) {
+      const uint64_t want = (static_cast<uint64_t>(r + 1) << 32) | static_cast<uint64_t>(rank());
+      WEFT_CHECK(got[r] == want, fmt::format("symmetric window check failed on rank {}: slot {} holds {:#x}, expected "
+                                             "{:#x} (rank {}'s writes through its peer pointer did not land here)",
+                                             rank(), r, got[r], want, r));
+    }
+    bootstrap_->barrier();  // nobody zeroes the slots (heap allocation) before all have read
+  }
+
+  int device_ = 0;
+  std::string name_;
+  ncclComm_t comm_ = nullptr;
+  void* buf_ = nullptr;
+  size_t heap_bytes_ = 0;
+  ncclWindow_t win_ = nullptr;
+  ncclDevComm devcomm_{};
+  bool have_devcomm_ = false;
+  dev::ErrorSlot* slot_host_ = nullptr;
+  dev::ErrorSlot* slot_dev_ = nullptr;
+  bool failed_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_nccl_backend(const World& w, const EnvMap& env, std::unique_ptr<Bootstrap> bs) {
+  return std::make_unique<NcclBackend>(w, env, std::move(bs));
+}
+
+}  // namespace weft

@@ -1,0 +1,136 @@
+// weft: the command-line frontend. Commands that need ranks launch themselves (one
+// process per local GPU, or WEFT_HOST_RANKS host ranks) unless already inside a launcher.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "weft/bench/devapi_bench.hpp"
+#include "weft/core/error.hpp"
+#include "weft/runtime/backend.hpp"
+#include "weft/runtime/launch.hpp"
+
+namespace {
+
+using namespace weft;
+
+std::string self_exe() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("weft") : p.string();
+}
+
+// Re-runs this command as N ranks when not inside a launcher; returns the exit code, or -1
+// when the caller already is a rank and should do the work itself.
+int relaunch_as_ranks(int argc, char** argv) {
+  EnvMap env = current_env();
+  if (inside_launcher(env)) return -1;
+  const int gpus = count_gpus_forked();
+  const BackendKind kind = resolve_backend(env, gpus);
+  const int n = kind == BackendKind::kNccl ? gpus : static_cast<int>(tunable_value(tunables::kHostRanks, env));
+  WEFT_REQUIRE(n >= 1, "no ranks to launch");
+  std::vector<std::string> args{self_exe()};
+  for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+  LaunchOptions opt;
+  opt.nranks = n;
+  opt.extra_env["WEFT_BACKEND"] = to_string(kind);
+  std::cerr << fmt::format("weft: launching {} rank(s) on the {} backend\n", n, to_string(kind));
+  return launch_exit_code(launch_exec(args, opt));
+}
+
+std::string utc_stamp(const char* f) {
+  std::time_t t = std::time(nullptr);
+  char buf[64];
+  std::strftime(buf, sizeof buf, f, std::gmtime(&t));
+  return buf;
+}
+
+int cmd_info() {
+  EnvMap env = current_env();
+  World w = world_from_env(env);
+  const int gpus = inside_launcher(env) ? count_gpus() : count_gpus_forked();
+  std::cout << fmt::format("weft {} (commit {})\n", "0.1.0", WEFT_GIT_COMMIT);
+#ifdef WEFT_HAVE_CUDA
+  std::cout << "built with CUDA: yes (nccl backend available)\n";
+#else
+  std::cout << "built with CUDA: no (host backend only)\n";
+#endif
+  std::cout << fmt::format("GPUs visible: {}\n", gpus);
+  std::cout << fmt::format("backend: {}\n", to_string(resolve_backend(env, gpus)));
+  std::cout << fmt::format("world: rank {} of {} (local {} of {}), from {}\n", w.rank, w.size, w.local_rank,
+                           w.local_size, w.source);
+  std::cout << fmt::format("WEFT_TIMEOUT_MS: {}\n", tunable_value(tunables::kTimeoutMs, env));
+  return 0;
+}
+
+int cmd_bench(bool quick, const std::string& out_dir) {
+  auto b = make_backend();
+  bench::DevapiBenchOptions opt;
+  opt.quick = quick;
+  if (b->rank() == 0) opt.progress = [](const std::string& s) { std::cerr << "[weft bench] " << s << "\n"; };
+  auto res = bench::bench_devapi(*b, opt);
+  if (b->rank() != 0) return 0;
+  nlohmann::json j = bench::to_json(res);
+  j["bench"] = "devapi";
+  j["date"] = utc_stamp("%Y-%m-%dT%H:%M:%SZ");
+  j["commit"] = WEFT_GIT_COMMIT;
+  j["quick"] = quick;
+  std::filesystem::create_directories(out_dir);
+  std::string path = fmt::format("{}/devapi-{}-{}r-{}.json", out_dir, res.backend, res.world, utc_stamp("%Y%m%d-%H%M%S"));
+  std::ofstream(path) << j.dump(2) << "\n";
+  std::cout << bench::to_table(res);
+  std::cout << "wrote " << path << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"weft: multi-GPU layers that overlap communication with computation, tile by tile"};
+  app.require_subcommand(1);
+
+  auto* info = app.add_subcommand("info", "What weft sees: build, GPUs, backend, world");
+
+  auto* launch = app.add_subcommand("launch", "Run a command as N ranks on this node: weft launch -n N -- cmd ...");
+  int nranks = 1;
+  std::vector<std::string> command;
+  launch->add_option("-n,--nranks", nranks, "ranks to start (one per local GPU, or host ranks)")->required();
+  launch->add_option("command", command, "the command each rank runs (after --)");
+
+  auto* bench = app.add_subcommand("bench", "Benchmarks; writes JSON to --out and prints a table");
+  bool quick = false;
+  std::string out_dir = "bench/results";
+  bench->add_flag("--quick", quick, "small sizes, few repetitions");
+  bench->add_option("--out", out_dir, "directory for the JSON results");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  try {
+    if (*info) return cmd_info();
+    if (*launch) {
+      LaunchOptions opt;
+      opt.nranks = nranks;
+      return launch_exit_code(launch_exec(command, opt));
+    }
+    if (*bench) {
+      int rc = relaunch_as_ranks(argc, argv);
+      return rc >= 0 ? rc : cmd_bench(quick, out_dir);
+    }
+  } catch (const TimeoutError& e) {
+    std::cerr << "weft: timeout: " << e.what() << "\n";
+    return 3;
+  } catch (const std::exception& e) {
+    std::cerr << "weft: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
