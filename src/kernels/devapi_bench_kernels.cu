@@ -26,7 +26,7 @@ __global__ void verify_kernel(dev::DeviceCtx c, uint64_t off, uint64_t words, in
 
 // Slice of block b: 16-byte aligned, so the vector path runs for the whole slice.
 __device__ __forceinline__ void slice(uint64_t bytes, uint64_t& lo, uint64_t& hi) {
-  const uint64_t per = (bytes / gridDim.x + 15) & ~15ull;
+  const uint64_t per = ((bytes + gridDim.x - 1) / gridDim.x + 15) & ~15ull;  // covers all of bytes
   lo = min(bytes, per * blockIdx.x);
   hi = min(bytes, lo + per);
 }

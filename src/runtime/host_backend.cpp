@@ -68,6 +68,7 @@ class HostBackend final : public Backend {
 
   std::string device_name() const override { return fmt::format("host ({} ranks, shared memory)", size()); }
   void zero(uint64_t offset, size_t bytes) override { std::memset(base_ + heap_bytes_ * rank() + offset, 0, bytes); }
+  void* local_ptr(uint64_t offset) const override { return base_ + heap_bytes_ * rank() + offset; }
   void copy_to_host(void* dst, uint64_t offset, size_t bytes) override {
     std::memcpy(dst, base_ + heap_bytes_ * rank() + offset, bytes);
   }

@@ -57,7 +57,9 @@ class NcclBackend final : public Backend {
     WEFT_CUDA_CHECK(cudaMemcpy(bases.data(), bases_dev, sizeof(char*) * w.size, cudaMemcpyDeviceToHost));
     WEFT_CUDA_CHECK(cudaFree(bases_dev));
     for (int p = 0; p < w.size; ++p) ctx_.peer_base[p] = bases[p];
-    WEFT_CHECK(ctx_.peer_base[w.rank] == buf_, "the window's local LSA pointer is not the buffer NCCL allocated");
+    // peer_base[rank] is the window's own mapping of buf_ (another virtual address for the
+    // same memory): kernels use the window's addresses, host copies use buf_. The symmetry
+    // check below proves that the two agree.
 
     check_symmetry();
     init_heap(heap_bytes_);
@@ -77,6 +79,8 @@ class NcclBackend final : public Backend {
   }
 
   std::string device_name() const override { return name_; }
+  void* local_ptr(uint64_t offset) const override { return static_cast<char*>(buf_) + offset; }
+  void* nccl_comm() const override { return comm_; }
 
   void zero(uint64_t offset, size_t bytes) override {
     WEFT_CUDA_CHECK(cudaMemset(static_cast<char*>(buf_) + offset, 0, bytes));

@@ -85,7 +85,8 @@ TEST(DevapiGpuFaults, RankThatExitsEarlyIsNamedWithinTheDeadline) {
       },
       timeout_ms);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("[gpu] fault test: survivors reported after %.1f s (deadline %.1f s)\n", secs, timeout_ms / 1e3);
+  std::printf("[gpu] fault test: whole run (NCCL start-up, one barrier, victim exits) ended after %.1f s; wait deadline %.1f s\n",
+              secs, timeout_ms / 1e3);
   for (const auto& r : res) {
     if (r.rank == victim) continue;
     EXPECT_EQ(r.exit_code, 1) << "rank " << r.rank << (r.killed_by_launcher ? " hung" : "");

@@ -5,6 +5,7 @@
 # racecheck) on the semantics tests, then `weft bench`. Logs and JSON land in $OUT.
 set -uo pipefail
 BIN=${1:-.gpu}
+ONLY=${2:-all}   # "bench": the benchmark alone
 OUT=${OUT:-/tmp/weft-out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -18,6 +19,7 @@ nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.max.sm --forma
 nvidia-smi topo -m | head -5
 "$BIN/weft" info
 
+if [ "$ONLY" != bench ]; then
 step "GPU tests"
 "$BIN/weft_gpu_tests" 2>&1 | tee "$OUT/gpu_tests.log" || status=1
 
@@ -30,6 +32,8 @@ step "compute-sanitizer racecheck"
 WEFT_TEST_TIMEOUT_MS=120000 compute-sanitizer --tool racecheck --report-api-errors no --target-processes all \
   "$BIN/weft_gpu_tests" --gtest_filter='*Semantics/0' > "$OUT/racecheck.log" 2>&1 || status=1
 grep -E "RACECHECK SUMMARY|ERROR SUMMARY|PASSED|FAILED" "$OUT/racecheck.log"
+
+fi
 
 step "weft bench"
 "$BIN/weft" bench --out "$OUT" 2>&1 | tee "$OUT/bench.log" || status=1

@@ -32,6 +32,11 @@ class Backend {
   const dev::DeviceCtx& ctx() const { return ctx_; }
 
   virtual std::string device_name() const = 0;
+  // This rank's heap at `offset` as host code passes it to the backend's copies and
+  // libraries (a device pointer on nccl, a host pointer on host).
+  virtual void* local_ptr(uint64_t offset) const = 0;
+  // The NCCL communicator (ncclComm_t) on the nccl backend; nullptr on host.
+  virtual void* nccl_comm() const { return nullptr; }
   // Zeroes `bytes` of this rank's heap at `offset`, complete on return.
   virtual void zero(uint64_t offset, size_t bytes) = 0;
   // Copies between host memory and this rank's heap, complete on return.

@@ -1,0 +1,266 @@
+// weft's own collectives, as __host__ __device__ templates over the device API: one CUDA
+// kernel per call on the GPU (one CTA per slice), host worker teams on the host backend.
+//
+// Protocol, per CTA slice k (every rank partitions the elements the same way):
+// - Epoch e = completed calls + 1, a counter per CTA in the heap: nothing is reset, so a
+//   CUDA graph can replay a call any number of times.
+// - Staging (all-reduce, reduce-scatter) is double-buffered by e's parity: a rank writes
+//   call e+1's data into a peer's slot only after that peer signalled call e, which it
+//   does after it finished reading call e-1 from the same slot.
+// - Outputs written in place on peers (all-gather, all-to-all into a symmetric output)
+//   start with a handshake: nobody writes into a peer's output before that peer has
+//   entered the call, i.e. finished with the previous contents.
+// - Signals: [cta][phase][source rank], one per source, so a timeout names the peer.
+#pragma once
+#include "weft/device/api.hpp"
+#include "weft/device/dtype.hpp"
+
+namespace weft::coll {
+
+enum class Algo : uint32_t { kAllReduceOneShot, kAllReduceTwoShot, kAllGather, kReduceScatter, kAllToAll };
+
+struct Args {
+  Algo algo;
+  const void* in;  // local
+  void* out;       // local (all-reduce, reduce-scatter)
+  uint64_t count;  // all-reduce: elements; all-gather, reduce-scatter: per rank; all-to-all: per peer
+  uint64_t out_off;        // symmetric output (all-gather, all-to-all)
+  uint64_t staging_off;    // symmetric [2 parities][world][staging_elems]
+  uint64_t staging_elems;  // elements of one (parity, source) slot
+  uint64_t sig_off;        // symmetric signals [ctas][2 phases][world]
+  uint64_t epoch_off;      // this rank's completed calls, one counter per CTA
+  int ctas;
+};
+
+// Elements of slice k of n over `parts`, in multiples of 8 (16 bytes of bf16/fp16).
+WEFT_HD void split(uint64_t n, int parts, int k, uint64_t& lo, uint64_t& hi) {
+  uint64_t per = (n + static_cast<uint64_t>(parts) - 1) / static_cast<uint64_t>(parts);
+  per = (per + 7) & ~7ull;
+  lo = per * static_cast<uint64_t>(k);
+  if (lo > n) lo = n;
+  hi = lo + per > n ? n : lo + per;
+}
+
+WEFT_HD uint64_t slot_off(const Args& a, int world, uint64_t parity, int src, size_t elem) {
+  return a.staging_off + ((parity * static_cast<uint64_t>(world) + static_cast<uint64_t>(src)) * a.staging_elems) * elem;
+}
+WEFT_HD uint64_t sig_at(const Args& a, int world, int k, int phase, int src) {
+  return a.sig_off + 8ull * ((static_cast<uint64_t>(k) * 2 + static_cast<uint64_t>(phase)) * world + src);
+}
+
+// The group's writes so far reach every peer before its signal of `phase`.
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class Coop>
+WEFT_HD void signal_peers(Coop g, const dev::DeviceCtx& c, const Args& a, int k, int phase) {
+  g.sync();
+  if (g.rank() == 0) {
+    dev::fence_acq_rel();
+    for (int d = 1; d < c.world; ++d) {
+      const int p = (c.rank + d) % c.world;
+      dev::signal_add(c, p, sig_at(a, c.world, k, phase, c.rank), 1);
+    }
+  }
+}
+
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class Coop>
+WEFT_HD void wait_peers(Coop g, const dev::DeviceCtx& c, const Args& a, int k, int phase, uint64_t e) {
+  if (g.rank() == 0)
+    for (int d = 1; d < c.world; ++d) {
+      const int p = (c.rank + d) % c.world;
+      dev::wait_ge(c, sig_at(a, c.world, k, phase, p), e, p);
+    }
+  g.sync();
+}
+
+// dst[d][i] = sum over s (in order) of src[s][i], for every d: every rank sums in rank
+// order, so all ranks get bitwise the same result. fp32 accumulation.
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class T, class Coop>
+WEFT_HD void reduce_sum(Coop g, T* const* dst, int ndst, const T* const* src, int nsrc, uint64_t n) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  bool aligned = true;
+  for (int s = 0; s < nsrc; ++s) aligned &= (reinterpret_cast<uintptr_t>(src[s]) & 15u) == 0;
+  for (int d = 0; d < ndst; ++d) aligned &= (reinterpret_cast<uintptr_t>(dst[d]) & 15u) == 0;
+  const uint64_t nvec = aligned ? n / kVec : 0;
+  const uint64_t me = static_cast<uint64_t>(g.rank()), step = static_cast<uint64_t>(g.size());
+  for (uint64_t i = me; i < nvec; i += step) {
+    float acc[kVec];
+    for (int j = 0; j < kVec; ++j) acc[j] = 0.f;
+    for (int s = 0; s < nsrc; ++s) {
+      const dev::Vec16 v = reinterpret_cast<const dev::Vec16*>(src[s])[i];
+      T e[kVec];
+      __builtin_memcpy(e, &v, 16);
+      for (int j = 0; j < kVec; ++j) acc[j] += dev::to_float(e[j]);
+    }
+    T r[kVec];
+    for (int j = 0; j < kVec; ++j) r[j] = dev::from_float<T>(acc[j]);
+    dev::Vec16 o;
+    __builtin_memcpy(&o, r, 16);
+    for (int d = 0; d < ndst; ++d) reinterpret_cast<dev::Vec16*>(dst[d])[i] = o;
+  }
+  for (uint64_t i = nvec * kVec + me; i < n; i += step) {
+    float acc = 0.f;
+    for (int s = 0; s < nsrc; ++s) acc += dev::to_float(src[s][i]);
+    const T r = dev::from_float<T>(acc);
+    for (int d = 0; d < ndst; ++d) dst[d][i] = r;
+  }
+}
+
+// ---- the algorithms: slice k of call e, run by one group ------------------------------
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class T, class Coop>
+WEFT_HD void all_reduce_one_shot(Coop g, const dev::DeviceCtx& c, const Args& a, int k, uint64_t e) {
+  uint64_t lo, hi;
+  split(a.count, a.ctas, k, lo, hi);
+  const uint64_t par = e & 1;
+  const T* in = static_cast<const T*>(a.in);
+  for (int d = 1; d < c.world; ++d) {
+    const int p = (c.rank + d) % c.world;
+    dev::put(g, c, p, slot_off(a, c.world, par, c.rank, sizeof(T)) + lo * sizeof(T), in + lo, (hi - lo) * sizeof(T));
+  }
+  signal_peers(g, c, a, k, 0);
+  wait_peers(g, c, a, k, 0, e);
+  const T* src[dev::kMaxPeers];
+  for (int p = 0; p < c.world; ++p)
+    src[p] = p == c.rank ? in + lo : c.local<const T>(slot_off(a, c.world, par, p, sizeof(T))) + lo;
+  T* dst = static_cast<T*>(a.out) + lo;
+  reduce_sum<T>(g, &dst, 1, src, c.world, hi - lo);
+}
+
+// Reduce-scatter inside the slice (each rank owns one sub-slice), then all-gather of the
+// reduced sub-slices: each element crosses the links twice instead of world-1 times.
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class T, class Coop>
+WEFT_HD void all_reduce_two_shot(Coop g, const dev::DeviceCtx& c, const Args& a, int k, uint64_t e) {
+  uint64_t lo, hi;
+  split(a.count, a.ctas, k, lo, hi);
+  const uint64_t par = e & 1;
+  const T* in = static_cast<const T*>(a.in);
+  T* out = static_cast<T*>(a.out);
+  auto sub = [&](int j, uint64_t& slo, uint64_t& shi) {
+    split(hi - lo, c.world, j, slo, shi);
+    slo += lo;
+    shi += lo;
+  };
+  for (int d = 1; d < c.world; ++d) {  // phase 0: sub-slice p of my input to its owner p
+    const int p = (c.rank + d) % c.world;
+    uint64_t slo, shi;
+    sub(p, slo, shi);
+    dev::put(g, c, p, slot_off(a, c.world, par, c.rank, sizeof(T)) + slo * sizeof(T), in + slo, (shi - slo) * sizeof(T));
+  }
+  signal_peers(g, c, a, k, 0);
+  wait_peers(g, c, a, k, 0, e);
+  uint64_t mlo, mhi;
+  sub(c.rank, mlo, mhi);
+  const T* src[dev::kMaxPeers];
+  T* dst[dev::kMaxPeers];
+  for (int p = 0; p < c.world; ++p) {
+    src[p] = p == c.rank ? in + mlo : c.local<const T>(slot_off(a, c.world, par, p, sizeof(T))) + mlo;
+    // My reduced sub-slice goes to my output and into slot `rank` of every peer: at a peer,
+    // phase 0 used the peer's own sub-slice of every slot, so the ranges never overlap.
+    dst[p] = p == c.rank ? out + mlo : c.ptr<T>(p, slot_off(a, c.world, par, c.rank, sizeof(T))) + mlo;
+  }
+  reduce_sum<T>(g, dst, c.world, src, c.world, mhi - mlo);
+  signal_peers(g, c, a, k, 1);
+  wait_peers(g, c, a, k, 1, e);
+  for (int d = 1; d < c.world; ++d) {  // phase 1: the peers' reduced sub-slices
+    const int p = (c.rank + d) % c.world;
+    uint64_t slo, shi;
+    sub(p, slo, shi);
+    dev::copy_bytes(g, out + slo, c.local<const T>(slot_off(a, c.world, par, p, sizeof(T))) + slo,
+                    (shi - slo) * sizeof(T));
+  }
+}
+
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class T, class Coop>
+WEFT_HD void all_gather(Coop g, const dev::DeviceCtx& c, const Args& a, int k, uint64_t e) {
+  uint64_t lo, hi;
+  split(a.count, a.ctas, k, lo, hi);
+  const T* in = static_cast<const T*>(a.in);
+  signal_peers(g, c, a, k, 0);  // handshake: I have entered call e
+  wait_peers(g, c, a, k, 0, e);
+  const uint64_t mine = a.out_off + (static_cast<uint64_t>(c.rank) * a.count + lo) * sizeof(T);
+  for (int d = 1; d < c.world; ++d) dev::put(g, c, (c.rank + d) % c.world, mine, in + lo, (hi - lo) * sizeof(T));
+  dev::copy_bytes(g, c.local<T>(mine), in + lo, (hi - lo) * sizeof(T));
+  signal_peers(g, c, a, k, 1);
+  wait_peers(g, c, a, k, 1, e);
+}
+
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class T, class Coop>
+WEFT_HD void reduce_scatter(Coop g, const dev::DeviceCtx& c, const Args& a, int k, uint64_t e) {
+  uint64_t lo, hi;
+  split(a.count, a.ctas, k, lo, hi);
+  const uint64_t par = e & 1;
+  const T* in = static_cast<const T*>(a.in);
+  for (int d = 1; d < c.world; ++d) {
+    const int p = (c.rank + d) % c.world;
+    dev::put(g, c, p, slot_off(a, c.world, par, c.rank, sizeof(T)) + lo * sizeof(T), in + p * a.count + lo,
+             (hi - lo) * sizeof(T));
+  }
+  signal_peers(g, c, a, k, 0);
+  wait_peers(g, c, a, k, 0, e);
+  const T* src[dev::kMaxPeers];
+  for (int p = 0; p < c.world; ++p)
+    src[p] = p == c.rank ? in + static_cast<uint64_t>(c.rank) * a.count + lo
+                         : c.local<const T>(slot_off(a, c.world, par, p, sizeof(T))) + lo;
+  T* dst = static_cast<T*>(a.out) + lo;
+  reduce_sum<T>(g, &dst, 1, src, c.world, hi - lo);
+}
+
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class T, class Coop>
+WEFT_HD void all_to_all(Coop g, const dev::DeviceCtx& c, const Args& a, int k, uint64_t e) {
+  uint64_t lo, hi;
+  split(a.count, a.ctas, k, lo, hi);
+  const T* in = static_cast<const T*>(a.in);
+  signal_peers(g, c, a, k, 0);  // handshake
+  wait_peers(g, c, a, k, 0, e);
+  const uint64_t mine = a.out_off + (static_cast<uint64_t>(c.rank) * a.count + lo) * sizeof(T);
+  for (int d = 1; d < c.world; ++d) {
+    const int p = (c.rank + d) % c.world;
+    dev::put(g, c, p, mine, in + static_cast<uint64_t>(p) * a.count + lo, (hi - lo) * sizeof(T));
+  }
+  dev::copy_bytes(g, c.local<T>(mine), in + static_cast<uint64_t>(c.rank) * a.count + lo, (hi - lo) * sizeof(T));
+  signal_peers(g, c, a, k, 1);
+  wait_peers(g, c, a, k, 1, e);
+}
+
+// One call's slice k: reads and advances this CTA's epoch.
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class T, class Coop>
+WEFT_HD void run_slice(Coop g, const dev::DeviceCtx& c, const Args& a, int k) {
+  uint64_t* epoch = c.local<uint64_t>(a.epoch_off + 8ull * k);
+  const uint64_t e = *epoch + 1;
+  switch (a.algo) {
+    case Algo::kAllReduceOneShot: all_reduce_one_shot<T>(g, c, a, k, e); break;
+    case Algo::kAllReduceTwoShot: all_reduce_two_shot<T>(g, c, a, k, e); break;
+    case Algo::kAllGather: all_gather<T>(g, c, a, k, e); break;
+    case Algo::kReduceScatter: reduce_scatter<T>(g, c, a, k, e); break;
+    case Algo::kAllToAll: all_to_all<T>(g, c, a, k, e); break;
+  }
+  g.sync();  // every thread has read the epoch before the leader advances it
+  if (g.rank() == 0) *epoch = e;
+}
+
+}  // namespace weft::coll

@@ -1,0 +1,63 @@
+// Latency-optimised collectives: all-reduce (one-shot, two-shot), all-gather,
+// reduce-scatter, all-to-all; sum; f32, f16, bf16. Methods: `baseline` (NCCL on GPUs; a
+// bootstrap reference on the host backend), weft's own, and `auto`.
+//
+// Calls are collective and must be made in the same order with the same shapes on every
+// rank. Per-shape state (staging, signals, epochs) is allocated from the symmetric heap at
+// the first call of a shape and reused: later calls allocate, synchronise and memset
+// nothing, so they can be captured in a CUDA graph (make the first call before capture).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "weft/device/dtype.hpp"
+#include "weft/kernels/collective_algos.hpp"
+#include "weft/runtime/backend.hpp"
+
+namespace weft::ops {
+
+enum class Method { kAuto, kBaseline, kOneShot, kTwoShot, kDirect };
+const char* to_string(Method m);
+Method parse_method(const std::string& s);
+
+class Collectives {
+ public:
+  explicit Collectives(Backend& b) : b_(b) {}
+
+  // Pointers are this rank's: device memory on the nccl backend, host memory on host.
+  // `stream` is a cudaStream_t on the nccl backend (nullptr: the default stream).
+  // out[i] = sum over ranks of in[i], count elements. In place (in == out) is allowed.
+  void all_reduce(const void* in, void* out, uint64_t count, dev::DType t, Method m = Method::kAuto,
+                  void* stream = nullptr);
+  // Symmetric out (heap offset) [world][count] receives every rank's count elements.
+  void all_gather(const void* in, uint64_t out_off, uint64_t count, dev::DType t, Method m = Method::kAuto,
+                  void* stream = nullptr);
+  // in [world][count]; out[count] = sum over ranks of their in[rank].
+  void reduce_scatter(const void* in, void* out, uint64_t count, dev::DType t, Method m = Method::kAuto,
+                      void* stream = nullptr);
+  // in [world][count]: block p goes to rank p; symmetric out [world][count] receives block
+  // `rank` of every rank.
+  void all_to_all(const void* in, uint64_t out_off, uint64_t count, dev::DType t, Method m = Method::kAuto,
+                  void* stream = nullptr);
+
+  // What `auto` picks for an all-reduce of `bytes`.
+  Method auto_all_reduce(uint64_t bytes) const;
+  // CTAs (GPU) a call of this algorithm and size uses; host worker teams are capped at 2.
+  int ctas_for(coll::Algo algo, uint64_t bytes) const;
+
+ private:
+  struct Instance {
+    coll::Args args;
+  };
+  const Instance& instance(coll::Algo algo, uint64_t count, dev::DType t, void* stream);
+  void run(coll::Args a, dev::DType t, void* stream);
+  void check_pointer(const void* p, dev::DType t, const char* what) const;
+  void baseline(coll::Algo algo, const void* in, void* out, uint64_t count, dev::DType t, void* stream);
+
+  Backend& b_;
+  std::map<std::tuple<int, uint64_t, int>, Instance> instances_;
+};
+
+}  // namespace weft::ops

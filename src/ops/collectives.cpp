@@ -1,0 +1,254 @@
+#include "weft/ops/collectives.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "weft/core/error.hpp"
+#include "weft/runtime/host_exec.hpp"
+
+#ifdef WEFT_HAVE_CUDA
+#include <nccl.h>
+
+#include "weft/core/cuda_check.hpp"
+#include "weft/kernels/collective_kernels.hpp"
+#endif
+
+namespace weft::ops {
+
+const char* to_string(Method m) {
+  switch (m) {
+    case Method::kAuto: return "auto";
+    case Method::kBaseline: return "baseline";
+    case Method::kOneShot: return "one-shot";
+    case Method::kTwoShot: return "two-shot";
+    case Method::kDirect: return "direct";
+  }
+  return "?";
+}
+
+Method parse_method(const std::string& s) {
+  for (Method m : {Method::kAuto, Method::kBaseline, Method::kOneShot, Method::kTwoShot, Method::kDirect})
+    if (s == to_string(m)) return m;
+  throw_invalid(__FILE__, __LINE__,
+                fmt::format("unknown method '{}': expected auto, baseline, one-shot, two-shot or direct", s));
+}
+
+namespace {
+
+const char* algo_name(coll::Algo a) {
+  switch (a) {
+    case coll::Algo::kAllReduceOneShot: return "all-reduce (one-shot)";
+    case coll::Algo::kAllReduceTwoShot: return "all-reduce (two-shot)";
+    case coll::Algo::kAllGather: return "all-gather";
+    case coll::Algo::kReduceScatter: return "reduce-scatter";
+    case coll::Algo::kAllToAll: return "all-to-all";
+  }
+  return "?";
+}
+
+// Elements of staging one (parity, source) slot holds.
+uint64_t staging_elems(coll::Algo a, uint64_t count) {
+  switch (a) {
+    case coll::Algo::kAllReduceOneShot:
+    case coll::Algo::kAllReduceTwoShot:
+    case coll::Algo::kReduceScatter: return count;
+    default: return 0;
+  }
+}
+
+template <class T>
+void host_reduce(const std::vector<char>& all, size_t stride, uint64_t first, uint64_t n, int world, T* out) {
+  for (uint64_t i = 0; i < n; ++i) {
+    float acc = 0.f;
+    for (int p = 0; p < world; ++p) acc += dev::to_float(reinterpret_cast<const T*>(all.data() + stride * p)[first + i]);
+    out[i] = dev::from_float<T>(acc);
+  }
+}
+
+}  // namespace
+
+int Collectives::ctas_for(coll::Algo algo, uint64_t bytes) const {
+  if (const char* env = std::getenv("WEFT_COLL_CTAS")) return std::max(1, std::atoi(env));
+  // Small calls are latency: few CTAs, each moving a few tens of KiB. Large calls are
+  // bandwidth: ~16-32 CTAs already fill NVLink (bench: 344 GB/s push with 16).
+  uint64_t per_cta = 256ull << 10, cap = 64;
+  if (algo == coll::Algo::kAllReduceOneShot) per_cta = 32ull << 10, cap = 16;
+  const uint64_t want = (bytes + per_cta - 1) / per_cta;
+  int ctas = static_cast<int>(std::clamp<uint64_t>(want, 1, cap));
+  if (b_.kind() == BackendKind::kHost) ctas = std::min(ctas, 2);  // CI machines have two cores
+  return ctas;
+}
+
+Method Collectives::auto_all_reduce(uint64_t bytes) const {
+  if (b_.size() == 1) return Method::kOneShot;
+  return bytes <= (256ull << 10) ? Method::kOneShot : Method::kTwoShot;
+}
+
+void Collectives::check_pointer(const void* p, dev::DType t, const char* what) const {
+  WEFT_REQUIRE(p != nullptr, fmt::format("{}: null pointer", what));
+  WEFT_REQUIRE(reinterpret_cast<uintptr_t>(p) % dev::dtype_size(t) == 0,
+               fmt::format("{}: pointer {} is not aligned to its element size ({} bytes for {})", what, p,
+                           dev::dtype_size(t), dev::dtype_name(t)));
+}
+
+const Collectives::Instance& Collectives::instance(coll::Algo algo, uint64_t count, dev::DType t, void* stream) {
+  auto key = std::make_tuple(static_cast<int>(algo), count, static_cast<int>(t));
+  auto it = instances_.find(key);
+  if (it != instances_.end()) return it->second;
+#ifdef WEFT_HAVE_CUDA
+  if (b_.kind() == BackendKind::kNccl) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    WEFT_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &st));
+    WEFT_REQUIRE(st == cudaStreamCaptureStatusNone,
+                 fmt::format("{} of {} {} elements is captured before its first call: make one call of this "
+                             "shape outside the capture (it allocates the call's symmetric state)",
+                             algo_name(algo), count, dev::dtype_name(t)));
+  }
+#else
+  (void)stream;
+#endif
+  const size_t elem = dev::dtype_size(t);
+  const uint64_t unit = algo == coll::Algo::kAllReduceOneShot || algo == coll::Algo::kAllReduceTwoShot
+                            ? count
+                            : count * static_cast<uint64_t>(b_.size());
+  coll::Args a{};
+  a.algo = algo;
+  a.count = count;
+  a.ctas = ctas_for(algo, unit * elem);
+  a.staging_elems = staging_elems(algo, count);
+  const std::string tag = fmt::format("{}.{}.{}", algo_name(algo), count, dev::dtype_name(t));
+  auto& heap = b_.heap();
+  if (a.staging_elems) a.staging_off = heap.alloc_bytes(2ull * b_.size() * a.staging_elems * elem, tag + ".staging");
+  a.sig_off = heap.alloc_signals(static_cast<uint32_t>(a.ctas * 2 * b_.size()), tag + ".signals").offset;
+  a.epoch_off = heap.alloc_bytes(8ull * a.ctas, tag + ".epochs");
+  return instances_.emplace(key, Instance{a}).first->second;
+}
+
+void Collectives::run(coll::Args a, dev::DType t, void* stream) {
+  if (b_.kind() == BackendKind::kNccl) {
+#ifdef WEFT_HAVE_CUDA
+    WEFT_CUDA_CHECK(kernels::collective(b_.ctx(), a, t, static_cast<cudaStream_t>(stream)));
+    return;
+#endif
+  }
+  (void)stream;
+  const dev::DeviceCtx c = b_.ctx();
+  host_launch(a.ctas, 2, [&](CoopHostTeam g, int k) {
+    switch (t) {
+      case dev::DType::kF32: coll::run_slice<float>(g, c, a, k); break;
+      case dev::DType::kF16: coll::run_slice<dev::f16_t>(g, c, a, k); break;
+      case dev::DType::kBF16: coll::run_slice<dev::bf16_t>(g, c, a, k); break;
+    }
+  });
+  b_.synchronize();
+}
+
+void Collectives::baseline(coll::Algo algo, const void* in, void* out, uint64_t count, dev::DType t, void* stream) {
+  const int world = b_.size();
+  const size_t elem = dev::dtype_size(t);
+#ifdef WEFT_HAVE_CUDA
+  if (b_.kind() == BackendKind::kNccl) {
+    auto comm = static_cast<ncclComm_t>(b_.nccl_comm());
+    auto s = static_cast<cudaStream_t>(stream);
+    const ncclDataType_t nt = t == dev::DType::kF32 ? ncclFloat32 : t == dev::DType::kF16 ? ncclFloat16 : ncclBfloat16;
+    switch (algo) {
+      case coll::Algo::kAllReduceOneShot:
+      case coll::Algo::kAllReduceTwoShot: WEFT_NCCL_CHECK(ncclAllReduce(in, out, count, nt, ncclSum, comm, s)); break;
+      case coll::Algo::kAllGather: WEFT_NCCL_CHECK(ncclAllGather(in, out, count, nt, comm, s)); break;
+      case coll::Algo::kReduceScatter: WEFT_NCCL_CHECK(ncclReduceScatter(in, out, count, nt, ncclSum, comm, s)); break;
+      case coll::Algo::kAllToAll: WEFT_NCCL_CHECK(ncclAlltoAll(in, out, count, nt, comm, s)); break;
+    }
+    return;
+  }
+#else
+  (void)stream;
+#endif
+  // Host reference: every rank's whole input through the bootstrap, summed in rank order
+  // in fp32 (the order weft's own kernels use, so results match bit for bit).
+  const uint64_t in_elems = algo == coll::Algo::kAllGather ? count
+                            : (algo == coll::Algo::kAllReduceOneShot || algo == coll::Algo::kAllReduceTwoShot)
+                                ? count
+                                : count * static_cast<uint64_t>(world);
+  const size_t stride = in_elems * elem;
+  std::vector<char> all(stride * world);
+  b_.bootstrap().allgather(in, stride, all.data());
+  auto reduce = [&](uint64_t first, uint64_t n, void* dst) {
+    switch (t) {
+      case dev::DType::kF32: host_reduce<float>(all, stride, first, n, world, static_cast<float*>(dst)); break;
+      case dev::DType::kF16: host_reduce<dev::f16_t>(all, stride, first, n, world, static_cast<dev::f16_t*>(dst)); break;
+      case dev::DType::kBF16: host_reduce<dev::bf16_t>(all, stride, first, n, world, static_cast<dev::bf16_t*>(dst)); break;
+    }
+  };
+  switch (algo) {
+    case coll::Algo::kAllReduceOneShot:
+    case coll::Algo::kAllReduceTwoShot: reduce(0, count, out); break;
+    case coll::Algo::kReduceScatter: reduce(count * b_.rank(), count, out); break;
+    case coll::Algo::kAllGather: std::memcpy(out, all.data(), all.size()); break;
+    case coll::Algo::kAllToAll:
+      for (int p = 0; p < world; ++p)
+        std::memcpy(static_cast<char*>(out) + count * elem * p, all.data() + stride * p + count * elem * b_.rank(),
+                    count * elem);
+      break;
+  }
+}
+
+void Collectives::all_reduce(const void* in, void* out, uint64_t count, dev::DType t, Method m, void* stream) {
+  if (count == 0) return;
+  check_pointer(in, t, "all_reduce input");
+  check_pointer(out, t, "all_reduce output");
+  if (m == Method::kAuto) m = auto_all_reduce(count * dev::dtype_size(t));
+  WEFT_REQUIRE(m == Method::kBaseline || m == Method::kOneShot || m == Method::kTwoShot,
+               fmt::format("all_reduce has no method '{}'", to_string(m)));
+  if (m == Method::kBaseline) return baseline(coll::Algo::kAllReduceOneShot, in, out, count, t, stream);
+  const auto algo = m == Method::kOneShot ? coll::Algo::kAllReduceOneShot : coll::Algo::kAllReduceTwoShot;
+  coll::Args a = instance(algo, count, t, stream).args;
+  a.in = in;
+  a.out = out;
+  run(a, t, stream);
+}
+
+void Collectives::all_gather(const void* in, uint64_t out_off, uint64_t count, dev::DType t, Method m, void* stream) {
+  if (count == 0) return;
+  check_pointer(in, t, "all_gather input");
+  WEFT_REQUIRE(out_off % dev::dtype_size(t) == 0, "all_gather output offset is not aligned to its element size");
+  WEFT_REQUIRE(out_off + count * b_.size() * dev::dtype_size(t) <= b_.heap().used(),
+               "all_gather output is not a symmetric allocation (or too small for world x count elements)");
+  if (m == Method::kBaseline) return baseline(coll::Algo::kAllGather, in, b_.local_ptr(out_off), count, t, stream);
+  WEFT_REQUIRE(m == Method::kAuto || m == Method::kDirect, fmt::format("all_gather has no method '{}'", to_string(m)));
+  coll::Args a = instance(coll::Algo::kAllGather, count, t, stream).args;
+  a.in = in;
+  a.out_off = out_off;
+  run(a, t, stream);
+}
+
+void Collectives::reduce_scatter(const void* in, void* out, uint64_t count, dev::DType t, Method m, void* stream) {
+  if (count == 0) return;
+  check_pointer(in, t, "reduce_scatter input");
+  check_pointer(out, t, "reduce_scatter output");
+  if (m == Method::kBaseline) return baseline(coll::Algo::kReduceScatter, in, out, count, t, stream);
+  WEFT_REQUIRE(m == Method::kAuto || m == Method::kDirect,
+               fmt::format("reduce_scatter has no method '{}'", to_string(m)));
+  coll::Args a = instance(coll::Algo::kReduceScatter, count, t, stream).args;
+  a.in = in;
+  a.out = out;
+  run(a, t, stream);
+}
+
+void Collectives::all_to_all(const void* in, uint64_t out_off, uint64_t count, dev::DType t, Method m, void* stream) {
+  if (count == 0) return;
+  check_pointer(in, t, "all_to_all input");
+  WEFT_REQUIRE(out_off % dev::dtype_size(t) == 0, "all_to_all output offset is not aligned to its element size");
+  WEFT_REQUIRE(out_off + count * b_.size() * dev::dtype_size(t) <= b_.heap().used(),
+               "all_to_all output is not a symmetric allocation (or too small for world x count elements)");
+  if (m == Method::kBaseline) return baseline(coll::Algo::kAllToAll, in, b_.local_ptr(out_off), count, t, stream);
+  WEFT_REQUIRE(m == Method::kAuto || m == Method::kDirect, fmt::format("all_to_all has no method '{}'", to_string(m)));
+  coll::Args a = instance(coll::Algo::kAllToAll, count, t, stream).args;
+  a.in = in;
+  a.out_off = out_off;
+  run(a, t, stream);
+}
+
+}  // namespace weft::ops
