@@ -17,7 +17,17 @@ __global__ void symmetry_write_kernel(dev::DeviceCtx c) {
 
 __global__ void barrier_kernel(dev::DeviceCtx c, dev::BarrierHandle bar) { dev::barrier(dev::CoopThread{}, c, bar); }
 
+__global__ void sleep_kernel(uint64_t ns) {
+  const uint64_t t0 = ptx::globaltimer_ns();
+  while (ptx::globaltimer_ns() - t0 < ns) __nanosleep(1000);
+}
+
 }  // namespace
+
+cudaError_t device_sleep(uint64_t ns, cudaStream_t stream) {
+  sleep_kernel<<<1, 1, 0, stream>>>(ns);
+  return cudaGetLastError();
+}
 
 cudaError_t lsa_bases(ncclWindow_t win, int world, char** out, cudaStream_t stream) {
   lsa_bases_kernel<<<1, 128, 0, stream>>>(win, world, out);

@@ -83,8 +83,11 @@ int Collectives::ctas_for(coll::Algo algo, uint64_t bytes) const {
 }
 
 Method Collectives::auto_all_reduce(uint64_t bytes) const {
-  if (b_.size() == 1) return Method::kOneShot;
-  return bytes <= (256ull << 10) ? Method::kOneShot : Method::kTwoShot;
+  // One-shot sends (world-1) x bytes from every rank, two-shot ~2 x bytes in two rounds.
+  // Measured on H200 (bench/results/collectives-nccl-{2,4}r-20261121-*.json): one-shot
+  // wins up to 2 MiB on 2 GPUs and 1 MiB on 4, i.e. while (world-1) x bytes <= 3 MiB.
+  const uint64_t sent = bytes * static_cast<uint64_t>(b_.size() - 1);
+  return sent <= (3ull << 20) ? Method::kOneShot : Method::kTwoShot;
 }
 
 void Collectives::check_pointer(const void* p, dev::DType t, const char* what) const {
@@ -195,6 +198,26 @@ void Collectives::baseline(coll::Algo algo, const void* in, void* out, uint64_t 
   }
 }
 
+Collectives::~Collectives() {
+#ifdef WEFT_HAVE_CUDA
+  if (a2a_scratch_) cudaFree(a2a_scratch_);
+#endif
+}
+
+void Collectives::baseline_all_gather(const void* in, void* out, uint64_t count, dev::DType t, void* stream) {
+  if (count == 0) return;
+  check_pointer(in, t, "all_gather input");
+  check_pointer(out, t, "all_gather output");
+  baseline(coll::Algo::kAllGather, in, out, count, t, stream);
+}
+
+void Collectives::baseline_all_to_all(const void* in, void* out, uint64_t count, dev::DType t, void* stream) {
+  if (count == 0) return;
+  check_pointer(in, t, "all_to_all input");
+  check_pointer(out, t, "all_to_all output");
+  baseline(coll::Algo::kAllToAll, in, out, count, t, stream);
+}
+
 void Collectives::all_reduce(const void* in, void* out, uint64_t count, dev::DType t, Method m, void* stream) {
   if (count == 0) return;
   check_pointer(in, t, "all_reduce input");
@@ -243,7 +266,31 @@ void Collectives::all_to_all(const void* in, uint64_t out_off, uint64_t count, d
   WEFT_REQUIRE(out_off % dev::dtype_size(t) == 0, "all_to_all output offset is not aligned to its element size");
   WEFT_REQUIRE(out_off + count * b_.size() * dev::dtype_size(t) <= b_.heap().used(),
                "all_to_all output is not a symmetric allocation (or too small for world x count elements)");
-  if (m == Method::kBaseline) return baseline(coll::Algo::kAllToAll, in, b_.local_ptr(out_off), count, t, stream);
+  if (m == Method::kBaseline) {
+#ifdef WEFT_HAVE_CUDA
+    if (b_.kind() == BackendKind::kNccl) {
+      // NCCL 2.28.9's all-to-all into a buffer of a symmetric window gave wrong data (and
+      // hung at 2 MiB per peer) on 2xH200; into plain memory it is right. So the baseline
+      // lands in scratch outside the window and is copied into the symmetric output.
+      const size_t bytes = count * b_.size() * dev::dtype_size(t);
+      if (a2a_scratch_bytes_ < bytes) {
+        WEFT_REQUIRE(stream == nullptr || [&] {
+          cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+          cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &st);
+          return st == cudaStreamCaptureStatusNone;
+        }(), "all_to_all baseline: make one call of this shape outside the capture first");
+        if (a2a_scratch_) WEFT_CUDA_CHECK(cudaFree(a2a_scratch_));
+        WEFT_CUDA_CHECK(cudaMalloc(&a2a_scratch_, bytes));
+        a2a_scratch_bytes_ = bytes;
+      }
+      baseline(coll::Algo::kAllToAll, in, a2a_scratch_, count, t, stream);
+      WEFT_CUDA_CHECK(cudaMemcpyAsync(b_.local_ptr(out_off), a2a_scratch_, bytes, cudaMemcpyDeviceToDevice,
+                                      static_cast<cudaStream_t>(stream)));
+      return;
+    }
+#endif
+    return baseline(coll::Algo::kAllToAll, in, b_.local_ptr(out_off), count, t, stream);
+  }
   WEFT_REQUIRE(m == Method::kAuto || m == Method::kDirect, fmt::format("all_to_all has no method '{}'", to_string(m)));
   coll::Args a = instance(coll::Algo::kAllToAll, count, t, stream).args;
   a.in = in;

@@ -94,6 +94,9 @@ class NcclBackend final : public Backend {
   void copy_from_host(uint64_t offset, const void* src, size_t bytes) override {
     synchronize();
     WEFT_CUDA_CHECK(cudaMemcpy(static_cast<char*>(buf_) + offset, src, bytes, cudaMemcpyHostToDevice));
+    // From pageable memory cudaMemcpy may return before the data has landed; kernels on
+    // non-blocking streams would not wait for it.
+    synchronize();
   }
 
   void synchronize() override {

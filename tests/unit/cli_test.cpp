@@ -56,6 +56,7 @@ TEST(Cli, BenchOnTheHostBackendWritesJson) {
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("push"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("one-way signal latency"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("all_reduce"), std::string::npos) << r.out;  // the collectives table
   auto ls = run(std::string("ls ") + dir);
   EXPECT_NE(ls.out.find(".json"), std::string::npos) << ls.out;
   run(std::string("rm -rf ") + dir);

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "weft/bench/collectives_bench.hpp"
 #include "weft/bench/devapi_bench.hpp"
 #include "weft/core/error.hpp"
 #include "weft/runtime/backend.hpp"
@@ -68,23 +69,64 @@ int cmd_info() {
   return 0;
 }
 
-int cmd_bench(bool quick, const std::string& out_dir) {
-  auto b = make_backend();
-  bench::DevapiBenchOptions opt;
-  opt.quick = quick;
-  if (b->rank() == 0) opt.progress = [](const std::string& s) { std::cerr << "[weft bench] " << s << "\n"; };
-  auto res = bench::bench_devapi(*b, opt);
-  if (b->rank() != 0) return 0;
-  nlohmann::json j = bench::to_json(res);
-  j["bench"] = "devapi";
+void write_json(nlohmann::json j, const std::string& out_dir, const std::string& name, bool quick) {
   j["date"] = utc_stamp("%Y-%m-%dT%H:%M:%SZ");
   j["commit"] = WEFT_GIT_COMMIT;
   j["quick"] = quick;
   std::filesystem::create_directories(out_dir);
-  std::string path = fmt::format("{}/devapi-{}-{}r-{}.json", out_dir, res.backend, res.world, utc_stamp("%Y%m%d-%H%M%S"));
+  std::string path = fmt::format("{}/{}-{}.json", out_dir, name, utc_stamp("%Y%m%d-%H%M%S"));
   std::ofstream(path) << j.dump(2) << "\n";
-  std::cout << bench::to_table(res);
   std::cout << "wrote " << path << "\n";
+}
+
+// what: devapi, collectives or all.
+int cmd_bench(const std::string& what, bool quick, const std::string& out_dir, const std::vector<std::string>& only) {
+  WEFT_REQUIRE(what == "all" || what == "devapi" || what == "collectives",
+               fmt::format("weft bench {}: expected devapi, collectives or all", what));
+  // The collectives keep per-shape staging up to 256 MiB x world: give them room unless
+  // the user chose a heap size.
+  if (what != "devapi" && !std::getenv(tunables::kGpuHeapMiB.env)) setenv(tunables::kGpuHeapMiB.env, "8192", 1);
+  auto b = make_backend();
+  std::function<void(const std::string&)> progress;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (b->rank() == 0)
+    progress = [t0](const std::string& s) {
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::cerr << fmt::format("[weft bench {:7.1f}s] {}\n", secs, s);
+    };
+  if (what == "all" || what == "devapi") {
+    bench::DevapiBenchOptions opt;
+    opt.quick = quick;
+    opt.progress = progress;
+    auto res = bench::bench_devapi(*b, opt);
+    if (b->rank() == 0) {
+      nlohmann::json j = bench::to_json(res);
+      j["bench"] = "devapi";
+      write_json(j, out_dir, fmt::format("devapi-{}-{}r", res.backend, res.world), quick);
+      std::cout << bench::to_table(res);
+    }
+  }
+  if (what == "all" || what == "collectives") {
+    bench::CollBenchOptions opt;
+    opt.quick = quick;
+    opt.colls = only;
+    opt.progress = progress;
+    auto pts = bench::bench_collectives(*b, opt);
+    if (b->rank() == 0) {
+      nlohmann::json j;
+      j["bench"] = "collectives";
+      j["device"] = b->device_name();
+      j["backend"] = to_string(b->kind());
+      j["world"] = b->size();
+      j["dtype"] = "bf16";
+      j["timing"] = b->kind() == BackendKind::kNccl ? "CUDA graphs of 20/5/2 calls (<=1 MiB/<=16 MiB/larger), median of "
+                                                       "replays, GPUs lined up by a device barrier before each replay"
+                                                     : "host backend: eager calls, wall clock (CPU numbers)";
+      j["points"] = bench::to_json(pts);
+      write_json(j, out_dir, fmt::format("collectives-{}-{}r", to_string(b->kind()), b->size()), quick);
+      std::cout << bench::to_table(pts);
+    }
+  }
   return 0;
 }
 
@@ -103,6 +145,11 @@ int main(int argc, char** argv) {
   launch->add_option("command", command, "the command each rank runs (after --)");
 
   auto* bench = app.add_subcommand("bench", "Benchmarks; writes JSON to --out and prints a table");
+  std::string what = "all";
+  std::vector<std::string> only;
+  bench->add_option("what", what, "devapi, collectives or all (default)");
+  bench->add_option("--only", only, "collectives to run (all_reduce, all_gather, reduce_scatter, all_to_all)")
+      ->delimiter(',');
   bool quick = false;
   std::string out_dir = "bench/results";
   bench->add_flag("--quick", quick, "small sizes, few repetitions");
@@ -123,7 +170,7 @@ int main(int argc, char** argv) {
     }
     if (*bench) {
       int rc = relaunch_as_ranks(argc, argv);
-      return rc >= 0 ? rc : cmd_bench(quick, out_dir);
+      return rc >= 0 ? rc : cmd_bench(what, quick, out_dir, only);
     }
   } catch (const TimeoutError& e) {
     std::cerr << "weft: timeout: " << e.what() << "\n";

@@ -16,4 +16,8 @@ cudaError_t symmetry_write(const dev::DeviceCtx& c, cudaStream_t stream);
 // One thread per rank runs dev::barrier: lines GPUs up before a timed region.
 cudaError_t device_barrier(const dev::DeviceCtx& c, dev::BarrierHandle bar, cudaStream_t stream);
 
+// Keeps the stream busy for about `ns` nanoseconds (one thread): lets the host enqueue what
+// follows before the GPU reaches it, so launch latency stays out of timed regions.
+cudaError_t device_sleep(uint64_t ns, cudaStream_t stream);
+
 }  // namespace weft::kernels

@@ -42,6 +42,11 @@ class Collectives {
   void all_to_all(const void* in, uint64_t out_off, uint64_t count, dev::DType t, Method m = Method::kAuto,
                   void* stream = nullptr);
 
+  // The baseline (NCCL; host reference) into plain, non-symmetric output memory: what a
+  // user of NCCL does, and what the benchmarks compare against.
+  void baseline_all_gather(const void* in, void* out, uint64_t count, dev::DType t, void* stream = nullptr);
+  void baseline_all_to_all(const void* in, void* out, uint64_t count, dev::DType t, void* stream = nullptr);
+
   // What `auto` picks for an all-reduce of `bytes`.
   Method auto_all_reduce(uint64_t bytes) const;
   // CTAs (GPU) a call of this algorithm and size uses; host worker teams are capped at 2.
@@ -58,6 +63,11 @@ class Collectives {
 
   Backend& b_;
   std::map<std::tuple<int, uint64_t, int>, Instance> instances_;
+  void* a2a_scratch_ = nullptr;  // device memory outside the NCCL window (see all_to_all)
+  size_t a2a_scratch_bytes_ = 0;
+
+ public:
+  ~Collectives();
 };
 
 }  // namespace weft::ops

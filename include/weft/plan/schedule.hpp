@@ -1,0 +1,154 @@
+// Tile schedules: the order in which a persistent kernel's workers take output tiles, what
+// each tile waits for, and the counter it notifies; transforms that reorder tiles; and the
+// lowering of a plan plus a schedule to the flat tables kernels read.
+//
+// A schedule belongs to one tensor of a plan (`tensor`, e.g. the all-gather's `out`, which
+// is A of an AG+GEMM): output tile (m, n) reads rows [m*tile_rows, (m+1)*tile_rows) of it
+// (fewer in the last row block) and so waits, on its own rank, for every signal bumped by a
+// chunk that writes those rows there, each for its whole per-epoch total.
+// After a tile, the worker bumps counter `notify` on its own rank (counters are a slab of
+// their own, separate from the plan's signals); counter m counts row block m's tiles, so a
+// consumer of row block m (e.g. a reduce-scatter chunk) waits for tiles_n notifies.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "weft/plan/plan.hpp"
+#include "weft/plan/verify.hpp"
+
+namespace weft::plan {
+
+struct TileWait {
+  int signal = 0;         // index in the plan's signal slab of the tile's own rank
+  int64_t threshold = 0;  // per epoch: epoch e waits for e * threshold
+  bool operator==(const TileWait&) const = default;
+};
+
+struct Tile {
+  int m = 0;  // row block
+  int n = 0;  // column block (always 0 on a 1-D grid)
+  std::vector<TileWait> waits;
+  int notify = -1;  // counter bumped after the tile (-1: none)
+  bool operator==(const Tile&) const = default;
+};
+
+struct TileSchedule {
+  int world = 1;
+  std::string tensor;  // the plan tensor whose rows tiles wait for
+  int64_t rows = 0;    // output rows (M) = rows of `tensor`
+  int64_t cols = 0;    // output columns (N); 1-D grids: any, tiles_n == 1
+  int64_t tile_rows = 1;
+  int64_t tile_cols = 1;
+  // order[r]: rank r's tiles, in the order its workers take them. Every tile once per rank.
+  std::vector<std::vector<Tile>> order;
+  // counters[c]: notifies counter c receives per epoch on every rank.
+  std::vector<int64_t> counters;
+
+  int tiles_m() const { return static_cast<int>((rows + tile_rows - 1) / tile_rows); }
+  int tiles_n() const { return static_cast<int>((cols + tile_cols - 1) / tile_cols); }
+  bool operator==(const TileSchedule&) const = default;
+};
+
+// A GEMM output grid rows x cols in tiles of tile_rows x tile_cols, row-major order on every
+// rank, with waits attached from `plan` for `tensor`. Tile (m, n) notifies counter m.
+TileSchedule gemm_schedule(const CommPlan& plan, const std::string& tensor, int64_t cols, int64_t tile_rows,
+                           int64_t tile_cols);
+// A 1-D grid (GEMV-like): row blocks of tile_rows.
+TileSchedule row_schedule(const CommPlan& plan, const std::string& tensor, int64_t tile_rows);
+
+// (Re)computes every tile's waits from the plan: the signals of the chunks that write the
+// tile's rows of `tensor` on its rank, each with its declared total as threshold.
+void attach_waits(TileSchedule& s, const CommPlan& plan);
+
+// ---- transforms (each keeps every tile once per rank) ----------------------------------
+
+// Stable sort of each rank's tiles by when the chunks they wait for arrive: a chunk's
+// arrival is (longest dependency chain before it, position in its issuing queue); a tile's
+// is the latest of its chunks'.
+void order_by_arrival(TileSchedule& s, const CommPlan& plan);
+// Rank r starts at row block r * tiles_m / world (its own shard in an all-gather) and wraps.
+void rotate_by_rank(TileSchedule& s);
+// L2 reuse: walks `group` consecutive row blocks (in the current order) column by column,
+// so the tiles in flight share A rows and B columns.
+void swizzle(TileSchedule& s, int group);
+// Splits the plan's chunks (split_chunks) and re-attaches the waits, keeping the order.
+void split_chunks(TileSchedule& s, CommPlan& plan, int splits);
+
+// ---- verification ------------------------------------------------------------------------
+
+struct ScheduleVerifyOptions {
+  int comm_workers = 0;  // workers per rank taking transfers; 0: unlimited
+  int tile_workers = 1;  // workers per rank taking tiles; 0: unlimited
+  size_t max_messages = 32;
+};
+
+// Every tile once per rank; every wait on a declared signal of its rank with a threshold equal
+// to the notifies that reach it; every chunk that writes rows a tile reads is waited for;
+// counters match the tiles that notify them; and transfers plus tiles make progress with the
+// given workers. Does not repeat verify(plan): run that too.
+VerifyResult verify_schedule(const CommPlan& plan, const TileSchedule& s, const ScheduleVerifyOptions& opt = {});
+
+// ---- lowering ----------------------------------------------------------------------------
+
+// POD rows of the tables a kernel reads. Thresholds are per epoch.
+struct WaitEntry {
+  int32_t signal;
+  int32_t pad;
+  int64_t threshold;
+};
+struct TileEntry {
+  int32_t m, n;
+  int32_t wait_begin, wait_count;  // into LoweredRank::tile_waits
+  int32_t notify;                  // counter, -1: none
+  int32_t pad;
+};
+struct TransferDesc {
+  int64_t chunk;
+  int32_t kind, engine;  // Kind, Engine
+  int32_t src_rank, src_tensor, dst_rank, dst_tensor;
+  int64_t src_row, src_col, dst_row, dst_col, rows, cols;  // elements
+  int32_t wait_begin, wait_count;                          // into LoweredRank::transfer_waits
+  int32_t signal_rank, signal;                             // -1: none
+  int64_t increment;
+};
+
+// A schedule whose order and waits follow a formula (row-major, rotated by rank, swizzled in
+// groups; uniform chunks): a kernel can compute its tables instead of reading them.
+struct ClosedForm {
+  int tiles_m = 0, tiles_n = 0;
+  std::vector<int> first_block;  // per rank: row block of its first tile (the rotation)
+  int group = 1;                 // swizzle group, in row blocks
+  int64_t tile_rows = 1;
+  int64_t rows_per_signal = 1;  // tile rows [a, b) wait for lowered signals a/rps .. (b-1)/rps
+  int64_t threshold = 1;
+
+  // The tile rank r takes k-th.
+  std::pair<int, int> tile_at(int rank, int k) const;
+  // Lowered signals [first, last] that row block m waits for.
+  std::pair<int, int> waits_of(int m, int64_t rows) const;
+};
+
+struct LoweredRank {
+  std::vector<TileEntry> tiles;  // in the order workers take them
+  std::vector<WaitEntry> tile_waits;
+  std::vector<TransferDesc> transfers;  // in issue order
+  std::vector<WaitEntry> transfer_waits;
+  // signal_map[old index] = lowered index on this rank. Lowering renumbers each rank's signals
+  // so the ones tiles wait for come first, in the row order they guard.
+  std::vector<int32_t> signal_map;
+  std::vector<int64_t> signal_expected;  // by lowered index
+};
+
+struct Lowered {
+  int world = 1;
+  std::vector<LoweredRank> ranks;
+  std::vector<int64_t> counters;
+  std::optional<ClosedForm> closed;  // set when the tables follow the formula exactly
+};
+
+// Lowers a plan and its schedule (verify them first: lowering assumes a valid plan).
+Lowered lower(const CommPlan& plan, const TileSchedule& s);
+
+}  // namespace weft::plan

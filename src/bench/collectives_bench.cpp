@@ -1,0 +1,220 @@
+#include "weft/bench/collectives_bench.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <vector>
+
+#include "weft/bench/devapi_bench.hpp"
+#include "weft/core/error.hpp"
+#include "weft/ops/collectives.hpp"
+
+#ifdef WEFT_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "weft/core/cuda_check.hpp"
+#include "weft/kernels/runtime_kernels.hpp"
+#endif
+
+namespace weft::bench {
+namespace {
+
+using ops::Method;
+
+const std::vector<std::string> kColls = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"};
+
+std::vector<Method> methods_for(const std::string& coll, uint64_t bytes) {
+  if (coll == "all_reduce") {
+    std::vector<Method> m{Method::kBaseline};
+    if (bytes <= (4ull << 20)) m.push_back(Method::kOneShot);  // its staging grows as world x size
+    m.push_back(Method::kTwoShot);
+    m.push_back(Method::kAuto);
+    return m;
+  }
+  return {Method::kBaseline, Method::kDirect};
+}
+
+// Bytes each rank sends to its peers (nccl-tests' bus bandwidth numerator).
+double bus_bytes(const std::string& coll, uint64_t bytes, int world) {
+  const double n = world, s = static_cast<double>(bytes);
+  if (coll == "all_reduce") return 2.0 * (n - 1) / n * s;
+  if (coll == "all_gather") return (n - 1) * s;
+  return (n - 1) / n * s;  // reduce-scatter, all-to-all: input split in n blocks
+}
+
+// Element count the op takes for `bytes` of bf16 input per rank.
+uint64_t count_for(const std::string& coll, uint64_t bytes, int world) {
+  const uint64_t elems = bytes / 2;
+  return coll == "all_reduce" || coll == "all_gather" ? elems : elems / world;
+}
+
+}  // namespace
+
+std::vector<CollPoint> bench_collectives(Backend& b, const CollBenchOptions& opt) {
+  const int world = b.size();
+  const bool gpu = b.kind() == BackendKind::kNccl;
+  std::vector<uint64_t> sizes;
+  if (gpu && !opt.quick)
+    for (uint64_t s = 8ull << 10; s <= (256ull << 20); s *= 2) sizes.push_back(s);
+  else if (gpu)
+    sizes = {8ull << 10, 256ull << 10, 4ull << 20, 64ull << 20};
+  else
+    sizes = {8ull << 10, 256ull << 10, opt.quick ? (1ull << 20) : (8ull << 20)};
+  const uint64_t max_in = sizes.back();
+  std::vector<std::string> colls = opt.colls.empty() ? kColls : opt.colls;
+  for (const auto& c : colls)
+    WEFT_REQUIRE(std::find(kColls.begin(), kColls.end(), c) != kColls.end(),
+                 fmt::format("unknown collective '{}': expected all_reduce, all_gather, reduce_scatter, all_to_all", c));
+
+  ops::Collectives coll(b);
+  const uint64_t sym_out = b.heap().alloc_bytes(max_in * world, "bench.coll.out");
+  const auto bar = b.heap().alloc_barrier("bench.coll.bar");
+  (void)bar;
+  std::vector<char> host_in(max_in);
+  for (uint64_t i = 0; i < max_in / 2; ++i)  // small bf16 integers: never zeros, never overflow
+    reinterpret_cast<dev::bf16_t*>(host_in.data())[i] =
+        dev::from_float<dev::bf16_t>(static_cast<float>(static_cast<int>((i * 7 + b.rank()) % 13) - 6));
+
+  void* in = nullptr;
+  void* out = nullptr;
+  std::vector<char> host_out;
+#ifdef WEFT_HAVE_CUDA
+  cudaStream_t stream = nullptr;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+#endif
+  if (gpu) {
+#ifdef WEFT_HAVE_CUDA
+    WEFT_CUDA_CHECK(cudaMalloc(&in, max_in));
+    WEFT_CUDA_CHECK(cudaMalloc(&out, max_in * world));
+    WEFT_CUDA_CHECK(cudaMemcpy(in, host_in.data(), max_in, cudaMemcpyHostToDevice));
+    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    WEFT_CUDA_CHECK(cudaEventCreate(&e0));
+    WEFT_CUDA_CHECK(cudaEventCreate(&e1));
+#endif
+  } else {
+    in = host_in.data();
+    host_out.resize(max_in * world);
+    out = host_out.data();
+  }
+
+  std::vector<CollPoint> pts;
+  for (const auto& name : colls) {
+    for (uint64_t bytes : sizes) {
+      const uint64_t count = count_for(name, bytes, world);
+      for (Method m : methods_for(name, bytes)) {
+        void* s = nullptr;
+#ifdef WEFT_HAVE_CUDA
+        s = stream;
+#endif
+        auto call = [&] {
+          if (name == "all_reduce") coll.all_reduce(in, out, count, dev::DType::kBF16, m, s);
+          // NCCL writes into plain device memory, as its users do; weft into its symmetric output.
+          const bool nccl = m == Method::kBaseline && gpu;
+          if (name == "all_gather") {
+            if (nccl) coll.baseline_all_gather(in, out, count, dev::DType::kBF16, s);
+            else coll.all_gather(in, sym_out, count, dev::DType::kBF16, m, s);
+          }
+          if (name == "reduce_scatter") coll.reduce_scatter(in, out, count, dev::DType::kBF16, m, s);
+          if (name == "all_to_all") {
+            if (nccl) coll.baseline_all_to_all(in, out, count, dev::DType::kBF16, s);
+            else coll.all_to_all(in, sym_out, count, dev::DType::kBF16, m, s);
+          }
+        };
+        std::vector<double> us;
+        if (gpu) {
+#ifdef WEFT_HAVE_CUDA
+          call();  // first call of the shape: allocates its state, outside the capture
+          WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+          b.barrier();
+          const int per_graph = bytes <= (1ull << 20) ? 20 : bytes <= (16ull << 20) ? 5 : 2;
+          cudaGraph_t graph;
+          cudaGraphExec_t exec;
+          WEFT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+          for (int i = 0; i < per_graph; ++i) call();
+          WEFT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+          WEFT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+          WEFT_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // warm-up
+          WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+          const int reps = opt.quick ? 3 : (bytes <= (16ull << 20) ? 15 : 7);
+          for (int r = 0; r < reps; ++r) {
+            // Line the GPUs up, then keep the stream busy while the host enqueues the
+            // timed graph: neither rank skew nor launch latency lands inside the events.
+            WEFT_CUDA_CHECK(kernels::device_barrier(b.ctx(), bar, stream));
+            WEFT_CUDA_CHECK(kernels::device_sleep(100000, stream));
+            WEFT_CUDA_CHECK(cudaEventRecord(e0, stream));
+            WEFT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+            WEFT_CUDA_CHECK(cudaEventRecord(e1, stream));
+            WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+            float ms = 0;
+            WEFT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+            us.push_back(ms * 1e3 / per_graph);
+          }
+          WEFT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+          WEFT_CUDA_CHECK(cudaGraphDestroy(graph));
+          b.synchronize();
+#endif
+        } else {
+          call();
+          for (int r = 0; r < 3; ++r) {
+            b.barrier();
+            auto t0 = std::chrono::steady_clock::now();
+            call();
+            us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+          }
+        }
+        CollPoint p{name, m == Method::kBaseline ? (gpu ? "nccl" : "reference") : ops::to_string(m), bytes,
+                    median(us), 0};
+        p.busbw_gbps = bus_bytes(name, bytes, world) / (p.median_us * 1e-6) / 1e9;
+        pts.push_back(p);
+        if (opt.progress)
+          opt.progress(fmt::format("{} {} {} KiB: {:.1f} us", name, p.method, bytes >> 10, p.median_us));
+      }
+    }
+  }
+#ifdef WEFT_HAVE_CUDA
+  if (gpu) {
+    WEFT_CUDA_CHECK(cudaEventDestroy(e0));
+    WEFT_CUDA_CHECK(cudaEventDestroy(e1));
+    WEFT_CUDA_CHECK(cudaStreamDestroy(stream));
+    WEFT_CUDA_CHECK(cudaFree(in));
+    WEFT_CUDA_CHECK(cudaFree(out));
+  }
+#endif
+  return pts;
+}
+
+nlohmann::json to_json(const std::vector<CollPoint>& pts) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& p : pts)
+    j.push_back({{"coll", p.coll}, {"method", p.method}, {"bytes", p.bytes}, {"median_us", p.median_us},
+                 {"busbw_GBps", p.busbw_gbps}});
+  return j;
+}
+
+std::string to_table(const std::vector<CollPoint>& pts) {
+  // One row per (collective, size): every method's time and its ratio to the baseline.
+  std::string out = fmt::format("{:<15} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10}\n", "collective", "size",
+                                "baseline", "one-shot", "two-shot", "direct", "auto", "best/base");
+  for (size_t i = 0; i < pts.size();) {
+    size_t j = i;
+    double base = 0, best = 1e30;
+    std::map<std::string, double> t;
+    for (; j < pts.size() && pts[j].coll == pts[i].coll && pts[j].bytes == pts[i].bytes; ++j) {
+      t[pts[j].method] = pts[j].median_us;
+      if (pts[j].method == "nccl" || pts[j].method == "reference") base = pts[j].median_us;
+      else best = std::min(best, pts[j].median_us);
+    }
+    auto cell = [&](const char* k) { return t.count(k) ? fmt::format("{:.1f}", t[k]) : std::string("-"); };
+    const uint64_t kib = pts[i].bytes >> 10;
+    out += fmt::format("{:<15} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10.2f}\n", pts[i].coll,
+                       kib >= 1024 ? fmt::format("{} MiB", kib >> 10) : fmt::format("{} KiB", kib),
+                       base > 0 ? fmt::format("{:.1f}", base) : "-", cell("one-shot"), cell("two-shot"), cell("direct"),
+                       cell("auto"), base > 0 ? best / base : 0.0);
+    i = j;
+  }
+  return out + "times in us per call (median); best/base < 1: weft is faster\n";
+}
+
+}  // namespace weft::bench

@@ -1,0 +1,263 @@
+#include "weft/plan/cost.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "weft/core/error.hpp"
+
+namespace weft::plan {
+
+DeviceConstants device_constants_from_json(std::string_view text, std::string_view source) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(fmt::format("{}: not JSON: {}", source, e.what()));
+  }
+  if (!j.is_object()) throw InvalidArgument(fmt::format("{}: expected a JSON object", source));
+  auto number = [&](const char* key) {
+    if (!j.contains(key)) throw InvalidArgument(fmt::format("{}: missing key '{}'", source, key));
+    if (!j[key].is_number()) throw InvalidArgument(fmt::format("{}: '{}' is not a number", source, key));
+    const double v = j[key].get<double>();
+    if (!(v > 0)) throw InvalidArgument(fmt::format("{}: '{}' is {} (need > 0)", source, key, v));
+    return v;
+  };
+  DeviceConstants d;
+  if (!j.contains("device") || !j["device"].is_string())
+    throw InvalidArgument(fmt::format("{}: missing key 'device' (a string)", source));
+  d.device = j["device"].get<std::string>();
+  d.gemm_tflops = number("gemm_tflops");
+  d.hbm_gbps = number("hbm_gbps");
+  d.signal_latency_us = number("signal_latency_us");
+  const double sms = number("sm_count");
+  if (sms != static_cast<int>(sms)) throw InvalidArgument(fmt::format("{}: 'sm_count' is not an integer", source));
+  d.sm_count = static_cast<int>(sms);
+  if (!j.contains("link_gbps") || !j["link_gbps"].is_object() || j["link_gbps"].empty())
+    throw InvalidArgument(fmt::format("{}: missing key 'link_gbps' (an object: engine -> GB/s)", source));
+  for (const auto& [name, v] : j["link_gbps"].items()) {
+    bool known = false;
+    for (Engine e : {Engine::kSm, Engine::kTma, Engine::kCopyEngine, Engine::kNccl, Engine::kNet})
+      if (name == to_string(e)) {
+        if (!v.is_number() || !(v.get<double>() > 0))
+          throw InvalidArgument(fmt::format("{}: link_gbps.{} must be a positive number", source, name));
+        d.link_gbps[e] = v.get<double>();
+        known = true;
+      }
+    if (!known)
+      throw InvalidArgument(
+          fmt::format("{}: link_gbps.{}: unknown engine (sm, tma, copy_engine, nccl, net)", source, name));
+  }
+  return d;
+}
+
+DeviceConstants load_device_constants(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw InvalidArgument(fmt::format("cannot open device constants file {}", path));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return device_constants_from_json(ss.str(), path);
+}
+
+std::string device_constants_to_json(const DeviceConstants& d) {
+  nlohmann::json j;
+  j["device"] = d.device;
+  j["gemm_tflops"] = d.gemm_tflops;
+  j["hbm_gbps"] = d.hbm_gbps;
+  j["signal_latency_us"] = d.signal_latency_us;
+  j["sm_count"] = d.sm_count;
+  nlohmann::json links = nlohmann::json::object();
+  for (const auto& [e, v] : d.link_gbps) links[std::string(to_string(e))] = v;
+  j["link_gbps"] = links;
+  return j.dump(2);
+}
+
+DeviceConstants h200_constants() {
+  DeviceConstants d;
+  d.device = "H200 (2x, NV18)";
+  d.gemm_tflops = 761;
+  d.hbm_gbps = 4800;
+  d.signal_latency_us = 1.3;
+  d.sm_count = 132;
+  d.link_gbps = {{Engine::kSm, 360}, {Engine::kTma, 360}, {Engine::kCopyEngine, 395}};
+  return d;
+}
+
+namespace {
+
+constexpr double kNever = std::numeric_limits<double>::infinity();
+
+struct Item {
+  int rank;
+  bool tile;
+  int index;                                   // into the rank's transfers or tiles
+  std::vector<std::pair<int, int64_t>> waits;  // (lowered signal on `rank`, threshold)
+  double dur_us;
+  int resource;  // engine queue it occupies, -1: none (tiles run on their own worker)
+  int signal_rank = -1, signal = -1;
+  int64_t increment = 0;
+  double take = kNever, start = kNever, end = kNever;
+};
+
+struct Pool {
+  std::vector<int> queue;  // items in take order
+  size_t next = 0;
+  int workers = 0;  // 0: unlimited
+  int busy = 0;
+  double last_take = 0;
+};
+
+}  // namespace
+
+Prediction simulate(const CommPlan& plan, const TileSchedule& s, const Lowered& L, const DeviceConstants& dev,
+                    const SimOptions& opt) {
+  WEFT_REQUIRE(
+      L.world == plan.world && L.ranks.size() == static_cast<size_t>(plan.world),
+      fmt::format("simulate: lowered tables for {} ranks, plan {} for {}", L.ranks.size(), plan.name, plan.world));
+  WEFT_REQUIRE(dev.gemm_tflops > 0 && dev.hbm_gbps > 0 && dev.sm_count > 0,
+               fmt::format("simulate: device constants of '{}' are incomplete", dev.device));
+  const int W = plan.world;
+  constexpr int kEngines = 5;
+  // Resource ids: rank * (kEngines + 1) + engine; the last slot of each rank is its HBM.
+  auto resource_of = [&](int rank, int engine) { return rank * (kEngines + 1) + engine; };
+  std::vector<double> resource_free(static_cast<size_t>(W) * (kEngines + 1), 0.0);
+
+  std::vector<Item> items;
+  std::vector<Pool> pools(2 * static_cast<size_t>(W));  // [0, W): transfers; [W, 2W): tiles
+  for (int r = 0; r < W; ++r) {
+    const LoweredRank& lr = L.ranks[static_cast<size_t>(r)];
+    Pool& comm = pools[static_cast<size_t>(r)];
+    comm.workers = opt.comm_workers;
+    for (size_t k = 0; k < lr.transfers.size(); ++k) {
+      const TransferDesc& d = lr.transfers[k];
+      WEFT_REQUIRE(d.src_tensor >= 0 && static_cast<size_t>(d.src_tensor) < plan.tensors.size(),
+                   fmt::format("simulate: chunk {} reads tensor {}", d.chunk, d.src_tensor));
+      const double bytes = static_cast<double>(d.rows) * static_cast<double>(d.cols) *
+                           plan.tensors[static_cast<size_t>(d.src_tensor)].elem_bytes;
+      Item it{r, false, static_cast<int>(k), {}, 0, 0};
+      if (d.src_rank == d.dst_rank) {
+        it.dur_us = 2 * bytes / (dev.hbm_gbps * 1e3);
+        it.resource = resource_of(r, kEngines);
+      } else {
+        const auto bw = dev.link_gbps.find(static_cast<Engine>(d.engine));
+        WEFT_REQUIRE(bw != dev.link_gbps.end(),
+                     fmt::format("simulate: chunk {} uses engine {}, which device '{}' has no bandwidth for", d.chunk,
+                                 to_string(static_cast<Engine>(d.engine)), dev.device));
+        it.dur_us = bytes / (bw->second * 1e3);
+        it.resource = resource_of(r, d.engine);
+      }
+      for (int j = 0; j < d.wait_count; ++j) {
+        const WaitEntry& w = lr.transfer_waits[static_cast<size_t>(d.wait_begin + j)];
+        it.waits.emplace_back(w.signal, w.threshold);
+      }
+      it.signal_rank = d.signal_rank;
+      it.signal = d.signal;
+      it.increment = d.increment;
+      comm.queue.push_back(static_cast<int>(items.size()));
+      items.push_back(std::move(it));
+    }
+    Pool& tiles = pools[static_cast<size_t>(W + r)];
+    tiles.workers = opt.tile_workers > 0 ? opt.tile_workers : dev.sm_count;
+    // One worker is one SM at its share of the GEMM rate: FLOP / (FLOP/us per SM).
+    const double flops_per_us_per_sm = dev.gemm_tflops * 1e6 / dev.sm_count;
+    for (size_t k = 0; k < lr.tiles.size(); ++k) {
+      const TileEntry& e = lr.tiles[k];
+      const double rows = static_cast<double>(std::min(s.tile_rows, s.rows - int64_t{e.m} * s.tile_rows));
+      const double cols = static_cast<double>(std::min(s.tile_cols, s.cols - int64_t{e.n} * s.tile_cols));
+      Item it{r, true, static_cast<int>(k), {}, 2 * rows * cols * static_cast<double>(opt.gemm_k) / flops_per_us_per_sm,
+              -1};
+      for (int j = 0; j < e.wait_count; ++j) {
+        const WaitEntry& w = lr.tile_waits[static_cast<size_t>(e.wait_begin + j)];
+        it.waits.emplace_back(w.signal, w.threshold);
+      }
+      tiles.queue.push_back(static_cast<int>(items.size()));
+      items.push_back(std::move(it));
+    }
+  }
+
+  // Bumpers of each (rank, lowered signal), and how many have not been simulated yet.
+  std::map<std::pair<int, int>, std::vector<int>> bumpers;
+  for (size_t i = 0; i < items.size(); ++i)
+    if (!items[i].tile && items[i].signal_rank >= 0)
+      bumpers[{items[i].signal_rank, items[i].signal}].push_back(static_cast<int>(i));
+  // When a wait (signal on `rank` reaching `threshold`) is satisfied; kNever while unknown.
+  auto satisfied_at = [&](int rank, int sig, int64_t threshold) {
+    if (threshold <= 0) return 0.0;
+    std::vector<std::pair<double, int64_t>> arrivals;
+    for (int b : bumpers[{rank, sig}]) {
+      const Item& x = items[static_cast<size_t>(b)];
+      if (x.end == kNever) return kNever;
+      arrivals.emplace_back(x.end + (x.signal_rank != x.rank ? dev.signal_latency_us : 0.0), x.increment);
+    }
+    std::sort(arrivals.begin(), arrivals.end());
+    int64_t sum = 0;
+    for (const auto& [t, inc] : arrivals)
+      if ((sum += inc) >= threshold) return t;
+    return kNever;  // never reached: the verifier's threshold check rejects this
+  };
+
+  std::vector<int> held;  // items taken and not yet started
+  auto take = [&](Pool& p, double now) {
+    while (p.next < p.queue.size() && (p.workers == 0 || p.busy < p.workers)) {
+      Item& it = items[static_cast<size_t>(p.queue[p.next++])];
+      p.last_take = std::max(p.last_take, now);
+      it.take = p.last_take;
+      ++p.busy;
+      held.push_back(static_cast<int>(&it - items.data()));
+    }
+  };
+  for (auto& p : pools) take(p, 0.0);
+
+  Prediction out;
+  out.rank_us.assign(static_cast<size_t>(W), 0.0);
+  size_t done = 0;
+  while (done < items.size()) {
+    // Start the held item that can start first; its waits must be known.
+    int best = -1;
+    double best_start = kNever;
+    for (int h : held) {
+      const Item& it = items[static_cast<size_t>(h)];
+      double ready = it.take;
+      for (const auto& [sig, thr] : it.waits) ready = std::max(ready, satisfied_at(it.rank, sig, thr));
+      if (ready == kNever) continue;
+      if (it.resource >= 0) ready = std::max(ready, resource_free[static_cast<size_t>(it.resource)]);
+      if (ready < best_start) {
+        best_start = ready;
+        best = h;
+      }
+    }
+    if (best < 0)
+      throw Error(
+          fmt::format("simulate: plan {} deadlocks with {} transfer and {} tile workers per rank (verify it "
+                      "with these worker counts)",
+                      plan.name, opt.comm_workers, opt.tile_workers));
+    Item& it = items[static_cast<size_t>(best)];
+    it.start = best_start;
+    it.end = best_start + it.dur_us;
+    if (it.resource >= 0) resource_free[static_cast<size_t>(it.resource)] = it.end;
+    held.erase(std::find(held.begin(), held.end(), best));
+    ++done;
+    SimEvent ev;
+    ev.rank = it.rank;
+    ev.tile = it.tile;
+    ev.id = it.tile ? it.index : L.ranks[static_cast<size_t>(it.rank)].transfers[static_cast<size_t>(it.index)].chunk;
+    ev.take_us = it.take;
+    ev.start_us = it.start;
+    ev.end_us = it.end;
+    out.events.push_back(ev);
+    out.total_us = std::max(out.total_us, it.end);
+    out.rank_us[static_cast<size_t>(it.rank)] = std::max(out.rank_us[static_cast<size_t>(it.rank)], it.end);
+    (it.tile ? out.compute_us : out.comm_us) = std::max(it.tile ? out.compute_us : out.comm_us, it.end);
+    // Its worker is free when it ends and takes the next item of its queue then.
+    Pool& p = pools[static_cast<size_t>(it.tile ? W + it.rank : it.rank)];
+    --p.busy;
+    take(p, it.end);
+  }
+  return out;
+}
+
+}  // namespace weft::plan

@@ -1,0 +1,87 @@
+// Collectives on the host backend, world sizes 1, 2, 3, 4, 8: exact results for every
+// method and dtype, odd and zero sizes, unaligned pointers; bad input refused clearly.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <memory>
+
+#include "collectives_check.hpp"
+#include "rank_harness.hpp"
+
+using namespace weft;
+using namespace weft::testing;
+
+namespace {
+
+class HostMemory final : public LocalMemory {
+ public:
+  void* alloc(size_t bytes) override {
+    blocks_.emplace_back(new char[bytes + 16]);
+    return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(blocks_.back().get()) + 15) & ~uintptr_t{15});
+  }
+  void to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void sync() override {}
+
+ private:
+  std::vector<std::unique_ptr<char[]>> blocks_;
+};
+
+}  // namespace
+
+class CollectivesHost : public ::testing::TestWithParam<int> {};
+
+TEST_P(CollectivesHost, ExactForEveryMethodDtypeAndSize) {
+  expect_all_ok(run_host_ranks(GetParam(), [] {
+    auto b = make_backend();
+    ops::Collectives ops(*b);
+    HostMemory mem;
+    CollectivesSuite suite(*b, ops, mem);
+    suite.run_all({0, 1, 7, 8, 13, 1000, 4099});
+    WEFT_CHECK(suite.checks() == 3 * 7 * 3 * 10 + 4, "not every check ran: " + std::to_string(suite.checks()));
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesHost, ::testing::Values(1, 2, 3, 4, 8));
+
+TEST(CollectivesHostErrors, MisalignedPointerIsRefused) {
+  auto res = run_host_ranks(2, [] {
+    auto b = make_backend();
+    ops::Collectives ops(*b);
+    alignas(16) char buf[64] = {};
+    ops.all_reduce(buf + 1, buf + 1, 4, dev::DType::kBF16);
+  });
+  for (const auto& r : res)
+    EXPECT_NE(r.message.find("is not aligned to its element size (2 bytes for bf16)"), std::string::npos) << r.message;
+}
+
+TEST(CollectivesHostErrors, NonSymmetricOutputIsRefused) {
+  auto res = run_host_ranks(2, [] {
+    auto b = make_backend();
+    ops::Collectives ops(*b);
+    alignas(16) float in[4] = {};
+    ops.all_gather(in, 1ull << 20, 4, dev::DType::kF32);  // nothing allocated there
+  });
+  for (const auto& r : res)
+    EXPECT_NE(r.message.find("all_gather output is not a symmetric allocation"), std::string::npos) << r.message;
+}
+
+TEST(CollectivesHostErrors, UnknownMethodIsRefused) {
+  EXPECT_THROW(ops::parse_method("ring"), InvalidArgument);
+  EXPECT_EQ(ops::parse_method("two-shot"), ops::Method::kTwoShot);
+}
+
+TEST(CollectivesHostFaults, PeerThatSkipsACallIsNamed) {
+  auto res = run_host_ranks(
+      3,
+      [] {
+        auto b = make_backend();
+        ops::Collectives ops(*b);
+        alignas(16) float x[64] = {};
+        ops.all_reduce(x, x, 64, dev::DType::kF32, ops::Method::kOneShot);
+        if (b->rank() == 1) return;  // rank 1 skips the second call
+        ops.all_reduce(x, x, 64, dev::DType::kF32, ops::Method::kOneShot);
+      },
+      {}, 1000);
+  for (int r : {0, 2}) EXPECT_NE(res[r].message.find("rank 1 did not arrive"), std::string::npos) << res[r].message;
+}

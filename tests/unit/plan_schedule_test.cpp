@@ -1,0 +1,221 @@
+// Tile schedules: waits from the plan, transforms, the schedule verifier and the lowering.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "weft/core/error.hpp"
+#include "weft/plan/schedule.hpp"
+#include "weft/plan/templates.hpp"
+#include "weft/plan/verify.hpp"
+
+using namespace weft::plan;
+
+namespace {
+
+std::vector<int> row_blocks(const TileSchedule& s, int rank) {
+  std::vector<int> ms;
+  for (const Tile& t : s.order[static_cast<size_t>(rank)])
+    if (ms.empty() || ms.back() != t.m) ms.push_back(t.m);
+  return ms;
+}
+
+bool has(const VerifyResult& r, const std::string& needle) {
+  for (const auto& m : r.messages)
+    if (m.find(needle) != std::string::npos) return true;
+  return false;
+}
+
+// AG+GEMM on 4 ranks: each rank holds 8 rows of A; the gathered A is 32 rows; C is 32x16 in
+// 4x8 tiles (8 row blocks x 2 column blocks); every shard goes in 2 chunks of 4 rows.
+CommPlan ring4() { return all_gather(AllGatherAlgo::kRing, 4, 8, 64, {.splits = 2}); }
+
+}  // namespace
+
+TEST(PlanSchedule, GemmGridWaitsForTheChunksOfItsRows) {
+  const CommPlan p = ring4();
+  const TileSchedule s = gemm_schedule(p, "out", 16, 4, 8);
+  EXPECT_EQ(s.tiles_m(), 8);
+  EXPECT_EQ(s.tiles_n(), 2);
+  ASSERT_EQ(s.order[1].size(), size_t{16});
+  EXPECT_EQ(s.counters, std::vector<int64_t>(8, 2));
+  for (int r = 0; r < 4; ++r)
+    for (const Tile& t : s.order[static_cast<size_t>(r)]) {
+      ASSERT_EQ(t.waits.size(), size_t{1}) << "tile " << t.m << "," << t.n;
+      EXPECT_EQ(t.waits[0].threshold, 1);
+      EXPECT_EQ(t.notify, t.m);
+    }
+  // Tile rows that straddle two chunks wait for both: 6-row tiles over 4-row chunks.
+  const TileSchedule wide = row_schedule(p, "out", 6);
+  EXPECT_EQ(wide.tiles_m(), 6);
+  EXPECT_EQ(wide.order[0][1].waits.size(), size_t{2});  // rows [6,12): chunks [4,8) and [8,12)
+  EXPECT_EQ(wide.order[0][5].waits.size(), size_t{1});  // rows [30,32)
+  for (int tw : {1, 2, 0})
+    for (int cw : {1, 0}) {
+      const VerifyResult r = verify_schedule(p, wide, {.comm_workers = cw, .tile_workers = tw});
+      EXPECT_TRUE(r.ok) << r.text();
+    }
+}
+
+TEST(PlanSchedule, OrderByArrivalFollowsTheRing) {
+  const CommPlan p = ring4();
+  TileSchedule s = gemm_schedule(p, "out", 16, 4, 8);
+  order_by_arrival(s, p);
+  // Rank 1 has its own shard (rows 8..15: blocks 2,3) first, then what rank 0 sends it at hop 1
+  // (shard 0), then shard 3 (hop 2), then shard 2 (hop 3).
+  EXPECT_EQ(row_blocks(s, 1), (std::vector<int>{2, 3, 0, 1, 6, 7, 4, 5}));
+  EXPECT_EQ(row_blocks(s, 0), (std::vector<int>{0, 1, 6, 7, 4, 5, 2, 3}));
+  EXPECT_TRUE(verify_schedule(p, s).ok);
+  // A direct all-gather delivers every shard at once: the order is by issue position.
+  const CommPlan d = all_gather(AllGatherAlgo::kDirect, 4, 8, 64);
+  TileSchedule sd = row_schedule(d, "out", 8);
+  order_by_arrival(sd, d);
+  // Rank 2 gets its own shard (copy, position 0), then from rank 1 (its first push), rank 0, rank 3.
+  EXPECT_EQ(row_blocks(sd, 2), (std::vector<int>{2, 1, 0, 3}));
+}
+
+TEST(PlanSchedule, RotateAndSwizzle) {
+  const CommPlan p = ring4();
+  TileSchedule s = gemm_schedule(p, "out", 16, 4, 8);
+  rotate_by_rank(s);
+  EXPECT_EQ(row_blocks(s, 1), (std::vector<int>{2, 3, 4, 5, 6, 7, 0, 1}));
+  EXPECT_EQ(row_blocks(s, 3), (std::vector<int>{6, 7, 0, 1, 2, 3, 4, 5}));
+  swizzle(s, 2);
+  // Groups of two row blocks, column by column.
+  std::vector<std::pair<int, int>> first6;
+  for (size_t k = 0; k < 6; ++k) first6.emplace_back(s.order[1][k].m, s.order[1][k].n);
+  EXPECT_EQ(first6, (std::vector<std::pair<int, int>>{{2, 0}, {3, 0}, {2, 1}, {3, 1}, {4, 0}, {5, 0}}));
+  EXPECT_TRUE(verify_schedule(p, s).ok);
+  EXPECT_THROW(swizzle(s, 0), weft::InvalidArgument);
+}
+
+TEST(PlanSchedule, SplitChunksReattachesWaits) {
+  CommPlan p = all_gather(AllGatherAlgo::kRing, 2, 8, 4);
+  TileSchedule s = row_schedule(p, "out", 2);
+  rotate_by_rank(s);
+  EXPECT_EQ(s.order[0][0].waits.size(), size_t{1});
+  split_chunks(s, p, 4);  // 2-row chunks: one per tile
+  EXPECT_EQ(p.num_transfers(), size_t{2 * 4 + 2 * 4});
+  EXPECT_EQ(row_blocks(s, 1), (std::vector<int>{4, 5, 6, 7, 0, 1, 2, 3}));
+  for (const Tile& t : s.order[1]) EXPECT_EQ(t.waits.size(), size_t{1});
+  EXPECT_TRUE(verify(p).ok);
+  EXPECT_TRUE(verify_schedule(p, s).ok);
+}
+
+TEST(PlanSchedule, VerifierRejectsBrokenSchedules) {
+  const CommPlan p = ring4();
+  const TileSchedule good = gemm_schedule(p, "out", 16, 4, 8);
+  {
+    TileSchedule s = good;
+    s.order[2][3].waits[0].threshold = 2;
+    const VerifyResult r = verify_schedule(p, s);
+    ASSERT_FALSE(r.ok);
+    EXPECT_EQ(r.messages[0], fmt::format("tile (1,1) on rank 2: threshold 2 but 1 notifies reach signal {} on rank 2",
+                                         s.order[2][3].waits[0].signal));
+  }
+  {
+    TileSchedule s = good;
+    s.order[0][2].waits.clear();  // tile (1,0): rows [4,8) of rank 0's own shard
+    const VerifyResult r = verify_schedule(p, s);
+    ASSERT_FALSE(r.ok);
+    ASSERT_EQ(r.messages.size(), size_t{1}) << r.text();
+    EXPECT_EQ(r.messages[0].rfind("tile (1,0) on rank 0 reads rows [4,8) of 'out' that chunk ", 0), 0u) << r.text();
+    EXPECT_NE(r.messages[0].find(" writes, but does not wait for it"), std::string::npos);
+  }
+  {
+    TileSchedule s = good;
+    s.order[3][5] = s.order[3][4];
+    const VerifyResult r = verify_schedule(p, s);
+    EXPECT_TRUE(has(r, "tile (2,0) on rank 3 is scheduled twice")) << r.text();
+    EXPECT_TRUE(has(r, "tile (2,1) on rank 3 is never scheduled")) << r.text();
+  }
+  {
+    TileSchedule s = good;
+    s.order[3][5].notify = 3;
+    const VerifyResult r = verify_schedule(p, s);
+    EXPECT_TRUE(has(r, "threshold 2 but 1 notifies reach counter 2 on rank 3")) << r.text();
+    EXPECT_TRUE(has(r, "threshold 2 but 3 notifies reach counter 3 on rank 3")) << r.text();
+  }
+}
+
+TEST(PlanSchedule, ScheduleVerifierFindsCommDeadlockThroughTiles) {
+  // Every rank issues its hop-2 forward before its local copy and hop 1: with one transfer
+  // worker each waits for a hop 1 that sits behind a blocked forward, and the tiles waiting on
+  // those chunks never run.
+  CommPlan p = all_gather(AllGatherAlgo::kRing, 3, 4, 4);
+  for (auto& q : p.queues) std::rotate(q.begin(), q.begin() + 2, q.end());  // [hop2, copy, hop1]
+  const TileSchedule s = row_schedule(p, "out", 4);
+  EXPECT_TRUE(verify_schedule(p, s, {.comm_workers = 2, .tile_workers = 1}).ok);
+  const VerifyResult r = verify_schedule(p, s, {.comm_workers = 1, .tile_workers = 1});
+  ASSERT_FALSE(r.ok);
+  EXPECT_EQ(r.messages[0].rfind("deadlock with 1 transfer worker per rank and 1 tile worker per rank: rank 0 worker 0 "
+                                "holds chunk ",
+                                0),
+            0u)
+      << r.text();
+  EXPECT_NE(r.messages[0].find("rank 0 tiles worker 0 holds tile (0,0) on rank 0"), std::string::npos) << r.text();
+}
+
+TEST(PlanLowering, TablesAndClosedForm) {
+  const CommPlan p = ring4();
+  TileSchedule s = gemm_schedule(p, "out", 16, 4, 8);
+  rotate_by_rank(s);
+  swizzle(s, 2);
+  ASSERT_TRUE(verify_schedule(p, s).ok);
+  const Lowered L = lower(p, s);
+  ASSERT_EQ(L.ranks.size(), size_t{4});
+  const LoweredRank& r1 = L.ranks[1];
+  ASSERT_EQ(r1.tiles.size(), size_t{16});
+  // Lowered signals guard rows in order: tile rows [8,12) (block 2) wait for signal 2.
+  EXPECT_EQ(r1.tiles[0].m, 2);
+  ASSERT_EQ(r1.tiles[0].wait_count, 1);
+  EXPECT_EQ(r1.tile_waits[static_cast<size_t>(r1.tiles[0].wait_begin)].signal, 2);
+  EXPECT_EQ(r1.tile_waits[static_cast<size_t>(r1.tiles[0].wait_begin)].threshold, 1);
+  EXPECT_EQ(r1.tiles[0].notify, 2);
+  ASSERT_TRUE(L.closed.has_value());
+  const ClosedForm& f = *L.closed;
+  EXPECT_EQ(f.first_block, (std::vector<int>{0, 2, 4, 6}));
+  EXPECT_EQ(f.group, 2);
+  EXPECT_EQ(f.rows_per_signal, 4);
+  EXPECT_EQ(f.threshold, 1);
+  for (int r = 0; r < 4; ++r)
+    for (int k = 0; k < 16; ++k) {
+      const TileEntry& e = L.ranks[static_cast<size_t>(r)].tiles[static_cast<size_t>(k)];
+      EXPECT_EQ(f.tile_at(r, k), std::make_pair(e.m, e.n));
+      EXPECT_EQ(f.waits_of(e.m, s.rows).first,
+                L.ranks[static_cast<size_t>(r)].tile_waits[static_cast<size_t>(e.wait_begin)].signal);
+    }
+  // Transfers: rank 1's hop-2 pieces wait for the hop-1 piece that brought their rows.
+  // Queue: copy x2, hop1 x2, hop2 x2, hop3 x2.
+  ASSERT_EQ(r1.transfers.size(), size_t{8});
+  const TransferDesc& hop2 = r1.transfers[4];
+  EXPECT_EQ(hop2.kind, static_cast<int32_t>(Kind::kPush));
+  EXPECT_EQ(hop2.src_rank, 1);
+  EXPECT_EQ(hop2.dst_rank, 2);
+  EXPECT_EQ(hop2.src_row, 0);  // shard 0, first piece
+  EXPECT_EQ(hop2.rows, 4);
+  EXPECT_EQ(hop2.cols, 64);
+  ASSERT_EQ(hop2.wait_count, 1);
+  EXPECT_EQ(r1.transfer_waits[static_cast<size_t>(hop2.wait_begin)].signal, 0);  // guards rows [0,4) of rank 1's out
+  EXPECT_EQ(hop2.signal_rank, 2);
+  EXPECT_EQ(hop2.signal, 0);  // rows [0,4) of rank 2's out
+  EXPECT_EQ(r1.transfers[0].wait_count, 0);
+}
+
+TEST(PlanLowering, IrregularOrderHasNoClosedForm) {
+  const CommPlan p = ring4();
+  TileSchedule s = gemm_schedule(p, "out", 16, 4, 8);
+  order_by_arrival(s, p);
+  const Lowered L = lower(p, s);
+  EXPECT_FALSE(L.closed.has_value());
+  EXPECT_EQ(L.ranks[1].tiles[0].m, 2);
+  // Uneven chunks (5 rows in 2 splits: 3 + 2) are not a closed form either.
+  const CommPlan u = all_gather(AllGatherAlgo::kDirect, 2, 5, 4, {.splits = 2});
+  EXPECT_FALSE(lower(u, row_schedule(u, "out", 1)).closed.has_value());
+  // Evenly split rows are, even with a 1-row tile grid.
+  const CommPlan e = all_gather(AllGatherAlgo::kDirect, 2, 6, 4, {.splits = 2});
+  const Lowered le = lower(e, row_schedule(e, "out", 1));
+  ASSERT_TRUE(le.closed.has_value());
+  EXPECT_EQ(le.closed->rows_per_signal, 3);
+}

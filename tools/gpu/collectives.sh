@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The collectives issue's GPU run, in one call of the device tool:
+#   device run: bash tools/gpu/collectives.sh .gpu      (carry .gpu, built by tools/gpu/build.sh)
+# Every GPU test (device API and collectives, graph replays included), compute-sanitizer
+# memcheck on the graph test, then `weft bench collectives` beside NCCL. Logs, JSON in $OUT.
+set -uo pipefail
+BIN=${1:-.gpu}
+ONLY=${2:-all}   # "bench": the benchmark alone; "quick": collectives tests, then the benchmark
+shift 2 2>/dev/null
+BENCH_ARGS=("$@")  # e.g. --only all_to_all
+OUT=${OUT:-/tmp/weft-out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+NCCL_LIB=$(python3 -c 'import nvidia.nccl as m; print(m.__path__[0])')/lib
+export LD_LIBRARY_PATH=$NCCL_LIB:${LD_LIBRARY_PATH:-}
+status=0
+step() { echo; echo "=== $*"; }
+
+if [ "$ONLY" != bench ]; then
+step "GPU tests"
+FILTER='*'
+[ "$ONLY" = quick ] && FILTER='*Collectives*'
+"$BIN/weft_gpu_tests" --gtest_filter="$FILTER" 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[ *(OK|FAILED|PASSED)|\[gpu\]|Failure" || status=1
+grep -q "FAILED" "$OUT/gpu_tests.log" && status=1
+
+fi
+if [ "$ONLY" = all ]; then
+step "compute-sanitizer memcheck (collectives in graphs)"
+WEFT_TEST_TIMEOUT_MS=120000 compute-sanitizer --tool memcheck --report-api-errors no --target-processes all \
+  "$BIN/weft_gpu_tests" --gtest_filter='CollectivesGpuGraph.*' > "$OUT/memcheck_collectives.log" 2>&1 || status=1
+grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/memcheck_collectives.log"
+fi
+
+step "weft bench collectives"
+"$BIN/weft" bench collectives --out "$OUT" "${BENCH_ARGS[@]}" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.log" || status=1
+tail -3 "$OUT/bench_progress.log"
+exit $status
