@@ -72,10 +72,11 @@ void host_reduce(const std::vector<char>& all, size_t stride, uint64_t first, ui
 
 int Collectives::ctas_for(coll::Algo algo, uint64_t bytes) const {
   if (const char* env = std::getenv("WEFT_COLL_CTAS")) return std::max(1, std::atoi(env));
-  // Small calls are latency: few CTAs, each moving a few tens of KiB. Large calls are
-  // bandwidth: ~16-32 CTAs already fill NVLink (bench: 344 GB/s push with 16).
-  uint64_t per_cta = 256ull << 10, cap = 64;
-  if (algo == coll::Algo::kAllReduceOneShot) per_cta = 32ull << 10, cap = 16;
+  // One CTA moves ~20 GB/s over NVLink (bench: 344 GB/s with 16 CTAs), so a CTA should
+  // own ~32 KiB: a 256 KiB call then runs 8 CTAs at ~2 µs of wire time, not 1 CTA at 12 µs
+  // (the first tuning, 256 KiB per CTA, measured 19 µs for a 256 KiB reduce-scatter).
+  const uint64_t per_cta = 32ull << 10;
+  const uint64_t cap = algo == coll::Algo::kAllReduceOneShot ? 32 : 64;
   const uint64_t want = (bytes + per_cta - 1) / per_cta;
   int ctas = static_cast<int>(std::clamp<uint64_t>(want, 1, cap));
   if (b_.kind() == BackendKind::kHost) ctas = std::min(ctas, 2);  // CI machines have two cores
