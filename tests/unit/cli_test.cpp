@@ -67,3 +67,33 @@ TEST(Cli, InfoReportsTheBackend) {
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("backend: host"), std::string::npos) << r.out;
 }
+
+TEST(Cli, PlanVerifiesOrdersAndPredicts) {
+  auto r = run(kWeft + " plan --collective all_gather --algo ring --world 4 --rows 256 --cols 512 --split 2 "
+                       "--gemm-n 512 --gemm-k 1024 --tile 64");
+  EXPECT_EQ(r.status, 0) << r.out;
+  // A ring: per rank one local copy and three forwards, each split in two.
+  EXPECT_NE(r.out.find("plan: 4 ranks, 32 transfers; verifier: ok"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("predicted on"), std::string::npos) << r.out;
+}
+
+TEST(Cli, PlanFromAFileWithAMissingChunkIsRejected) {
+  char dir[] = "/tmp/weft-plan-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string f = std::string(dir) + "/ag.plan";
+  // Print a valid plan, drop rank 1's push to rank 0, and load it back.
+  auto w = run(kWeft + " plan --collective all_gather --world 2 --rows 4 --cols 8 --print | grep -v '^on 1 chunk 3 push' "
+                       "| grep -E '^(#|plan |world|tensor|signal|on )' > " + f);
+  ASSERT_EQ(w.status, 0) << w.out;
+  auto r = run(kWeft + " plan --file " + f);
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("verifier: REJECTED"), std::string::npos) << r.out;
+  run(std::string("rm -rf ") + dir);
+}
+
+TEST(Cli, SimulatePredictsALargerCluster) {
+  auto r = run(kWeft + " simulate --collective all_reduce --algo ring --nodes 4 --gpus 8 --bytes 16777216");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("on 4 node(s) x 8 GPU(s)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("predicted:"), std::string::npos) << r.out;
+}

@@ -15,6 +15,7 @@
 #include "weft/core/error.hpp"
 #include "weft/runtime/backend.hpp"
 #include "weft/runtime/launch.hpp"
+#include "plan_cmd.hpp"
 
 namespace {
 
@@ -155,6 +156,8 @@ int main(int argc, char** argv) {
   bench->add_flag("--quick", quick, "small sizes, few repetitions");
   bench->add_option("--out", out_dir, "directory for the JSON results");
 
+  auto run_plan_commands = weft::cli::add_plan_commands(app);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -163,6 +166,7 @@ int main(int argc, char** argv) {
 
   try {
     if (*info) return cmd_info();
+    if (int rc = run_plan_commands(); rc >= 0) return rc;
     if (*launch) {
       LaunchOptions opt;
       opt.nranks = nranks;

@@ -1,0 +1,218 @@
+#include "plan_cmd.hpp"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "weft/core/error.hpp"
+#include "weft/plan/cost.hpp"
+#include "weft/plan/schedule.hpp"
+#include "weft/plan/templates.hpp"
+#include "weft/plan/text.hpp"
+#include "weft/plan/verify.hpp"
+
+namespace weft::cli {
+namespace {
+
+struct PlanOptions {
+  std::string collective = "all_gather";
+  std::string algo = "direct";
+  std::string file;  // a hand-written plan instead of a template
+  int world = 2;
+  int64_t rows = 1024;
+  int64_t cols = 1024;
+  int splits = 1;
+  int workers = 0;  // resident transfer workers per rank (verifier, simulation); 0: unlimited
+  int64_t gemm_n = 0, gemm_k = 0, tile = 128;  // a GEMM consuming the output (AG+GEMM)
+  std::string order = "arrival";              // tile order: arrival, rotate, plain
+  std::string constants;  // empty: bench/constants/h200x2.json here or in the source tree
+  std::string trace;  // Chrome-trace JSON of the simulated timeline
+  bool print = false;
+  // simulate
+  int nodes = 1, gpus = 2;
+  double link_gbps = 0, net_gbps = 50;
+  uint64_t bytes = 0;
+};
+
+plan::CommPlan build_plan(const PlanOptions& o, int world, int64_t rows) {
+  if (!o.file.empty()) {
+    std::ifstream f(o.file);
+    WEFT_REQUIRE(f.good(), fmt::format("cannot read plan file '{}'", o.file));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return plan::parse_plan(ss.str(), o.file);
+  }
+  plan::TemplateOptions t;
+  t.splits = o.splits;
+  const std::string& a = o.algo;
+  if (o.collective == "all_gather") {
+    auto algo = a == "direct" ? plan::AllGatherAlgo::kDirect
+                : a == "ring" ? plan::AllGatherAlgo::kRing
+                : a == "bidir" ? plan::AllGatherAlgo::kBidirectionalRing
+                               : throw InvalidArgument("all_gather --algo: direct, ring or bidir, not '" + a + "'");
+    return plan::all_gather(algo, world, rows, o.cols, t);
+  }
+  if (o.collective == "reduce_scatter") {
+    auto algo = a == "direct" ? plan::ReduceScatterAlgo::kDirect
+                : a == "ring" ? plan::ReduceScatterAlgo::kRing
+                              : throw InvalidArgument("reduce_scatter --algo: direct or ring, not '" + a + "'");
+    return plan::reduce_scatter(algo, world, rows, o.cols, t);
+  }
+  if (o.collective == "all_reduce") {
+    auto algo = a == "one-shot" ? plan::AllReduceAlgo::kOneShot
+                : a == "two-shot" ? plan::AllReduceAlgo::kTwoShot
+                : a == "ring" ? plan::AllReduceAlgo::kRing
+                              : throw InvalidArgument("all_reduce --algo: one-shot, two-shot or ring, not '" + a + "'");
+    return plan::all_reduce(algo, world, rows, o.cols, t);
+  }
+  if (o.collective == "all_to_all") return plan::all_to_all(world, rows, o.cols, t);
+  throw InvalidArgument("--collective: all_gather, reduce_scatter, all_reduce or all_to_all, not '" + o.collective + "'");
+}
+
+// The schedule of the consumer: a GEMM over the output when --gemm-n is given, else one
+// 1-D tile per `tile` rows that only waits (so the prediction is the collective's time).
+plan::TileSchedule build_schedule(const PlanOptions& o, const plan::CommPlan& p) {
+  plan::TileSchedule s = o.gemm_n > 0 ? plan::gemm_schedule(p, "out", o.gemm_n, o.tile, o.tile)
+                                      : plan::row_schedule(p, "out", o.tile);
+  if (o.order == "arrival") plan::order_by_arrival(s, p);
+  else if (o.order == "rotate") plan::rotate_by_rank(s);
+  else WEFT_REQUIRE(o.order == "plain", "--order: arrival, rotate or plain, not '" + o.order + "'");
+  return s;
+}
+
+plan::DeviceConstants constants(const PlanOptions& o) {
+  if (!o.constants.empty()) return plan::load_device_constants(o.constants);
+  for (std::string path : {std::string("bench/constants/h200x2.json"),
+                           std::string(WEFT_SOURCE_DIR) + "/bench/constants/h200x2.json"}) {
+    if (std::ifstream(path).good()) return plan::load_device_constants(path);
+  }
+  std::cerr << "weft: bench/constants/h200x2.json not found; using the built-in H200 constants\n";
+  return plan::h200_constants();
+}
+
+void write_trace(const std::string& path, const plan::Prediction& pr) {
+  // Chrome trace / Perfetto: a process per rank, a thread for transfers and one for tiles.
+  nlohmann::json ev = nlohmann::json::array();
+  for (const auto& e : pr.events)
+    ev.push_back({{"name", fmt::format("{} {}", e.tile ? "tile" : "chunk", e.id)},
+                  {"ph", "X"},
+                  {"pid", e.rank},
+                  {"tid", e.tile ? 1 : 0},
+                  {"ts", e.start_us},
+                  {"dur", e.end_us - e.start_us},
+                  {"args", {{"took_us", e.take_us}}}});
+  std::ofstream(path) << nlohmann::json{{"traceEvents", ev}, {"displayTimeUnit", "ns"}}.dump() << "\n";
+  std::cout << "wrote " << path << " (open in Perfetto; tools/plot_timeline.py draws a PNG)\n";
+}
+
+int run_plan(const PlanOptions& o) {
+  const plan::CommPlan p = build_plan(o, o.world, o.rows);
+  if (o.print) std::cout << plan::print_plan(p);
+  plan::VerifyOptions vo;
+  vo.workers_per_rank = o.workers;
+  const auto v = plan::verify(p, vo);
+  const size_t transfers = p.num_transfers();
+  std::cout << fmt::format("plan: {} ranks, {} transfers; verifier: {}\n", p.world, transfers,
+                           v.ok ? "ok" : "REJECTED");
+  if (!v.ok) {
+    std::cout << v.text();
+    return 1;
+  }
+  const auto s = build_schedule(o, p);
+  const auto sv = plan::verify_schedule(p, s, plan::ScheduleVerifyOptions{o.workers, 0, 32});
+  if (!sv.ok) {
+    std::cout << "schedule: REJECTED\n" << sv.text();
+    return 1;
+  }
+  std::cout << fmt::format("schedule: {} x {} tiles of {} rows, order '{}' (rank 0 first tiles:", s.tiles_m(),
+                           s.tiles_n(), s.tile_rows, o.order);
+  for (size_t i = 0; i < std::min<size_t>(8, s.order[0].size()); ++i)
+    std::cout << fmt::format(" ({},{})", s.order[0][i].m, s.order[0][i].n);
+  std::cout << ")\n";
+  const auto lowered = plan::lower(p, s);
+  const auto dev = constants(o);
+  plan::SimOptions so;
+  so.gemm_k = o.gemm_k;
+  so.comm_workers = o.workers;
+  const auto pr = plan::simulate(p, s, lowered, dev, so);
+  std::cout << fmt::format("predicted on {}: {:.2f} us (communication ends {:.2f} us, tiles end {:.2f} us)\n",
+                           dev.device, pr.total_us, pr.comm_us, pr.compute_us);
+  if (!o.trace.empty()) write_trace(o.trace, pr);
+  return 0;
+}
+
+// A cluster of nodes x gpus: ranks on different nodes talk over the network engine.
+int run_simulate(PlanOptions o) {
+  WEFT_REQUIRE(o.nodes >= 1 && o.gpus >= 1, "--nodes and --gpus must be at least 1");
+  const int world = o.nodes * o.gpus;
+  int64_t rows = o.rows;
+  if (o.bytes > 0) rows = std::max<int64_t>(1, static_cast<int64_t>(o.bytes / (2 * o.cols)));
+  plan::CommPlan p = build_plan(o, world, rows);
+  int crossing = 0;
+  for (auto& q : p.queues)
+    for (auto& t : q)
+      if (t.src.rank / o.gpus != t.dst.rank / o.gpus) {
+        t.engine = plan::Engine::kNet;
+        ++crossing;
+      }
+  plan::verify_or_throw(p);
+  auto dev = constants(o);
+  if (o.link_gbps > 0)
+    for (auto& [e, g] : dev.link_gbps)
+      if (e != plan::Engine::kNet) g = o.link_gbps;
+  dev.link_gbps[plan::Engine::kNet] = o.net_gbps;
+  const auto s = build_schedule(o, p);
+  const auto pr = plan::simulate(p, s, plan::lower(p, s), dev, plan::SimOptions{o.gemm_k, o.workers, 0});
+  const double bytes = static_cast<double>(rows) * o.cols * 2;
+  std::cout << fmt::format(
+      "{} ({}) on {} node(s) x {} GPU(s), {} rows x {} cols bf16 per rank ({:.1f} MiB), {} of the transfers cross "
+      "nodes at {} GB/s\npredicted: {:.2f} us\n",
+      o.collective, o.algo, o.nodes, o.gpus, rows, o.cols, bytes / 1048576.0, crossing, o.net_gbps, pr.total_us);
+  if (!o.trace.empty()) write_trace(o.trace, pr);
+  return 0;
+}
+
+void add_common(CLI::App* c, PlanOptions& o) {
+  c->add_option("--collective", o.collective, "all_gather, reduce_scatter, all_reduce, all_to_all");
+  c->add_option("--algo", o.algo, "direct, ring, bidir (all_gather); direct, ring (reduce_scatter); one-shot, "
+                                  "two-shot, ring (all_reduce)");
+  c->add_option("--rows", o.rows, "rows per rank");
+  c->add_option("--cols", o.cols, "columns (elements of 2 bytes)");
+  c->add_option("--split", o.splits, "chunks per transfer");
+  c->add_option("--workers", o.workers, "resident transfer workers per rank (0: unlimited)");
+  c->add_option("--gemm-n", o.gemm_n, "a GEMM over the output with this many columns (AG+GEMM)");
+  c->add_option("--gemm-k", o.gemm_k, "the GEMM's depth");
+  c->add_option("--tile", o.tile, "tile rows (and columns)");
+  c->add_option("--order", o.order, "tile order: arrival, rotate, plain");
+  c->add_option("--constants", o.constants, "device constants (JSON; default bench/constants/h200x2.json)");
+  c->add_option("--trace", o.trace, "write the simulated timeline as Chrome-trace JSON");
+}
+
+}  // namespace
+
+std::function<int()> add_plan_commands(CLI::App& app) {
+  auto o = std::make_shared<PlanOptions>();
+  auto* plan = app.add_subcommand("plan", "Build (or load) a plan, verify it, order its tiles, predict its time");
+  add_common(plan, *o);
+  plan->add_option("--world", o->world, "ranks");
+  plan->add_option("--file", o->file, "a hand-written plan (docs/plan.md) instead of a template");
+  plan->add_flag("--print", o->print, "print the plan in the text format");
+  auto* sim = app.add_subcommand("simulate", "Predict a collective on a cluster of nodes x GPUs");
+  add_common(sim, *o);
+  sim->add_option("--nodes", o->nodes, "nodes");
+  sim->add_option("--gpus", o->gpus, "GPUs per node");
+  sim->add_option("--bytes", o->bytes, "bytes per rank (sets --rows from --cols)");
+  sim->add_option("--link-gbps", o->link_gbps, "intra-node link GB/s (default: the constants file)");
+  sim->add_option("--net-gbps", o->net_gbps, "inter-node GB/s per GPU");
+  return [plan, sim, o]() -> int {
+    if (*plan) return run_plan(*o);
+    if (*sim) return run_simulate(*o);
+    return -1;
+  };
+}
+
+}  // namespace weft::cli
