@@ -119,6 +119,28 @@ std::vector<RankResult> wait_all(const std::vector<pid_t>& pids, const LaunchOpt
   return res;
 }
 
+// Forks opt.nranks children, each in a process group of its own with the rank's
+// environment set, running child(rank) (which must not return). Returns their pids.
+std::vector<pid_t> fork_ranks(const LaunchOptions& opt, const std::string& dir,
+                              const std::function<void(int)>& child) {
+  std::cout.flush();
+  std::cerr.flush();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < opt.nranks; ++r) {
+    pid_t pid = fork();
+    WEFT_SYSCHECK(pid);
+    if (pid == 0) {
+      setpgid(0, 0);
+      set_rank_env(r, opt, dir);
+      child(r);
+      _exit(0);
+    }
+    setpgid(pid, pid);  // also here: no race with the child's own call
+    pids.push_back(pid);
+  }
+  return pids;
+}
+
 }  // namespace
 
 bool inside_launcher(const EnvMap& env) {
@@ -131,25 +153,14 @@ std::vector<RankResult> launch_exec(const std::vector<std::string>& argv, const 
   WEFT_REQUIRE(!argv.empty(), "weft launch: no command given (usage: weft launch -n N -- command args...)");
   WEFT_REQUIRE(opt.nranks >= 1, fmt::format("weft launch: -n {} must be at least 1", opt.nranks));
   const std::string dir = make_session_dir();
-  std::cout.flush();
-  std::cerr.flush();
-  std::vector<pid_t> pids;
-  for (int r = 0; r < opt.nranks; ++r) {
-    pid_t pid = fork();
-    WEFT_SYSCHECK(pid);
-    if (pid == 0) {
-      setpgid(0, 0);
-      set_rank_env(r, opt, dir);
-      std::vector<char*> args;
-      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execvp(args[0], args.data());
-      std::fprintf(stderr, "weft launch: rank %d: cannot run '%s': %s\n", r, args[0], std::strerror(errno));
-      _exit(127);
-    }
-    setpgid(pid, pid);  // also here: no race with the child's own call
-    pids.push_back(pid);
-  }
+  const auto pids = fork_ranks(opt, dir, [&](int r) {
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    std::fprintf(stderr, "weft launch: rank %d: cannot run '%s': %s\n", r, args[0], std::strerror(errno));
+    _exit(127);
+  });
   struct sigaction sa{}, old_int{}, old_term{};
   sa.sa_handler = on_stop_signal;
   sigaction(SIGINT, &sa, &old_int);
@@ -165,37 +176,26 @@ std::vector<RankResult> launch_exec(const std::vector<std::string>& argv, const 
 std::vector<RankResult> run_ranks(const std::function<void()>& fn, const LaunchOptions& opt) {
   WEFT_REQUIRE(opt.nranks >= 1, "run_ranks needs at least one rank");
   const std::string dir = make_session_dir();
-  std::cout.flush();
-  std::cerr.flush();
-  std::vector<pid_t> pids;
-  for (int r = 0; r < opt.nranks; ++r) {
-    pid_t pid = fork();
-    WEFT_SYSCHECK(pid);
-    if (pid == 0) {
-      setpgid(0, 0);
-      set_rank_env(r, opt, dir);
-      int code = 0;
-      std::string msg;
-      try {
-        fn();
-      } catch (const std::exception& e) {
-        msg = e.what();
-        code = 1;
-      } catch (...) {
-        msg = "unknown exception";
-        code = 1;
-      }
-      if (code) {
-        std::ofstream(fmt::format("{}/error.{}", dir, r)) << msg;
-        if (!opt.quiet) std::fprintf(stderr, "[rank %d] error: %s\n", r, msg.c_str());
-      }
-      std::fflush(stdout);
-      std::fflush(stderr);
-      _exit(code);
+  const auto pids = fork_ranks(opt, dir, [&](int r) {
+    int code = 0;
+    std::string msg;
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      msg = e.what();
+      code = 1;
+    } catch (...) {
+      msg = "unknown exception";
+      code = 1;
     }
-    setpgid(pid, pid);
-    pids.push_back(pid);
-  }
+    if (code) {
+      std::ofstream(fmt::format("{}/error.{}", dir, r)) << msg;
+      if (!opt.quiet) std::fprintf(stderr, "[rank %d] error: %s\n", r, msg.c_str());
+    }
+    std::fflush(stdout);
+    std::fflush(stderr);
+    _exit(code);
+  });
   auto res = wait_all(pids, opt);
   for (auto& r : res) {
     std::ifstream f(fmt::format("{}/error.{}", dir, r.rank));

@@ -6,15 +6,10 @@
 set -uo pipefail
 BIN=${1:-.gpu}
 ONLY=${2:-all}   # "bench": the benchmark alone; "quick": collectives tests, then the benchmark
-shift 2 2>/dev/null
+if [ $# -ge 2 ]; then shift 2; else shift $#; fi
 BENCH_ARGS=("$@")  # e.g. --only all_to_all
-OUT=${OUT:-/tmp/weft-out}
-mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-NCCL_LIB=$(python3 -c 'import nvidia.nccl as m; print(m.__path__[0])')/lib
-export LD_LIBRARY_PATH=$NCCL_LIB:${LD_LIBRARY_PATH:-}
+source "$(dirname "$0")/env.sh"
 status=0
-step() { echo; echo "=== $*"; }
 
 if [ "$ONLY" != bench ]; then
 step "GPU tests"

@@ -6,13 +6,8 @@
 set -uo pipefail
 BIN=${1:-.gpu}
 ONLY=${2:-all}   # "bench": the benchmark alone
-OUT=${OUT:-/tmp/weft-out}
-mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-NCCL_LIB=$(python3 -c 'import nvidia.nccl as m; print(m.__path__[0])')/lib
-export LD_LIBRARY_PATH=$NCCL_LIB:${LD_LIBRARY_PATH:-}
+source "$(dirname "$0")/env.sh"
 status=0
-step() { echo; echo "=== $*"; }
 
 step "machine"
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.max.sm --format=csv
