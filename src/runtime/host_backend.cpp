@@ -70,10 +70,10 @@ class HostBackend final : public Backend {
   void zero(uint64_t offset, size_t bytes) override { std::memset(base_ + heap_bytes_ * rank() + offset, 0, bytes); }
   void* local_ptr(uint64_t offset) const override { return base_ + heap_bytes_ * rank() + offset; }
   void copy_to_host(void* dst, uint64_t offset, size_t bytes) override {
-    std::memcpy(dst, base_ + heap_bytes_ * rank() + offset, bytes);
+    if (bytes) std::memcpy(dst, base_ + heap_bytes_ * rank() + offset, bytes);  // dst may be null when empty
   }
   void copy_from_host(uint64_t offset, const void* src, size_t bytes) override {
-    std::memcpy(base_ + heap_bytes_ * rank() + offset, src, bytes);
+    if (bytes) std::memcpy(base_ + heap_bytes_ * rank() + offset, src, bytes);
   }
   void synchronize() override { check_error_slot(); }
 

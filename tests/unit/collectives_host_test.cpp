@@ -19,8 +19,13 @@ class HostMemory final : public LocalMemory {
     blocks_.emplace_back(new char[bytes + 16]);
     return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(blocks_.back().get()) + 15) & ~uintptr_t{15});
   }
-  void to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  // Empty vectors hand over null pointers: memcpy must not see them, even for 0 bytes.
+  void to_device(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void to_host(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
   void sync() override {}
 
  private:

@@ -1,0 +1,276 @@
+// The host backend executing lowered tables: AG+GEMM (all-gather of A by rows, then C = A*B
+// tile by tile) for world sizes 1, 2, 3, 4 and 8, every all-gather algorithm, splits 1 and
+// 3, bf16 and float, three calls in a row with fresh inputs; plus the fault tests (a rank that
+// skips a call, a rank whose transfers never run) and tables the executor must refuse.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <thread>
+
+#include "rank_harness.hpp"
+#include "weft/core/error.hpp"
+#include "weft/device/dtype.hpp"
+#include "weft/plan/host_executor.hpp"
+#include "weft/plan/schedule.hpp"
+#include "weft/plan/templates.hpp"
+#include "weft/plan/text.hpp"
+#include "weft/runtime/backend.hpp"
+
+using namespace weft;
+using namespace weft::plan;
+using namespace weft::testing;
+
+namespace {
+
+// Shapes that divide nothing evenly: 13-row shards in 8-row tiles (tiles straddle shards and
+// split chunks), N = 23 in 5-column tiles, K = 19.
+constexpr int64_t kM = 13, kK = 19, kN = 23, kTileRows = 8, kTileCols = 5;
+
+// Inputs are small integers, exact in bf16 (|a| <= 120 < 256) and in float; every product
+// sum is below 2^24, so the float result is exact whatever the order of the adds. A encodes
+// the global row g = rank*m + i and the column (241 is prime and larger than any row count
+// here, so no two rows of A are equal) and the epoch; B encodes the rank that holds it.
+float a_value(int64_t g, int64_t k, int64_t epoch) {
+  return static_cast<float>(((g * kK + k) * 37 + epoch * 101) % 241 - 120);
+}
+float b_value(int rank, int64_t k, int64_t j, int64_t epoch) {
+  return static_cast<float>((k * 3 + j * 7 + epoch + rank * 5) % 11 - 5);
+}
+
+std::vector<unsigned char> encode(const std::vector<float>& v, dev::DType t) {
+  std::vector<unsigned char> out(v.size() * dev::dtype_size(t));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t == dev::DType::kF32) {
+      std::memcpy(out.data() + 4 * i, &v[i], 4);
+    } else {
+      const dev::bf16_t x = dev::from_float<dev::bf16_t>(v[i]);
+      std::memcpy(out.data() + 2 * i, &x, 2);
+    }
+  }
+  return out;
+}
+
+const char* algo_name(AllGatherAlgo a) {
+  return a == AllGatherAlgo::kDirect ? "direct" : a == AllGatherAlgo::kRing ? "ring" : "bidirectional_ring";
+}
+
+struct AgGemmCase {
+  CommPlan plan;
+  TileSchedule schedule;
+  Lowered lowered;
+  HostAgGemmOptions options;
+};
+
+// Splits 1: tiles in chunk-arrival order, one worker of each kind (the tightest progress).
+// Splits 3: rotated by rank and swizzled, two teams of two workers each.
+AgGemmCase make_setup(AllGatherAlgo algo, int world, int splits, dev::DType dtype) {
+  AgGemmCase s;
+  s.plan = all_gather(algo, world, kM, kK, {.splits = splits, .elem_bytes = static_cast<int>(dev::dtype_size(dtype))});
+  s.schedule = gemm_schedule(s.plan, "out", kN, kTileRows, kTileCols);
+  if (splits == 1) {
+    order_by_arrival(s.schedule, s.plan);
+  } else {
+    rotate_by_rank(s.schedule);
+    swizzle(s.schedule, 2);
+  }
+  s.lowered = lower(s.plan, s.schedule);
+  s.options.dtype = dtype;
+  s.options.transfer_workers = splits == 1 ? 1 : 2;
+  s.options.tile_workers = splits == 1 ? 1 : 2;
+  s.options.threads = splits == 1 ? 1 : 2;
+  return s;
+}
+
+// One call (epoch `e`) on this rank: fresh inputs, C poisoned with NaN, compared exactly
+// with a host reference computed from the same formulas.
+void run_and_check(HostAgGemm& x, int rank, int world, int64_t e, dev::DType dtype, const std::string& what) {
+  std::vector<float> a(static_cast<size_t>(kM * kK)), b(static_cast<size_t>(kK * kN));
+  for (int64_t i = 0; i < kM; ++i)
+    for (int64_t k = 0; k < kK; ++k) a[static_cast<size_t>(i * kK + k)] = a_value(rank * kM + i, k, e);
+  for (int64_t k = 0; k < kK; ++k)
+    for (int64_t j = 0; j < kN; ++j) b[static_cast<size_t>(k * kN + j)] = b_value(rank, k, j, e);
+  const auto a_bytes = encode(a, dtype), b_bytes = encode(b, dtype);
+  const int64_t rows = int64_t{world} * kM;
+  std::vector<float> c(static_cast<size_t>(rows * kN), std::numeric_limits<float>::quiet_NaN());
+  x.run(a_bytes.data(), b_bytes.data(), c.data());
+  for (int64_t g = 0; g < rows; ++g)
+    for (int64_t j = 0; j < kN; ++j) {
+      float want = 0.0f;
+      for (int64_t k = 0; k < kK; ++k) want += a_value(g, k, e) * b_value(rank, k, j, e);
+      const float got = c[static_cast<size_t>(g * kN + j)];
+      WEFT_CHECK(got == want,
+                 fmt::format("{} rank {} call {}: C[{}][{}] = {}, expected {}", what, rank, e, g, j, got, want));
+    }
+  WEFT_CHECK(x.epoch() == e, fmt::format("{}: epoch {} after call {}", what, x.epoch(), e));
+}
+
+}  // namespace
+
+class PlanHostExec : public ::testing::TestWithParam<int> {};
+
+TEST_P(PlanHostExec, AgGemmIsExactForEveryAlgorithmSplitDtypeAndEpoch) {
+  const int world = GetParam();
+  expect_all_ok(run_host_ranks(world, [world] {
+    auto backend = make_backend();
+    const int rank = backend->rank();
+    for (AllGatherAlgo algo : {AllGatherAlgo::kDirect, AllGatherAlgo::kRing, AllGatherAlgo::kBidirectionalRing})
+      for (int splits : {1, 3})
+        for (dev::DType dtype : {dev::DType::kBF16, dev::DType::kF32}) {
+          const std::string what = fmt::format("all_gather.{} world {} splits {} {}", algo_name(algo), world, splits,
+                                               dev::dtype_name(dtype));
+          AgGemmCase s = make_setup(algo, world, splits, dtype);
+          HostAgGemm x(*backend, s.plan, s.schedule, s.lowered, s.options);
+          for (int64_t e = 1; e <= 3; ++e) run_and_check(x, rank, world, e, dtype, what);
+        }
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(PlanWorlds, PlanHostExec, ::testing::Values(1, 2, 3, 4, 8));
+
+// A plan from text, not a template: an all-gather in which each rank *pulls* its peer's input
+// in two column pieces (row-by-row copies, a remote read of an input tensor, which needs
+// the input in place on every rank before anyone pulls) on two ranks, three calls.
+TEST(PlanHostExecText, HandWrittenPullPlanWithColumnPieces) {
+  expect_all_ok(run_host_ranks(2, [] {
+    auto backend = make_backend();
+    const int rank = backend->rank();
+    const int64_t half = kK / 2;
+    std::string text =
+        fmt::format("plan pull_halves\nworld 2\ntensor in {m}x{k} input elem=4\ntensor out {m2}x{k} output elem=4\n",
+                    fmt::arg("m", kM), fmt::arg("k", kK), fmt::arg("m2", 2 * kM));
+    for (int r = 0; r < 2; ++r)
+      for (int i = 0; i < 3; ++i) text += fmt::format("signal {}.{} expect 1\n", r, i);
+    for (int r = 0; r < 2; ++r) {
+      const int q = 1 - r;
+      text += fmt::format(
+          "on {r} chunk {c0} copy sm {r}:in[0:{m},0:{k}] -> {r}:out[{o}:{o1},0:{k}] signal {r}.0+1\n"
+          "on {r} chunk {c1} pull sm {q}:in[0:{m},0:{h}] -> {r}:out[{p}:{p1},0:{h}] signal {r}.1+1\n"
+          "on {r} chunk {c2} pull sm {q}:in[0:{m},{h}:{k}] -> {r}:out[{p}:{p1},{h}:{k}] signal {r}.2+1\n",
+          fmt::arg("r", r), fmt::arg("q", q), fmt::arg("m", kM), fmt::arg("k", kK), fmt::arg("h", half),
+          fmt::arg("o", r * kM), fmt::arg("o1", (r + 1) * kM), fmt::arg("p", q * kM), fmt::arg("p1", (q + 1) * kM),
+          fmt::arg("c0", 3 * r), fmt::arg("c1", 3 * r + 1), fmt::arg("c2", 3 * r + 2));
+    }
+    AgGemmCase s;
+    s.plan = parse_plan(text, "pull_halves.plan");
+    s.schedule = gemm_schedule(s.plan, "out", kN, kTileRows, kTileCols);
+    s.lowered = lower(s.plan, s.schedule);
+    s.options.dtype = dev::DType::kF32;
+    s.options.threads = 3;
+    HostAgGemm x(*backend, s.plan, s.schedule, s.lowered, s.options);
+    for (int64_t e = 1; e <= 3; ++e) run_and_check(x, rank, 2, e, dev::DType::kF32, "pull_halves");
+  }));
+}
+
+// A rank that skips the second call: every other rank ends in a TimeoutError that names it
+// (here at the epoch barrier, which no rank passes without every peer), within the deadline.
+TEST(PlanHostExecFaults, RankThatSkipsACallIsNamedByEveryPeer) {
+  const int world = 3, victim = 1;
+  const int64_t timeout_ms = 800;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto res = run_host_ranks(
+      world,
+      [] {
+        auto backend = make_backend();
+        const int rank = backend->rank();
+        AgGemmCase s = make_setup(AllGatherAlgo::kDirect, world, 1, dev::DType::kBF16);
+        HostAgGemm x(*backend, s.plan, s.schedule, s.lowered, s.options);
+        run_and_check(x, rank, world, 1, dev::DType::kBF16, "first call");
+        if (rank == victim) {
+          // Alive but silent past everyone's deadline: the peers must not rely on its exit.
+          std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms + 700));
+          return;
+        }
+        try {
+          run_and_check(x, rank, world, 2, dev::DType::kBF16, "second call");
+        } catch (const TimeoutError& e) {
+          throw Error(fmt::format("TimeoutError naming rank {}: {}", e.peer(), e.what()));
+        }
+      },
+      {}, timeout_ms);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, timeout_ms / 1000.0 + 5.0) << "the waiters did not give up within the deadline";
+  for (const auto& r : res) {
+    if (r.rank == victim) {
+      EXPECT_EQ(r.exit_code, 0) << r.message;
+      continue;
+    }
+    EXPECT_EQ(r.exit_code, 1) << "rank " << r.rank << (r.killed_by_launcher ? " hung" : "");
+    EXPECT_NE(r.message.find("TimeoutError naming rank 1:"), std::string::npos) << r.message;
+    EXPECT_NE(r.message.find("rank 1 did not arrive"), std::string::npos) << r.message;
+  }
+}
+
+// A rank that calls but whose transfer tables are empty (its chunks never move): the peers'
+// tiles time out on the signals its chunks would have bumped, and the error names it.
+TEST(PlanHostExecFaults, RankWhoseTransfersNeverRunIsNamedBySignalWaits) {
+  const int world = 3, victim = 1;
+  auto res = run_host_ranks(
+      world,
+      [] {
+        auto backend = make_backend();
+        const int rank = backend->rank();
+        AgGemmCase s = make_setup(AllGatherAlgo::kDirect, world, 1, dev::DType::kF32);
+        if (rank == victim) {
+          s.lowered.ranks[victim].transfers.clear();
+          s.lowered.ranks[victim].transfer_waits.clear();
+        }
+        HostAgGemm x(*backend, s.plan, s.schedule, s.lowered, s.options);
+        try {
+          run_and_check(x, rank, world, 1, dev::DType::kF32, "call");
+        } catch (const TimeoutError& e) {
+          throw Error(fmt::format("TimeoutError naming rank {}: {}", e.peer(), e.what()));
+        }
+      },
+      {}, 800);
+  for (const auto& r : res) {
+    EXPECT_EQ(r.exit_code, 1) << "rank " << r.rank << (r.killed_by_launcher ? " hung" : "");
+    if (r.rank == victim) continue;  // it waits for its own copy, which never ran either
+    EXPECT_NE(r.message.find("TimeoutError naming rank 1:"), std::string::npos) << r.message;
+    EXPECT_NE(r.message.find("signal wait timed out"), std::string::npos) << r.message;
+    EXPECT_NE(r.message.find("rank 1 did not arrive"), std::string::npos) << r.message;
+  }
+}
+
+// Tables the executor cannot run are refused before anything is allocated, by message.
+TEST(PlanHostExecFaults, RefusesTablesItCannotRun) {
+  expect_all_ok(run_host_ranks(2, [] {
+    auto backend = make_backend();
+    auto expect_refusal = [&](const AgGemmCase& s, const std::string& needle) {
+      std::string msg;
+      try {
+        HostAgGemm x(*backend, s.plan, s.schedule, s.lowered, s.options);
+      } catch (const InvalidArgument& e) {
+        msg = e.what();
+      }
+      WEFT_CHECK(msg.find(needle) != std::string::npos,
+                 fmt::format("expected a refusal containing '{}', got '{}'", needle, msg));
+    };
+    AgGemmCase s = make_setup(AllGatherAlgo::kRing, 2, 3, dev::DType::kBF16);
+    // Element size of the plan differs from the dtype.
+    AgGemmCase wrong_type = s;
+    wrong_type.options.dtype = dev::DType::kF32;
+    expect_refusal(wrong_type, "f32 elements are 4 bytes");
+    // A region past the end of its tensor would write into a neighbour on the heap.
+    AgGemmCase overrun = s;
+    overrun.lowered.ranks[1].transfers[0].rows += 100;
+    expect_refusal(overrun, "do not fit");
+    // A tile missing from a rank's table would leave a hole in C.
+    AgGemmCase hole = s;
+    hole.lowered.ranks[0].tiles.pop_back();
+    expect_refusal(hole, "rank 0 has 19 tiles, the 4x5 grid 20");
+    // Reductions are not an all-gather's business.
+    AgGemmCase reduce = s;
+    reduce.lowered.ranks[1].transfers[1].kind = static_cast<int32_t>(Kind::kReduce);
+    expect_refusal(reduce, "reduce transfers are not supported");
+    // Nor are plans of another shape.
+    AgGemmCase rs;
+    rs.plan = reduce_scatter(ReduceScatterAlgo::kDirect, 2, kM, kK);
+    rs.schedule = gemm_schedule(rs.plan, "out", kN, kTileRows, kTileCols);
+    rs.lowered = lower(rs.plan, rs.schedule);
+    expect_refusal(rs, "needs");  // its 'in' is taller than an all-gather's input
+  }));
+}
