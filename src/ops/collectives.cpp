@@ -25,15 +25,17 @@ const char* to_string(Method m) {
     case Method::kOneShot: return "one-shot";
     case Method::kTwoShot: return "two-shot";
     case Method::kDirect: return "direct";
+    case Method::kLowLatency: return "ll";
   }
   return "?";
 }
 
 Method parse_method(const std::string& s) {
-  for (Method m : {Method::kAuto, Method::kBaseline, Method::kOneShot, Method::kTwoShot, Method::kDirect})
+  for (Method m :
+       {Method::kAuto, Method::kBaseline, Method::kOneShot, Method::kTwoShot, Method::kDirect, Method::kLowLatency})
     if (s == to_string(m)) return m;
   throw_invalid(__FILE__, __LINE__,
-                fmt::format("unknown method '{}': expected auto, baseline, one-shot, two-shot or direct", s));
+                fmt::format("unknown method '{}': expected auto, baseline, one-shot, two-shot, ll or direct", s));
 }
 
 namespace {
@@ -45,13 +47,15 @@ const char* algo_name(coll::Algo a) {
     case coll::Algo::kAllGather: return "all-gather";
     case coll::Algo::kReduceScatter: return "reduce-scatter";
     case coll::Algo::kAllToAll: return "all-to-all";
+    case coll::Algo::kAllReduceLL: return "all-reduce (ll)";
   }
   return "?";
 }
 
-// Elements of staging one (parity, source) slot holds.
-uint64_t staging_elems(coll::Algo a, uint64_t count) {
+// Elements of staging one (parity, source) slot holds (LL: 8-byte lines of 4 data bytes).
+uint64_t staging_elems(coll::Algo a, uint64_t count, size_t elem) {
   switch (a) {
+    case coll::Algo::kAllReduceLL: return (count * elem + 3) / 4;
     case coll::Algo::kAllReduceOneShot:
     case coll::Algo::kAllReduceTwoShot:
     case coll::Algo::kReduceScatter: return count;
@@ -76,7 +80,7 @@ int Collectives::ctas_for(coll::Algo algo, uint64_t bytes) const {
   // own ~32 KiB: a 256 KiB call then runs 8 CTAs at ~2 µs of wire time, not 1 CTA at 12 µs
   // (the first tuning, 256 KiB per CTA, measured 19 µs for a 256 KiB reduce-scatter).
   const uint64_t per_cta = 32ull << 10;
-  const uint64_t cap = algo == coll::Algo::kAllReduceOneShot ? 32 : 64;
+  const uint64_t cap = algo == coll::Algo::kAllReduceOneShot || algo == coll::Algo::kAllReduceLL ? 32 : 64;
   const uint64_t want = (bytes + per_cta - 1) / per_cta;
   int ctas = static_cast<int>(std::clamp<uint64_t>(want, 1, cap));
   if (b_.kind() == BackendKind::kHost) ctas = std::min(ctas, 2);  // CI machines have two cores
@@ -115,17 +119,19 @@ const Collectives::Instance& Collectives::instance(coll::Algo algo, uint64_t cou
   (void)stream;
 #endif
   const size_t elem = dev::dtype_size(t);
-  const uint64_t unit = algo == coll::Algo::kAllReduceOneShot || algo == coll::Algo::kAllReduceTwoShot
-                            ? count
-                            : count * static_cast<uint64_t>(b_.size());
+  const bool all_reduce = algo == coll::Algo::kAllReduceOneShot || algo == coll::Algo::kAllReduceTwoShot ||
+                          algo == coll::Algo::kAllReduceLL;
+  const uint64_t unit = all_reduce ? count : count * static_cast<uint64_t>(b_.size());
   coll::Args a{};
   a.algo = algo;
   a.count = count;
   a.ctas = ctas_for(algo, unit * elem);
-  a.staging_elems = staging_elems(algo, count);
+  a.staging_elems = staging_elems(algo, count, elem);
+  const size_t slot_unit = algo == coll::Algo::kAllReduceLL ? 8 : elem;
   const std::string tag = fmt::format("{}.{}.{}", algo_name(algo), count, dev::dtype_name(t));
   auto& heap = b_.heap();
-  if (a.staging_elems) a.staging_off = heap.alloc_bytes(2ull * b_.size() * a.staging_elems * elem, tag + ".staging");
+  if (a.staging_elems)
+    a.staging_off = heap.alloc_bytes(2ull * b_.size() * a.staging_elems * slot_unit, tag + ".staging");
   a.sig_off = heap.alloc_signals(static_cast<uint32_t>(a.ctas * 2 * b_.size()), tag + ".signals").offset;
   a.epoch_off = heap.alloc_bytes(8ull * a.ctas, tag + ".epochs");
   return instances_.emplace(key, Instance{a}).first->second;
@@ -160,7 +166,8 @@ void Collectives::baseline(coll::Algo algo, const void* in, void* out, uint64_t 
     const ncclDataType_t nt = t == dev::DType::kF32 ? ncclFloat32 : t == dev::DType::kF16 ? ncclFloat16 : ncclBfloat16;
     switch (algo) {
       case coll::Algo::kAllReduceOneShot:
-      case coll::Algo::kAllReduceTwoShot: WEFT_NCCL_CHECK(ncclAllReduce(in, out, count, nt, ncclSum, comm, s)); break;
+      case coll::Algo::kAllReduceTwoShot:
+      case coll::Algo::kAllReduceLL: WEFT_NCCL_CHECK(ncclAllReduce(in, out, count, nt, ncclSum, comm, s)); break;
       case coll::Algo::kAllGather: WEFT_NCCL_CHECK(ncclAllGather(in, out, count, nt, comm, s)); break;
       case coll::Algo::kReduceScatter: WEFT_NCCL_CHECK(ncclReduceScatter(in, out, count, nt, ncclSum, comm, s)); break;
       case coll::Algo::kAllToAll: WEFT_NCCL_CHECK(ncclAlltoAll(in, out, count, nt, comm, s)); break;
@@ -172,10 +179,9 @@ void Collectives::baseline(coll::Algo algo, const void* in, void* out, uint64_t 
 #endif
   // Host reference: every rank's whole input through the bootstrap, summed in rank order
   // in fp32 (the order weft's own kernels use, so results match bit for bit).
-  const uint64_t in_elems = algo == coll::Algo::kAllGather ? count
-                            : (algo == coll::Algo::kAllReduceOneShot || algo == coll::Algo::kAllReduceTwoShot)
-                                ? count
-                                : count * static_cast<uint64_t>(world);
+  const bool all_reduce = algo == coll::Algo::kAllReduceOneShot || algo == coll::Algo::kAllReduceTwoShot ||
+                          algo == coll::Algo::kAllReduceLL;
+  const uint64_t in_elems = algo == coll::Algo::kAllGather || all_reduce ? count : count * static_cast<uint64_t>(world);
   const size_t stride = in_elems * elem;
   std::vector<char> all(stride * world);
   b_.bootstrap().allgather(in, stride, all.data());
@@ -188,7 +194,8 @@ void Collectives::baseline(coll::Algo algo, const void* in, void* out, uint64_t 
   };
   switch (algo) {
     case coll::Algo::kAllReduceOneShot:
-    case coll::Algo::kAllReduceTwoShot: reduce(0, count, out); break;
+    case coll::Algo::kAllReduceTwoShot:
+    case coll::Algo::kAllReduceLL: reduce(0, count, out); break;
     case coll::Algo::kReduceScatter: reduce(count * b_.rank(), count, out); break;
     case coll::Algo::kAllGather: std::memcpy(out, all.data(), all.size()); break;
     case coll::Algo::kAllToAll:
@@ -224,10 +231,12 @@ void Collectives::all_reduce(const void* in, void* out, uint64_t count, dev::DTy
   check_pointer(in, t, "all_reduce input");
   check_pointer(out, t, "all_reduce output");
   if (m == Method::kAuto) m = auto_all_reduce(count * dev::dtype_size(t));
-  WEFT_REQUIRE(m == Method::kBaseline || m == Method::kOneShot || m == Method::kTwoShot,
+  WEFT_REQUIRE(m == Method::kBaseline || m == Method::kOneShot || m == Method::kTwoShot || m == Method::kLowLatency,
                fmt::format("all_reduce has no method '{}'", to_string(m)));
   if (m == Method::kBaseline) return baseline(coll::Algo::kAllReduceOneShot, in, out, count, t, stream);
-  const auto algo = m == Method::kOneShot ? coll::Algo::kAllReduceOneShot : coll::Algo::kAllReduceTwoShot;
+  const auto algo = m == Method::kOneShot   ? coll::Algo::kAllReduceOneShot
+                    : m == Method::kTwoShot ? coll::Algo::kAllReduceTwoShot
+                                            : coll::Algo::kAllReduceLL;
   coll::Args a = instance(algo, count, t, stream).args;
   a.in = in;
   a.out = out;

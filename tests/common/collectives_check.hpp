@@ -122,7 +122,8 @@ class CollectivesSuite {
     for (dev::DType t : {dev::DType::kBF16, dev::DType::kF16, dev::DType::kF32})
       for (uint64_t n : counts)
         for (int call = 0; call < 3; ++call) {
-          for (M m : {M::kBaseline, M::kOneShot, M::kTwoShot, M::kAuto}) check(Coll::kAllReduce, m, t, n, call);
+          for (M m : {M::kBaseline, M::kOneShot, M::kTwoShot, M::kLowLatency, M::kAuto})
+            check(Coll::kAllReduce, m, t, n, call);
           for (M m : {M::kBaseline, M::kDirect}) {
             check(Coll::kAllGather, m, t, n, call);
             check(Coll::kReduceScatter, m, t, n, call);
@@ -130,7 +131,7 @@ class CollectivesSuite {
           }
         }
     // Pointers aligned to the element but not to 16 bytes take the scalar paths.
-    for (M m : {M::kOneShot, M::kTwoShot}) check(Coll::kAllReduce, m, dev::DType::kBF16, 1003, 0, 1);
+    for (M m : {M::kOneShot, M::kTwoShot, M::kLowLatency}) check(Coll::kAllReduce, m, dev::DType::kBF16, 1003, 0, 1);
     check(Coll::kReduceScatter, M::kDirect, dev::DType::kF16, 515, 1, 3);
     check(Coll::kAllGather, M::kDirect, dev::DType::kF32, 77, 2, 1);
   }

@@ -27,6 +27,23 @@ WEFT_HD void store_release(uint64_t* p, uint64_t v) {
 #endif
 }
 
+// Single-copy-atomic 8-byte accesses without ordering (the LL protocol's data+flag words).
+WEFT_HD uint64_t load_relaxed(const uint64_t* p) {
+#if defined(__CUDA_ARCH__)
+  return ptx::ld_relaxed_sys_global(p);
+#else
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+#endif
+}
+
+WEFT_HD void store_relaxed(uint64_t* p, uint64_t v) {
+#if defined(__CUDA_ARCH__)
+  ptx::st_relaxed_sys_global(p, v);
+#else
+  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+#endif
+}
+
 WEFT_HD void add_release(uint64_t* p, uint64_t v) {
 #if defined(__CUDA_ARCH__)
   ptx::red_release_sys_global_add(p, v);

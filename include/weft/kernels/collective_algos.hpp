@@ -11,13 +11,22 @@
 //   start with a handshake: nobody writes into a peer's output before that peer has
 //   entered the call, i.e. finished with the previous contents.
 // - Signals: [cta][phase][source rank], one per source, so a timeout names the peer.
+// - LL all-reduce has no signals: every 8-byte word carries 4 bytes of data and the call's
+//   epoch as a flag, so a receiver that sees the flag has the data (single-copy atomicity).
 #pragma once
 #include "weft/device/api.hpp"
 #include "weft/device/dtype.hpp"
 
 namespace weft::coll {
 
-enum class Algo : uint32_t { kAllReduceOneShot, kAllReduceTwoShot, kAllGather, kReduceScatter, kAllToAll };
+enum class Algo : uint32_t {
+  kAllReduceOneShot,
+  kAllReduceTwoShot,
+  kAllGather,
+  kReduceScatter,
+  kAllToAll,
+  kAllReduceLL
+};
 
 struct Args {
   Algo algo;
@@ -26,7 +35,7 @@ struct Args {
   uint64_t count;  // all-reduce: elements; all-gather, reduce-scatter: per rank; all-to-all: per peer
   uint64_t out_off;        // symmetric output (all-gather, all-to-all)
   uint64_t staging_off;    // symmetric [2 parities][world][staging_elems]
-  uint64_t staging_elems;  // elements of one (parity, source) slot
+  uint64_t staging_elems;  // elements of one (parity, source) slot (LL: 8-byte lines)
   uint64_t sig_off;        // symmetric signals [ctas][2 phases][world]
   uint64_t epoch_off;      // this rank's completed calls, one counter per CTA
   int ctas;
@@ -244,6 +253,78 @@ WEFT_HD void all_to_all(Coop g, const dev::DeviceCtx& c, const Args& a, int k, u
   wait_peers(g, c, a, k, 1, e);
 }
 
+// ---- LL (low-latency) one-shot all-reduce ----------------------------------------------
+// Word w of a slice: 4 bytes of the input, zero-padded past `bytes` (only the last slice
+// of an odd-sized call has a partial word).
+WEFT_HD uint32_t load_word(const unsigned char* p, uint64_t bytes, uint64_t w) {
+  uint32_t v = 0;
+  for (uint64_t b = 0; b < 4 && 4 * w + b < bytes; ++b) v |= static_cast<uint32_t>(p[4 * w + b]) << (8 * b);
+  return v;
+}
+
+// Spins until line `off` (this rank's heap) carries `flag`; returns its data word.
+WEFT_HD uint32_t wait_line(const dev::DeviceCtx& c, uint64_t off, uint32_t flag, int from_peer) {
+  const uint64_t* p = c.local<const uint64_t>(off);
+  uint64_t line = dev::load_relaxed(p);
+  if (static_cast<uint32_t>(line >> 32) == flag) return static_cast<uint32_t>(line);
+  const uint64_t t0 = dev::now_ns();
+  uint32_t spins = 0;
+  while (static_cast<uint32_t>((line = dev::load_relaxed(p)) >> 32) != flag) {
+    dev::spin_pause(++spins);
+    if ((spins & 63u) == 0u) {
+      const uint64_t waited = dev::now_ns() - t0;
+      if (waited > c.timeout_ns) dev::fail_wait(c, dev::WaitKind::kSignal, from_peer, off, flag, line >> 32, waited);
+    }
+  }
+  return static_cast<uint32_t>(line);
+}
+
+// Each rank writes (data word, epoch) lines of its slice into slot `rank` of every peer's
+// LL buffer, then every rank reads the world's lines as their flags turn up and sums in
+// rank order. No fence, no signal, no handshake: one NVLink crossing per call. Lines are
+// double-buffered by epoch parity (the staging argument above) and never reset: a stale
+// line carries an older epoch. Costs twice the bytes on the wire: for small calls.
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class T, class Coop>
+WEFT_HD void all_reduce_ll(Coop g, const dev::DeviceCtx& c, const Args& a, int k, uint64_t e) {
+  constexpr int kPerWord = 4 / static_cast<int>(sizeof(T));
+  uint64_t lo, hi;
+  split(a.count, a.ctas, k, lo, hi);
+  const uint64_t bytes = (hi - lo) * sizeof(T);
+  const uint64_t words = (bytes + 3) / 4;
+  const uint64_t first_word = lo * sizeof(T) / 4;  // slices start at multiples of 8 elements
+  const uint64_t par = e & 1;
+  const uint32_t flag = static_cast<uint32_t>(e);
+  const auto* in = static_cast<const unsigned char*>(a.in) + lo * sizeof(T);
+  auto line_off = [&](int src, uint64_t w) {
+    return a.staging_off + 8ull * ((par * static_cast<uint64_t>(c.world) + static_cast<uint64_t>(src)) * a.staging_elems +
+                                   first_word + w);
+  };
+  const uint64_t me = static_cast<uint64_t>(g.rank()), step = static_cast<uint64_t>(g.size());
+  for (uint64_t w = me; w < words; w += step) {
+    const uint64_t line = (static_cast<uint64_t>(flag) << 32) | load_word(in, bytes, w);
+    for (int d = 1; d < c.world; ++d) {
+      const int p = (c.rank + d) % c.world;
+      dev::store_relaxed(c.ptr<uint64_t>(p, line_off(c.rank, w)), line);
+    }
+  }
+  T* out = static_cast<T*>(a.out) + lo;
+  for (uint64_t w = me; w < words; w += step) {
+    float acc[kPerWord];
+    for (int j = 0; j < kPerWord; ++j) acc[j] = 0.f;
+    for (int p = 0; p < c.world; ++p) {
+      const uint32_t v = p == c.rank ? load_word(in, bytes, w) : wait_line(c, line_off(p, w), flag, p);
+      T el[kPerWord];
+      __builtin_memcpy(el, &v, 4);
+      for (int j = 0; j < kPerWord; ++j) acc[j] += dev::to_float(el[j]);
+    }
+    for (int j = 0; j < kPerWord; ++j)
+      if (w * kPerWord + j < hi - lo) out[w * kPerWord + j] = dev::from_float<T>(acc[j]);
+  }
+}
+
 // One call's slice k: reads and advances this CTA's epoch.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
@@ -258,6 +339,7 @@ WEFT_HD void run_slice(Coop g, const dev::DeviceCtx& c, const Args& a, int k) {
     case Algo::kAllGather: all_gather<T>(g, c, a, k, e); break;
     case Algo::kReduceScatter: reduce_scatter<T>(g, c, a, k, e); break;
     case Algo::kAllToAll: all_to_all<T>(g, c, a, k, e); break;
+    case Algo::kAllReduceLL: all_reduce_ll<T>(g, c, a, k, e); break;
   }
   g.sync();  // every thread has read the epoch before the leader advances it
   if (g.rank() == 0) *epoch = e;

@@ -30,6 +30,17 @@ __device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_re
 // Sequentially consistent fence at system scope (membar.sys): all prior writes complete.
 __device__ __forceinline__ void fence_sc_sys() { asm volatile("fence.sc.sys;" ::: "memory"); }
 
+// Relaxed 64-bit load / store at system scope: single-copy atomic, no ordering. The LL
+// protocol relies on exactly that: data and flag travel in one 8-byte word.
+__device__ __forceinline__ uint64_t ld_relaxed_sys_global(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_relaxed_sys_global(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 // Nanoseconds of the global timer (coarse on some parts: ~1 µs ticks); for deadlines only.
 __device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;
