@@ -48,6 +48,7 @@ const char* algo_name(coll::Algo a) {
     case coll::Algo::kReduceScatter: return "reduce-scatter";
     case coll::Algo::kAllToAll: return "all-to-all";
     case coll::Algo::kAllReduceLL: return "all-reduce (ll)";
+    case coll::Algo::kAllToAllV: return "all-to-all by counts";
   }
   return "?";
 }
@@ -121,7 +122,7 @@ const Collectives::Instance& Collectives::instance(coll::Algo algo, uint64_t cou
   const size_t elem = dev::dtype_size(t);
   const bool all_reduce = algo == coll::Algo::kAllReduceOneShot || algo == coll::Algo::kAllReduceTwoShot ||
                           algo == coll::Algo::kAllReduceLL;
-  const uint64_t unit = all_reduce ? count : count * static_cast<uint64_t>(b_.size());
+  const uint64_t unit = all_reduce || algo == coll::Algo::kAllToAllV ? count : count * static_cast<uint64_t>(b_.size());
   coll::Args a{};
   a.algo = algo;
   a.count = count;
@@ -134,6 +135,8 @@ const Collectives::Instance& Collectives::instance(coll::Algo algo, uint64_t cou
     a.staging_off = heap.alloc_bytes(2ull * b_.size() * a.staging_elems * slot_unit, tag + ".staging");
   a.sig_off = heap.alloc_signals(static_cast<uint32_t>(a.ctas * 2 * b_.size()), tag + ".signals").offset;
   a.epoch_off = heap.alloc_bytes(8ull * a.ctas, tag + ".epochs");
+  if (algo == coll::Algo::kAllToAllV)
+    a.matrix_off = heap.alloc_bytes(8ull * 2 * a.ctas * b_.size() * b_.size(), tag + ".counts");
   return instances_.emplace(key, Instance{a}).first->second;
 }
 
@@ -171,6 +174,7 @@ void Collectives::baseline(coll::Algo algo, const void* in, void* out, uint64_t 
       case coll::Algo::kAllGather: WEFT_NCCL_CHECK(ncclAllGather(in, out, count, nt, comm, s)); break;
       case coll::Algo::kReduceScatter: WEFT_NCCL_CHECK(ncclReduceScatter(in, out, count, nt, ncclSum, comm, s)); break;
       case coll::Algo::kAllToAll: WEFT_NCCL_CHECK(ncclAlltoAll(in, out, count, nt, comm, s)); break;
+      case coll::Algo::kAllToAllV: throw_error(__FILE__, __LINE__, "all_to_all_v has its own baseline");
     }
     return;
   }
@@ -198,6 +202,7 @@ void Collectives::baseline(coll::Algo algo, const void* in, void* out, uint64_t 
     case coll::Algo::kAllReduceLL: reduce(0, count, out); break;
     case coll::Algo::kReduceScatter: reduce(count * b_.rank(), count, out); break;
     case coll::Algo::kAllGather: std::memcpy(out, all.data(), all.size()); break;
+    case coll::Algo::kAllToAllV: throw_error(__FILE__, __LINE__, "all_to_all_v has its own baseline");
     case coll::Algo::kAllToAll:
       for (int p = 0; p < world; ++p)
         std::memcpy(static_cast<char*>(out) + count * elem * p, all.data() + stride * p + count * elem * b_.rank(),
@@ -224,6 +229,81 @@ void Collectives::baseline_all_to_all(const void* in, void* out, uint64_t count,
   check_pointer(in, t, "all_to_all input");
   check_pointer(out, t, "all_to_all output");
   baseline(coll::Algo::kAllToAll, in, out, count, t, stream);
+}
+
+void Collectives::all_to_all_v(const void* in, const uint64_t* send_counts, uint64_t out_off, uint64_t out_capacity,
+                               uint64_t* recv_counts, dev::DType t, Method m, void* stream) {
+  const int world = b_.size();
+  const size_t elem = dev::dtype_size(t);
+  WEFT_REQUIRE(send_counts && recv_counts, "all_to_all_v: send_counts and recv_counts must not be null");
+  WEFT_REQUIRE(out_off % elem == 0, "all_to_all_v output offset is not aligned to its element size");
+  WEFT_REQUIRE(out_off + out_capacity * elem <= b_.heap().used(),
+               "all_to_all_v output is not a symmetric allocation of out_capacity elements");
+  if (m == Method::kBaseline) {
+    // Counts to the host, every rank's row through the bootstrap, then point-to-point.
+    std::vector<uint64_t> mine(world), all(static_cast<size_t>(world) * world);
+    if (b_.kind() == BackendKind::kNccl) {
+#ifdef WEFT_HAVE_CUDA
+      WEFT_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+      WEFT_CUDA_CHECK(cudaMemcpy(mine.data(), send_counts, 8ull * world, cudaMemcpyDeviceToHost));
+#endif
+    } else {
+      std::memcpy(mine.data(), send_counts, 8ull * world);
+    }
+    b_.bootstrap().allgather(mine.data(), 8ull * world, all.data());
+    auto cnt = [&](int s, int d) { return all[static_cast<size_t>(s) * world + d]; };
+    std::vector<uint64_t> recv(world);
+    uint64_t need = 0;
+    for (int s = 0; s < world; ++s) need += recv[s] = cnt(s, b_.rank());
+    WEFT_REQUIRE(need <= out_capacity, fmt::format("all_to_all_v: rank {} would receive {} elements but the output "
+                                                   "holds {}", b_.rank(), need, out_capacity));
+    char* out = static_cast<char*>(b_.local_ptr(out_off));
+#ifdef WEFT_HAVE_CUDA
+    if (b_.kind() == BackendKind::kNccl) {
+      auto comm = static_cast<ncclComm_t>(b_.nccl_comm());
+      auto s = static_cast<cudaStream_t>(stream);
+      const ncclDataType_t nt = t == dev::DType::kF32 ? ncclFloat32 : t == dev::DType::kF16 ? ncclFloat16 : ncclBfloat16;
+      WEFT_NCCL_CHECK(ncclGroupStart());
+      uint64_t sd = 0, rd = 0;
+      for (int p = 0; p < world; ++p) {
+        if (mine[p]) WEFT_NCCL_CHECK(ncclSend(static_cast<const char*>(in) + sd * elem, mine[p], nt, p, comm, s));
+        if (recv[p]) WEFT_NCCL_CHECK(ncclRecv(out + rd * elem, recv[p], nt, p, comm, s));
+        sd += mine[p];
+        rd += recv[p];
+      }
+      WEFT_NCCL_CHECK(ncclGroupEnd());
+      WEFT_CUDA_CHECK(cudaMemcpyAsync(recv_counts, recv.data(), 8ull * world, cudaMemcpyHostToDevice, s));
+      WEFT_CUDA_CHECK(cudaStreamSynchronize(s));  // recv lives on this stack frame
+      return;
+    }
+#endif
+    // Host reference: every rank's whole input through the bootstrap.
+    uint64_t total_in = 0;
+    for (int p = 0; p < world; ++p) total_in += mine[p];
+    std::vector<uint64_t> sizes(world);
+    b_.bootstrap().allgather(&total_in, 8, sizes.data());
+    const uint64_t max_in = *std::max_element(sizes.begin(), sizes.end());
+    std::vector<char> padded(max_in * elem), every(max_in * elem * world);
+    if (total_in) std::memcpy(padded.data(), in, total_in * elem);
+    b_.bootstrap().allgather(padded.data(), padded.size(), every.data());
+    uint64_t rd = 0;
+    for (int s = 0; s < world; ++s) {
+      uint64_t sd = 0;
+      for (int d = 0; d < b_.rank(); ++d) sd += cnt(s, d);
+      if (recv[s]) std::memcpy(out + rd * elem, every.data() + (max_in * s + sd) * elem, recv[s] * elem);
+      rd += recv[s];
+    }
+    std::memcpy(recv_counts, recv.data(), 8ull * world);
+    return;
+  }
+  WEFT_REQUIRE(m == Method::kAuto || m == Method::kDirect, fmt::format("all_to_all_v has no method '{}'", to_string(m)));
+  coll::Args a = instance(coll::Algo::kAllToAllV, out_capacity, t, stream).args;
+  a.in = in;
+  a.out_off = out_off;
+  a.send_counts = send_counts;
+  a.recv_counts = recv_counts;
+  a.out_capacity = out_capacity;
+  run(a, t, stream);
 }
 
 void Collectives::all_reduce(const void* in, void* out, uint64_t count, dev::DType t, Method m, void* stream) {

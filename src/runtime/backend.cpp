@@ -49,6 +49,10 @@ std::string describe_timeout(const dev::ErrorSlot& s, uint64_t timeout_ns) {
 }
 
 void raise_timeout(const dev::ErrorSlot& slot, uint64_t timeout_ns) {
+  if (slot.kind == static_cast<uint32_t>(dev::WaitKind::kCapacity))
+    throw InvalidArgument(fmt::format("rank {}: all_to_all_v refused: rank {} would receive {} elements but the "
+                                      "output holds {} (nothing was written; size it for the largest receive)",
+                                      slot.rank, slot.peer, slot.observed, slot.expected));
   throw TimeoutError(describe_timeout(slot, timeout_ns), slot.rank, slot.peer);
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -116,6 +117,65 @@ class CollectivesSuite {
     ++checks_;
   }
 
+  // All-to-all by counts: counts(s, d) elements go from s to d (zeros included); values
+  // encode (source, destination, index, call). `slack` elements of spare output capacity.
+  static uint64_t a2av_count(int s, int d, int call) { return static_cast<uint64_t>((s * 3 + d * 5 + call) % 7) * 37; }
+  static float a2av_value(int s, int d, uint64_t i, int call) {
+    return static_cast<float>(static_cast<int>((s * 5 + d * 3 + i + call * 7) % 16) - 4);
+  }
+  static uint64_t a2av_capacity(int world, int call) {
+    uint64_t cap = 1;
+    for (int r = 0; r < world; ++r) {
+      uint64_t need = 0;
+      for (int s = 0; s < world; ++s) need += a2av_count(s, r, call);
+      cap = std::max(cap, need);
+    }
+    return cap;
+  }
+
+  void check_a2av(ops::Method m, dev::DType t, int call, uint64_t capacity) {
+    const int world = b_.size(), me = b_.rank();
+    const size_t elem = dev::dtype_size(t);
+    std::vector<float> in;
+    std::vector<uint64_t> send(world);
+    for (int d = 0; d < world; ++d) {
+      send[d] = a2av_count(me, d, call);
+      for (uint64_t i = 0; i < send[d]; ++i) in.push_back(a2av_value(me, d, i, call));
+    }
+    const auto in_bytes = encode(in, t);
+    void* d_in = mem_.alloc(in_bytes.size() + 16);
+    mem_.to_device(d_in, in_bytes.data(), in_bytes.size());
+    auto* d_send = static_cast<uint64_t*>(mem_.alloc(8 * world));
+    auto* d_recv = static_cast<uint64_t*>(mem_.alloc(8 * world));
+    mem_.to_device(d_send, send.data(), 8 * world);
+    auto& out = symmetric_out_for(capacity * elem);
+    std::vector<char> poison(capacity * elem, static_cast<char>(0x7B));
+    b_.copy_from_host(out, poison.data(), poison.size());
+    b_.barrier();
+    ops_.all_to_all_v(d_in, d_send, out, capacity, d_recv, t, m, mem_.stream());
+    mem_.sync();
+    std::vector<char> got(capacity * elem);
+    b_.copy_to_host(got.data(), out, got.size());
+    std::vector<uint64_t> recv(world);
+    mem_.to_host(recv.data(), d_recv, 8 * world);
+    uint64_t at = 0, nbad = 0;
+    std::string bad;
+    for (int s = 0; s < world; ++s) {
+      if (recv[s] != a2av_count(s, me, call) && nbad++ < 5)
+        bad += fmt::format("\n  recv_counts[{}] = {}, want {}", s, recv[s], a2av_count(s, me, call));
+      for (uint64_t i = 0; i < a2av_count(s, me, call); ++i, ++at)
+        if (decode(got, at, t) != a2av_value(s, me, i, call) && nbad++ < 5)
+          bad += fmt::format("\n  element {} (from rank {}, index {}): got {}, want {}", at, s, i, decode(got, at, t),
+                             a2av_value(s, me, i, call));
+    }
+    for (uint64_t i = at * elem; i < got.size(); ++i)
+      if (got[i] != static_cast<char>(0x7B) && nbad++ < 5) bad += fmt::format("\n  byte {} past the data was written", i);
+    WEFT_CHECK(nbad == 0, fmt::format("rank {}: all_to_all_v {} {} call {}: {} errors:{}", me, ops::to_string(m),
+                                      dev::dtype_name(t), call, nbad, bad));
+    b_.barrier();
+    ++checks_;
+  }
+
   // Every collective x method x dtype x count, each called three times (epochs advance).
   void run_all(const std::vector<uint64_t>& counts) {
     using M = ops::Method;
@@ -130,6 +190,9 @@ class CollectivesSuite {
             check(Coll::kAllToAll, m, t, n, call);
           }
         }
+    for (dev::DType t : {dev::DType::kBF16, dev::DType::kF16, dev::DType::kF32})
+      for (int call = 0; call < 3; ++call)
+        for (M m : {M::kBaseline, M::kDirect}) check_a2av(m, t, call, a2av_capacity(b_.size(), call) + 5);
     // Pointers aligned to the element but not to 16 bytes take the scalar paths.
     for (M m : {M::kOneShot, M::kTwoShot, M::kLowLatency}) check(Coll::kAllReduce, m, dev::DType::kBF16, 1003, 0, 1);
     check(Coll::kReduceScatter, M::kDirect, dev::DType::kF16, 515, 1, 3);

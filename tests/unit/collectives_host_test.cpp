@@ -43,7 +43,8 @@ TEST_P(CollectivesHost, ExactForEveryMethodDtypeAndSize) {
     HostMemory mem;
     CollectivesSuite suite(*b, ops, mem);
     suite.run_all({0, 1, 7, 8, 13, 1000, 4099});
-    WEFT_CHECK(suite.checks() == 3 * 7 * 3 * 11 + 5, "not every check ran: " + std::to_string(suite.checks()));
+    WEFT_CHECK(suite.checks() == 3 * 7 * 3 * 11 + 3 * 3 * 2 + 5,
+               "not every check ran: " + std::to_string(suite.checks()));
   }));
 }
 
@@ -69,6 +70,23 @@ TEST(CollectivesHostErrors, NonSymmetricOutputIsRefused) {
   });
   for (const auto& r : res)
     EXPECT_NE(r.message.find("all_gather output is not a symmetric allocation"), std::string::npos) << r.message;
+}
+
+TEST(CollectivesHostErrors, AllToAllVThatWouldOverflowIsRefusedEverywhere) {
+  auto res = run_host_ranks(3, [] {
+    auto b = make_backend();
+    ops::Collectives ops(*b);
+    const uint64_t cap = 10;
+    const uint64_t out = b->heap().alloc_bytes(cap * 4, "a2av.out");
+    std::vector<uint64_t> send(3, 3), recv(3);
+    if (b->rank() == 0) send[2] = 9;  // rank 2 would receive 9 + 3 + 3 = 15 > 10; the others 9
+    std::vector<float> in(20, 1.f);
+    ops.all_to_all_v(in.data(), send.data(), out, cap, recv.data(), dev::DType::kF32, ops::Method::kDirect);
+  });
+  for (const auto& r : res)
+    EXPECT_NE(r.message.find("all_to_all_v refused: rank 2 would receive 15 elements but the output holds 10"),
+              std::string::npos)
+        << r.message;
 }
 
 TEST(CollectivesHostErrors, UnknownMethodIsRefused) {

@@ -6,7 +6,9 @@
 namespace weft::dev {
 
 // What a failed wait was waiting for.
-enum class WaitKind : uint32_t { kNone = 0, kSignal = 1, kBarrier = 2 };
+// (kCapacity is not a wait: a receive that would overflow its output; expected = capacity,
+// observed = elements it would receive.)
+enum class WaitKind : uint32_t { kNone = 0, kSignal = 1, kBarrier = 2, kCapacity = 3 };
 
 // Written once, by the first thread whose wait passed its deadline; read by the host,
 // which turns it into a TimeoutError naming the peer. On the GPU it lives in mapped

@@ -31,9 +31,13 @@ WEFT_HD void fail_wait(const DeviceCtx& c, WaitKind kind, int peer, uint64_t off
     *c.error = s;
     __threadfence_system();
   }
-  printf("weft: rank %d block %u thread %u timed out waiting for %s from rank %d: signal @%llu >= %llu, saw %llu\n",
-         c.rank, s.block, s.thread, kind == WaitKind::kBarrier ? "barrier" : "signal", peer,
-         (unsigned long long)off, (unsigned long long)expected, (unsigned long long)observed);
+  if (kind == WaitKind::kCapacity)
+    printf("weft: rank %d: all_to_all_v refused: rank %d would receive %llu elements, the output holds %llu\n", c.rank,
+           peer, (unsigned long long)observed, (unsigned long long)expected);
+  else
+    printf("weft: rank %d block %u thread %u timed out waiting for %s from rank %d: signal @%llu >= %llu, saw %llu\n",
+           c.rank, s.block, s.thread, kind == WaitKind::kBarrier ? "barrier" : "signal", peer,
+           (unsigned long long)off, (unsigned long long)expected, (unsigned long long)observed);
   __trap();
 #else
   if (c.error && __atomic_exchange_n(&c.error->claimed, 1u, __ATOMIC_ACQ_REL) == 0u) *c.error = s;

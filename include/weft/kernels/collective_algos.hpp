@@ -25,7 +25,8 @@ enum class Algo : uint32_t {
   kAllGather,
   kReduceScatter,
   kAllToAll,
-  kAllReduceLL
+  kAllReduceLL,
+  kAllToAllV
 };
 
 struct Args {
@@ -39,6 +40,13 @@ struct Args {
   uint64_t sig_off;        // symmetric signals [ctas][2 phases][world]
   uint64_t epoch_off;      // this rank's completed calls, one counter per CTA
   int ctas;
+  // all-to-all by counts: local counts (elements) this rank sends to each rank; where the
+  // counts every rank received go (CTA 0 writes them); the output's capacity (elements);
+  // the symmetric counts matrix [2 parities][ctas][world src][world dst].
+  const uint64_t* send_counts;
+  uint64_t* recv_counts;
+  uint64_t out_capacity;
+  uint64_t matrix_off;
 };
 
 // Elements of slice k of n over `parts`, in multiples of 8 (16 bytes of bf16/fp16).
@@ -325,6 +333,61 @@ WEFT_HD void all_reduce_ll(Coop g, const dev::DeviceCtx& c, const Args& a, int k
   }
 }
 
+// ---- all-to-all by counts ---------------------------------------------------------------
+// in is packed by destination (block p at the sum of the counts before p); out receives the
+// blocks packed by source. Phase 0 sends this rank's row of counts to every rank (which is
+// also the handshake: a rank that has entered the call is done with its old output); then
+// every rank knows where its block lands in each peer's output. The matrix is
+// double-buffered by epoch parity, like staging.
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class T, class Coop>
+WEFT_HD void all_to_all_v(Coop g, const dev::DeviceCtx& c, const Args& a, int k, uint64_t e) {
+  const uint64_t par = e & 1, world = static_cast<uint64_t>(c.world);
+  auto mat = [&](int src, int dst) {
+    return a.matrix_off +
+           8ull * (((par * static_cast<uint64_t>(a.ctas) + static_cast<uint64_t>(k)) * world + src) * world + dst);
+  };
+  for (uint64_t i = static_cast<uint64_t>(g.rank()); i < world * world; i += static_cast<uint64_t>(g.size())) {
+    const int p = static_cast<int>(i / world), d = static_cast<int>(i % world);
+    *c.ptr<uint64_t>(p, mat(c.rank, d)) = a.send_counts[d];
+  }
+  signal_peers(g, c, a, k, 0);
+  wait_peers(g, c, a, k, 0, e);
+  auto m = [&](int src, int dst) { return *c.local<const uint64_t>(mat(src, dst)); };
+  // Every rank sees the same matrix, so every rank refuses the call when any receiver
+  // would overflow: nobody writes, nobody waits for a rank that stopped.
+  for (int r = 0; r < c.world; ++r) {
+    uint64_t need = 0;
+    for (int s = 0; s < c.world; ++s) need += m(s, r);
+    if (need > a.out_capacity) {
+      if (g.rank() == 0) dev::fail_wait(c, dev::WaitKind::kCapacity, r, a.out_off, a.out_capacity, need, 0);
+      return;
+    }
+  }
+  const T* in = static_cast<const T*>(a.in);
+  uint64_t sdispl = 0;
+  for (int p = 0; p < c.world; ++p) {
+    const uint64_t cnt = a.send_counts[p];
+    uint64_t rdispl = 0;
+    for (int s = 0; s < c.rank; ++s) rdispl += m(s, p);
+    uint64_t lo, hi;
+    split(cnt, a.ctas, k, lo, hi);
+    if (hi > lo) {
+      const uint64_t dst = a.out_off + (rdispl + lo) * sizeof(T);
+      if (p == c.rank) dev::copy_bytes(g, c.local<T>(dst), in + sdispl + lo, (hi - lo) * sizeof(T));
+      else dev::put(g, c, p, dst, in + sdispl + lo, (hi - lo) * sizeof(T));
+    }
+    sdispl += cnt;
+  }
+  signal_peers(g, c, a, k, 1);
+  wait_peers(g, c, a, k, 1, e);
+  if (k == 0)
+    for (uint64_t s = static_cast<uint64_t>(g.rank()); s < world; s += static_cast<uint64_t>(g.size()))
+      a.recv_counts[s] = m(static_cast<int>(s), c.rank);
+}
+
 // One call's slice k: reads and advances this CTA's epoch.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
@@ -340,6 +403,7 @@ WEFT_HD void run_slice(Coop g, const dev::DeviceCtx& c, const Args& a, int k) {
     case Algo::kReduceScatter: reduce_scatter<T>(g, c, a, k, e); break;
     case Algo::kAllToAll: all_to_all<T>(g, c, a, k, e); break;
     case Algo::kAllReduceLL: all_reduce_ll<T>(g, c, a, k, e); break;
+    case Algo::kAllToAllV: all_to_all_v<T>(g, c, a, k, e); break;
   }
   g.sync();  // every thread has read the epoch before the leader advances it
   if (g.rank() == 0) *epoch = e;

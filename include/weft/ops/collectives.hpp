@@ -43,6 +43,16 @@ class Collectives {
   void all_to_all(const void* in, uint64_t out_off, uint64_t count, dev::DType t, Method m = Method::kAuto,
                   void* stream = nullptr);
 
+  // All-to-all by counts: in is packed by destination (send_counts[p] elements for rank p,
+  // in rank order); the symmetric out (out_capacity elements) receives the blocks packed by
+  // source; recv_counts[s] is set to what rank s sent here. send_counts and recv_counts are
+  // world-long arrays in the backend's memory (device memory on GPUs), so the counts can
+  // change every call without the host (graph-capturable). A call in which any rank would
+  // receive more than out_capacity is refused on every rank with InvalidArgument.
+  // Baseline: NCCL send/recv after a host exchange of the counts (not capturable).
+  void all_to_all_v(const void* in, const uint64_t* send_counts, uint64_t out_off, uint64_t out_capacity,
+                    uint64_t* recv_counts, dev::DType t, Method m = Method::kAuto, void* stream = nullptr);
+
   // The baseline (NCCL; host reference) into plain, non-symmetric output memory: what a
   // user of NCCL does, and what the benchmarks compare against.
   void baseline_all_gather(const void* in, void* out, uint64_t count, dev::DType t, void* stream = nullptr);
