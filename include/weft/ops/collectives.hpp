@@ -25,6 +25,9 @@ Method parse_method(const std::string& s);
 class Collectives {
  public:
   explicit Collectives(Backend& b) : b_(b) {}
+  ~Collectives();
+  Collectives(const Collectives&) = delete;
+  Collectives& operator=(const Collectives&) = delete;
 
   // Pointers are this rank's: device memory on the nccl backend, host memory on host.
   // `stream` is a cudaStream_t on the nccl backend (nullptr: the default stream).
@@ -76,9 +79,6 @@ class Collectives {
   std::map<std::tuple<int, uint64_t, int>, Instance> instances_;
   void* a2a_scratch_ = nullptr;  // device memory outside the NCCL window (see all_to_all)
   size_t a2a_scratch_bytes_ = 0;
-
- public:
-  ~Collectives();
 };
 
 }  // namespace weft::ops
