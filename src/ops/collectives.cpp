@@ -53,6 +53,16 @@ const char* algo_name(coll::Algo a) {
   return "?";
 }
 
+bool is_all_reduce(coll::Algo a) {
+  return a == coll::Algo::kAllReduceOneShot || a == coll::Algo::kAllReduceTwoShot || a == coll::Algo::kAllReduceLL;
+}
+
+#ifdef WEFT_HAVE_CUDA
+ncclDataType_t nccl_type(dev::DType t) {
+  return t == dev::DType::kF32 ? ncclFloat32 : t == dev::DType::kF16 ? ncclFloat16 : ncclBfloat16;
+}
+#endif
+
 // Elements of staging one (parity, source) slot holds (LL: 8-byte lines of 4 data bytes).
 uint64_t staging_elems(coll::Algo a, uint64_t count, size_t elem) {
   switch (a) {
@@ -96,6 +106,12 @@ Method Collectives::auto_all_reduce(uint64_t bytes) const {
   return sent <= (3ull << 20) ? Method::kOneShot : Method::kTwoShot;
 }
 
+void Collectives::check_symmetric_out(uint64_t out_off, uint64_t elems, dev::DType t, const char* what) const {
+  WEFT_REQUIRE(out_off % dev::dtype_size(t) == 0, fmt::format("{} output offset is not aligned to its element size", what));
+  WEFT_REQUIRE(out_off + elems * dev::dtype_size(t) <= b_.heap().used(),
+               fmt::format("{} output is not a symmetric allocation (or too small for {} elements)", what, elems));
+}
+
 void Collectives::check_pointer(const void* p, dev::DType t, const char* what) const {
   WEFT_REQUIRE(p != nullptr, fmt::format("{}: null pointer", what));
   WEFT_REQUIRE(reinterpret_cast<uintptr_t>(p) % dev::dtype_size(t) == 0,
@@ -120,9 +136,7 @@ const Collectives::Instance& Collectives::instance(coll::Algo algo, uint64_t cou
   (void)stream;
 #endif
   const size_t elem = dev::dtype_size(t);
-  const bool all_reduce = algo == coll::Algo::kAllReduceOneShot || algo == coll::Algo::kAllReduceTwoShot ||
-                          algo == coll::Algo::kAllReduceLL;
-  const uint64_t unit = all_reduce || algo == coll::Algo::kAllToAllV ? count : count * static_cast<uint64_t>(b_.size());
+  const uint64_t unit = is_all_reduce(algo) || algo == coll::Algo::kAllToAllV ? count : count * static_cast<uint64_t>(b_.size());
   coll::Args a{};
   a.algo = algo;
   a.count = count;
@@ -166,7 +180,7 @@ void Collectives::baseline(coll::Algo algo, const void* in, void* out, uint64_t 
   if (b_.kind() == BackendKind::kNccl) {
     auto comm = static_cast<ncclComm_t>(b_.nccl_comm());
     auto s = static_cast<cudaStream_t>(stream);
-    const ncclDataType_t nt = t == dev::DType::kF32 ? ncclFloat32 : t == dev::DType::kF16 ? ncclFloat16 : ncclBfloat16;
+    const ncclDataType_t nt = nccl_type(t);
     switch (algo) {
       case coll::Algo::kAllReduceOneShot:
       case coll::Algo::kAllReduceTwoShot:
@@ -183,9 +197,7 @@ void Collectives::baseline(coll::Algo algo, const void* in, void* out, uint64_t 
 #endif
   // Host reference: every rank's whole input through the bootstrap, summed in rank order
   // in fp32 (the order weft's own kernels use, so results match bit for bit).
-  const bool all_reduce = algo == coll::Algo::kAllReduceOneShot || algo == coll::Algo::kAllReduceTwoShot ||
-                          algo == coll::Algo::kAllReduceLL;
-  const uint64_t in_elems = algo == coll::Algo::kAllGather || all_reduce ? count : count * static_cast<uint64_t>(world);
+  const uint64_t in_elems = algo == coll::Algo::kAllGather || is_all_reduce(algo) ? count : count * static_cast<uint64_t>(world);
   const size_t stride = in_elems * elem;
   std::vector<char> all(stride * world);
   b_.bootstrap().allgather(in, stride, all.data());
@@ -236,9 +248,7 @@ void Collectives::all_to_all_v(const void* in, const uint64_t* send_counts, uint
   const int world = b_.size();
   const size_t elem = dev::dtype_size(t);
   WEFT_REQUIRE(send_counts && recv_counts, "all_to_all_v: send_counts and recv_counts must not be null");
-  WEFT_REQUIRE(out_off % elem == 0, "all_to_all_v output offset is not aligned to its element size");
-  WEFT_REQUIRE(out_off + out_capacity * elem <= b_.heap().used(),
-               "all_to_all_v output is not a symmetric allocation of out_capacity elements");
+  check_symmetric_out(out_off, out_capacity, t, "all_to_all_v");
   if (m == Method::kBaseline) {
     // Counts to the host, every rank's row through the bootstrap, then point-to-point.
     std::vector<uint64_t> mine(world), all(static_cast<size_t>(world) * world);
@@ -262,7 +272,7 @@ void Collectives::all_to_all_v(const void* in, const uint64_t* send_counts, uint
     if (b_.kind() == BackendKind::kNccl) {
       auto comm = static_cast<ncclComm_t>(b_.nccl_comm());
       auto s = static_cast<cudaStream_t>(stream);
-      const ncclDataType_t nt = t == dev::DType::kF32 ? ncclFloat32 : t == dev::DType::kF16 ? ncclFloat16 : ncclBfloat16;
+      const ncclDataType_t nt = nccl_type(t);
       WEFT_NCCL_CHECK(ncclGroupStart());
       uint64_t sd = 0, rd = 0;
       for (int p = 0; p < world; ++p) {
@@ -326,9 +336,7 @@ void Collectives::all_reduce(const void* in, void* out, uint64_t count, dev::DTy
 void Collectives::all_gather(const void* in, uint64_t out_off, uint64_t count, dev::DType t, Method m, void* stream) {
   if (count == 0) return;
   check_pointer(in, t, "all_gather input");
-  WEFT_REQUIRE(out_off % dev::dtype_size(t) == 0, "all_gather output offset is not aligned to its element size");
-  WEFT_REQUIRE(out_off + count * b_.size() * dev::dtype_size(t) <= b_.heap().used(),
-               "all_gather output is not a symmetric allocation (or too small for world x count elements)");
+  check_symmetric_out(out_off, count * b_.size(), t, "all_gather");
   if (m == Method::kBaseline) return baseline(coll::Algo::kAllGather, in, b_.local_ptr(out_off), count, t, stream);
   WEFT_REQUIRE(m == Method::kAuto || m == Method::kDirect, fmt::format("all_gather has no method '{}'", to_string(m)));
   coll::Args a = instance(coll::Algo::kAllGather, count, t, stream).args;
@@ -353,9 +361,7 @@ void Collectives::reduce_scatter(const void* in, void* out, uint64_t count, dev:
 void Collectives::all_to_all(const void* in, uint64_t out_off, uint64_t count, dev::DType t, Method m, void* stream) {
   if (count == 0) return;
   check_pointer(in, t, "all_to_all input");
-  WEFT_REQUIRE(out_off % dev::dtype_size(t) == 0, "all_to_all output offset is not aligned to its element size");
-  WEFT_REQUIRE(out_off + count * b_.size() * dev::dtype_size(t) <= b_.heap().used(),
-               "all_to_all output is not a symmetric allocation (or too small for world x count elements)");
+  check_symmetric_out(out_off, count * b_.size(), t, "all_to_all");
   if (m == Method::kBaseline) {
 #ifdef WEFT_HAVE_CUDA
     if (b_.kind() == BackendKind::kNccl) {

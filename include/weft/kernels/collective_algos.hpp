@@ -200,19 +200,26 @@ WEFT_HD void all_reduce_two_shot(Coop g, const dev::DeviceCtx& c, const Args& a,
   }
 }
 
+// All-gather and all-to-all: block `rank` of every peer's symmetric output receives this
+// rank's data, pushed in place after a handshake. The source for peer p is in + p * stride:
+// stride 0 sends one block to everyone (all-gather), stride count sends block p to rank p
+// (all-to-all).
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
 template <class T, class Coop>
-WEFT_HD void all_gather(Coop g, const dev::DeviceCtx& c, const Args& a, int k, uint64_t e) {
+WEFT_HD void direct_exchange(Coop g, const dev::DeviceCtx& c, const Args& a, int k, uint64_t e, uint64_t stride) {
   uint64_t lo, hi;
   split(a.count, a.ctas, k, lo, hi);
   const T* in = static_cast<const T*>(a.in);
   signal_peers(g, c, a, k, 0);  // handshake: I have entered call e
   wait_peers(g, c, a, k, 0, e);
   const uint64_t mine = a.out_off + (static_cast<uint64_t>(c.rank) * a.count + lo) * sizeof(T);
-  for (int d = 1; d < c.world; ++d) dev::put(g, c, (c.rank + d) % c.world, mine, in + lo, (hi - lo) * sizeof(T));
-  dev::copy_bytes(g, c.local<T>(mine), in + lo, (hi - lo) * sizeof(T));
+  for (int d = 1; d < c.world; ++d) {
+    const int p = (c.rank + d) % c.world;
+    dev::put(g, c, p, mine, in + static_cast<uint64_t>(p) * stride + lo, (hi - lo) * sizeof(T));
+  }
+  dev::copy_bytes(g, c.local<T>(mine), in + static_cast<uint64_t>(c.rank) * stride + lo, (hi - lo) * sizeof(T));
   signal_peers(g, c, a, k, 1);
   wait_peers(g, c, a, k, 1, e);
 }
@@ -239,26 +246,6 @@ WEFT_HD void reduce_scatter(Coop g, const dev::DeviceCtx& c, const Args& a, int 
                          : c.local<const T>(slot_off(a, c.world, par, p, sizeof(T))) + lo;
   T* dst = static_cast<T*>(a.out) + lo;
   reduce_sum<T>(g, &dst, 1, src, c.world, hi - lo);
-}
-
-#if defined(__CUDACC__)
-#pragma nv_exec_check_disable
-#endif
-template <class T, class Coop>
-WEFT_HD void all_to_all(Coop g, const dev::DeviceCtx& c, const Args& a, int k, uint64_t e) {
-  uint64_t lo, hi;
-  split(a.count, a.ctas, k, lo, hi);
-  const T* in = static_cast<const T*>(a.in);
-  signal_peers(g, c, a, k, 0);  // handshake
-  wait_peers(g, c, a, k, 0, e);
-  const uint64_t mine = a.out_off + (static_cast<uint64_t>(c.rank) * a.count + lo) * sizeof(T);
-  for (int d = 1; d < c.world; ++d) {
-    const int p = (c.rank + d) % c.world;
-    dev::put(g, c, p, mine, in + static_cast<uint64_t>(p) * a.count + lo, (hi - lo) * sizeof(T));
-  }
-  dev::copy_bytes(g, c.local<T>(mine), in + static_cast<uint64_t>(c.rank) * a.count + lo, (hi - lo) * sizeof(T));
-  signal_peers(g, c, a, k, 1);
-  wait_peers(g, c, a, k, 1, e);
 }
 
 // ---- LL (low-latency) one-shot all-reduce ----------------------------------------------
@@ -399,9 +386,9 @@ WEFT_HD void run_slice(Coop g, const dev::DeviceCtx& c, const Args& a, int k) {
   switch (a.algo) {
     case Algo::kAllReduceOneShot: all_reduce_one_shot<T>(g, c, a, k, e); break;
     case Algo::kAllReduceTwoShot: all_reduce_two_shot<T>(g, c, a, k, e); break;
-    case Algo::kAllGather: all_gather<T>(g, c, a, k, e); break;
+    case Algo::kAllGather: direct_exchange<T>(g, c, a, k, e, 0); break;
     case Algo::kReduceScatter: reduce_scatter<T>(g, c, a, k, e); break;
-    case Algo::kAllToAll: all_to_all<T>(g, c, a, k, e); break;
+    case Algo::kAllToAll: direct_exchange<T>(g, c, a, k, e, a.count); break;
     case Algo::kAllReduceLL: all_reduce_ll<T>(g, c, a, k, e); break;
     case Algo::kAllToAllV: all_to_all_v<T>(g, c, a, k, e); break;
   }

@@ -73,6 +73,7 @@ class Collectives {
   const Instance& instance(coll::Algo algo, uint64_t count, dev::DType t, void* stream);
   void run(coll::Args a, dev::DType t, void* stream);
   void check_pointer(const void* p, dev::DType t, const char* what) const;
+  void check_symmetric_out(uint64_t out_off, uint64_t elems, dev::DType t, const char* what) const;
   void baseline(coll::Algo algo, const void* in, void* out, uint64_t count, dev::DType t, void* stream);
 
   Backend& b_;
