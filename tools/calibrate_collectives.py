@@ -1,44 +1,304 @@
 #!/usr/bin/env python3
-"""Compares the cost model (`weft plan`, constants in bench/constants/) with measured
-collectives (`weft bench collectives` JSON). Prints a markdown table of predicted vs
-measured time for weft's own methods.
-Usage: tools/calibrate_collectives.py build/weft bench/results/collectives-nccl-2r-*.json"""
+"""Compares the cost model with measured collectives (`weft bench collectives` JSON).
+
+For every point of weft's own methods (one-shot, two-shot, direct) it writes a plan that does
+what the op does (src/ops/collectives.cpp, include/weft/kernels/collective_algos.hpp), has the
+C++ model predict it (`weft plan --file ... --ctas N [--entry-barrier]`, constants from
+bench/constants/), and prints a markdown table of predicted vs measured time. Nothing here
+computes a time: the numbers are the model's.
+
+Usage: tools/calibrate_collectives.py WEFT RESULTS.json [--constants F] [--kib-per-cta 32]
+           [--cap 64] [--one-shot-cap 32] [--check] [--keep-plans DIR] [--wide] [--fit]
+  WEFT: the built CLI (e.g. build-h1/weft). --kib-per-cta/--cap/--one-shot-cap: the CTA rule
+  of the build that was measured (today: one CTA per 32 KiB of the call, at most 64, one-shot
+  32; the first tuning, in the 4-rank file, was 256 KiB per CTA). --check: exit 1 when a point
+  is outside 25%. --fit: instead of the table, solve the two fitted constants from their one
+  measurement each (launch_us: reduce-scatter 8 KiB; cta_reduce_gbps: one-shot all-reduce
+  4 MiB), each with every other constant as it is in the constants file, and print them.
+
+How each method becomes a plan (per rank r, every peer p; bf16 rows of 16 bytes, so a size
+of S bytes is S/16 rows; every chunk signals the rank that consumes it; no worker limit, so
+only dependencies, the rank's link and its HBM order the work):
+  reduce-scatter direct  push in[block p] -> p:stage[slot r]; copy in[block r] -> out; then
+                         out += stage[slot q] for each peer q, after q's push has arrived.
+  all-reduce one-shot    the same with the whole input: push in -> p:stage[slot r]; copy
+                         in -> out; out += stage[slot q].
+  all-reduce two-shot    push in[shard p] -> p:stage[slot r]; copy in[shard r] -> out; out[shard
+                         r] += stage[slot q][shard r]; push out[shard r] -> p:stage[slot r]
+                         [shard r]; p copies it to out[shard r].
+  all-gather direct      entry barrier (the handshake); copy in -> out[block r], then push in
+                         -> p:out[block r].
+  all-to-all direct      entry barrier; copy in[block r] -> out[block r], then push in[block
+                         p] -> p:out[block r].
+Where the plan differs from the kernel (it cannot say more):
+  - a plan reduce has one source (dst += src), so the kernel's one-pass sum of the world's
+    slots becomes a copy of the rank's own part plus world-1 reduces. The copy has no
+    dependencies and runs while the pushes are on the link; with 2 ranks there is one reduce
+    (3 x bytes of traffic, as the kernel's 2 reads and 1 write); with more ranks each extra
+    reduce re-reads the accumulator, which the kernel does not.
+  - two-shot's kernel writes the sum to its output and to the peers' staging in one loop;
+    the plan reduces first, then pushes, so the model does not overlap the two.
+  - all-gather/all-to-all push first and copy afterwards; the plan copies first, then pushes
+    (the copy signals the rank itself, the push its peer): the same sum of times.
+"""
+import argparse
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
-COLS = 1024  # bf16 elements per row: 2 KiB rows
-PLAN = {  # (bench collective, method) -> (plan collective, plan algo, rows from bytes and world)
-    ("all_reduce", "one-shot"): ("all_reduce", "one-shot", lambda b, w: b // (2 * COLS)),
-    ("all_reduce", "two-shot"): ("all_reduce", "two-shot", lambda b, w: b // (2 * COLS)),
-    ("all_gather", "direct"): ("all_gather", "direct", lambda b, w: b // (2 * COLS)),
-    ("reduce_scatter", "direct"): ("reduce_scatter", "direct", lambda b, w: b // (2 * COLS * w)),
-    ("all_to_all", "direct"): ("all_to_all", "direct", lambda b, w: b // (2 * COLS * w)),
+COLS, ELEM = 8, 2  # 16-byte rows
+ROW = COLS * ELEM
+
+
+class Plan:
+    def __init__(self, name, world):
+        self.name, self.world = name, world
+        self.tensors, self.signals, self.chunks = [], [], []
+        self.next_signal = [0] * world
+
+    def tensor(self, name, rows, role, total=False):
+        self.tensors.append(f"tensor {name} {rows}x{COLS} {role} elem={ELEM}" + (" sum" if total else ""))
+
+    def chunk(self, on, kind, src, dst, consumer, deps=()):
+        """src, dst: (rank, tensor, row0, row1). Returns the chunk id."""
+        cid = len(self.chunks)
+        sig = self.next_signal[consumer]
+        self.next_signal[consumer] += 1
+        self.signals.append(f"signal {consumer}.{sig} expect 1")
+        end = lambda e: f"{e[0]}:{e[1]}[{e[2]}:{e[3]},0:{COLS}]"
+        line = f"on {on} chunk {cid} {kind} sm {end(src)} -> {end(dst)} signal {consumer}.{sig}+1"
+        if deps:
+            line += " deps " + ",".join(str(d) for d in deps)
+        self.chunks.append(line)
+        return cid
+
+    def text(self):
+        return "\n".join([f"plan {self.name}", f"world {self.world}"] + self.tensors + self.signals + self.chunks) + "\n"
+
+
+def peers(r, w):
+    return [(r + d) % w for d in range(1, w)]
+
+
+def reduce_into_out(pl, r, w, own_src, stage_rows, out_rows, arrived):
+    """copy own_src -> out, then out += stage[stage_rows(q)] for each peer q after arrived[q]."""
+    prev = pl.chunk(r, "copy", own_src, (r, "out") + out_rows, r)
+    for q in peers(r, w):
+        prev = pl.chunk(r, "reduce", (r, "stage") + stage_rows(q), (r, "out") + out_rows, r, [prev, arrived[q]])
+    return prev
+
+
+def reduce_scatter(w, s):
+    rows = s // ROW // w  # per block
+    pl = Plan("weft.reduce_scatter.direct", w)
+    pl.tensor("in", w * rows, "input")
+    pl.tensor("stage", w * rows, "scratch")
+    pl.tensor("out", rows, "output", total=True)
+    push = {(r, p): pl.chunk(r, "push", (r, "in", p * rows, (p + 1) * rows), (p, "stage", r * rows, (r + 1) * rows), p)
+            for r in range(w) for p in peers(r, w)}
+    for r in range(w):
+        reduce_into_out(pl, r, w, (r, "in", r * rows, (r + 1) * rows), lambda q: (q * rows, (q + 1) * rows),
+                        (0, rows), {q: push[(q, r)] for q in peers(r, w)})
+    return pl, rows, False
+
+
+def one_shot(w, s):
+    rows = s // ROW
+    pl = Plan("weft.all_reduce.one_shot", w)
+    pl.tensor("in", rows, "input")
+    pl.tensor("stage", w * rows, "scratch")
+    pl.tensor("out", rows, "output", total=True)
+    push = {(r, p): pl.chunk(r, "push", (r, "in", 0, rows), (p, "stage", r * rows, (r + 1) * rows), p)
+            for r in range(w) for p in peers(r, w)}
+    for r in range(w):
+        reduce_into_out(pl, r, w, (r, "in", 0, rows), lambda q: (q * rows, (q + 1) * rows), (0, rows),
+                        {q: push[(q, r)] for q in peers(r, w)})
+    return pl, rows, False
+
+
+def two_shot(w, s):
+    rows = s // ROW
+    shard = rows // w
+    sh = lambda j: (j * shard, (j + 1) * shard)
+    pl = Plan("weft.all_reduce.two_shot", w)
+    pl.tensor("in", rows, "input")
+    pl.tensor("stage", w * rows, "scratch")  # slot q: rows [q*rows, (q+1)*rows)
+    pl.tensor("out", rows, "output", total=True)
+    slot = lambda q, j: (q * rows + sh(j)[0], q * rows + sh(j)[1])
+    push = {(r, p): pl.chunk(r, "push", (r, "in") + sh(p), (p, "stage") + slot(r, p), p)
+            for r in range(w) for p in peers(r, w)}
+    summed = {r: reduce_into_out(pl, r, w, (r, "in") + sh(r), lambda q, r=r: slot(q, r), sh(r),
+                                 {q: push[(q, r)] for q in peers(r, w)}) for r in range(w)}
+    back = {(r, p): pl.chunk(r, "push", (r, "out") + sh(r), (p, "stage") + slot(r, r), p, [summed[r]])
+            for r in range(w) for p in peers(r, w)}
+    for p in range(w):
+        for q in peers(p, w):
+            pl.chunk(p, "copy", (p, "stage") + slot(q, q), (p, "out") + sh(q), p, [back[(q, p)]])
+    return pl, rows, False
+
+
+def direct_exchange(w, s, all_to_all):
+    rows = s // ROW // w if all_to_all else s // ROW  # per block of the output
+    pl = Plan("weft.all_to_all.direct" if all_to_all else "weft.all_gather.direct", w)
+    pl.tensor("in", w * rows if all_to_all else rows, "input")
+    pl.tensor("out", w * rows, "output")
+    src = lambda r, p: (r, "in", p * rows, (p + 1) * rows) if all_to_all else (r, "in", 0, rows)
+    for r in range(w):
+        c = pl.chunk(r, "copy", src(r, r), (r, "out", r * rows, (r + 1) * rows), r)
+        for p in peers(r, w):
+            pl.chunk(r, "push", src(r, p), (p, "out", r * rows, (r + 1) * rows), p, [c])
+    return pl, w * rows, True
+
+
+# (bench collective, method) -> (plan builder, bytes the op's CTA count is computed from, CTA cap key)
+METHODS = {
+    ("reduce_scatter", "direct"): (reduce_scatter, lambda s, w: s, "cap"),
+    ("all_reduce", "one-shot"): (one_shot, lambda s, w: s, "one_shot_cap"),
+    ("all_reduce", "two-shot"): (two_shot, lambda s, w: s, "cap"),
+    ("all_gather", "direct"): (lambda w, s: direct_exchange(w, s, False), lambda s, w: w * s, "cap"),
+    ("all_to_all", "direct"): (lambda w, s: direct_exchange(w, s, True), lambda s, w: s, "cap"),
 }
 
 
-def predict(weft, coll, algo, world, rows):
-    out = subprocess.run([weft, "plan", "--collective", coll, "--algo", algo, "--world", str(world), "--rows",
-                          str(max(rows, 1)), "--cols", str(COLS), "--tile", str(max(rows, 1))],
-                         check=True, capture_output=True, text=True).stdout
-    return float(re.search(r"predicted on .*?: ([0-9.]+) us", out).group(1))
+def ctas(call_bytes, per_cta, cap):
+    """ops::Collectives::ctas_for: one CTA per `per_cta` bytes of the call, 1..cap."""
+    return max(1, min(cap, -(-call_bytes // per_cta)))
 
 
-def main(weft, path):
-    run = json.load(open(path))
+def predict(weft, plan_text, path, n, entry_barrier, tile, constants):
+    with open(path, "w") as f:
+        f.write(plan_text)
+    cmd = [weft, "plan", "--file", path, "--ctas", str(n), "--tile", str(tile)]
+    if entry_barrier:
+        cmd.append("--entry-barrier")
+    if constants:
+        cmd += ["--constants", constants]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    m = re.search(r"predicted on .*?: ([0-9.]+) us", r.stdout)
+    if r.returncode != 0 or not m:
+        sys.exit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}{r.stderr}")
+    return float(m.group(1))
+
+
+def default_constants():
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "constants", "h200x2.json")
+
+
+def fit(a, run, caps, plan_dir):
+    """Solves launch_us (reduce-scatter 8 KiB) and cta_reduce_gbps (one-shot 4 MiB) so that the
+    model reproduces those two measurements; the two interact a little, so it alternates."""
     world = run["world"]
-    print(f"| collective | method | size | measured µs | predicted µs | predicted/measured |")
-    print("|---|---|---|---|---|---|")
+    meas = {(p["coll"], p["method"], p["bytes"]): p["median_us"] for p in run["points"]}
+    consts = json.load(open(a.constants or default_constants()))
+    path = os.path.join(plan_dir, "fit.json")
+
+    def model(key, size, **override):
+        c = dict(consts, **override)
+        json.dump(c, open(path, "w"))
+        build, call_bytes, cap = METHODS[key]
+        pl, tile, barrier = build(world, size)
+        n = ctas(call_bytes(size, world), a.kib_per_cta << 10, caps[cap])
+        return predict(a.weft, pl.text(), os.path.join(plan_dir, "fit.plan"), n, barrier, tile, path)
+
+    rs, os_ = (("reduce_scatter", "direct"), 8 << 10), (("all_reduce", "one-shot"), 4 << 20)
+    for key, size in (rs, os_):
+        if key + (size,) not in meas:
+            sys.exit(f"--fit needs {key[0]} {key[1]} {size_name(size)} in {a.results}")
+    for _ in range(4):
+        consts["launch_us"] = round(meas[rs[0] + (rs[1],)] - model(*rs, launch_us=0), 3)
+        lo, hi = 1.0, 1000.0  # GB/s per CTA; the prediction falls as the rate rises
+        target = meas[os_[0] + (os_[1],)]
+        for _ in range(40):
+            mid = (lo * hi) ** 0.5
+            lo, hi = (mid, hi) if model(*os_, cta_reduce_gbps=mid) > target else (lo, mid)
+        consts["cta_reduce_gbps"] = round(mid, 2)
+    print(f"launch_us = {consts['launch_us']} (reduce_scatter direct 8 KiB: {meas[rs[0] + (rs[1],)]:.2f} us measured)")
+    print(f"cta_reduce_gbps = {consts['cta_reduce_gbps']} (all_reduce one-shot 4 MiB: {target:.2f} us measured)")
+    return 0
+
+
+def size_name(b):
+    return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("weft")
+    ap.add_argument("results")
+    ap.add_argument("--constants", default="", help="device constants (default: the CLI's, bench/constants/h200x2.json)")
+    ap.add_argument("--kib-per-cta", type=int, default=32)
+    ap.add_argument("--cap", type=int, default=64)
+    ap.add_argument("--one-shot-cap", type=int, default=32)
+    ap.add_argument("--check", action="store_true", help="exit 1 when a point is outside 25%%")
+    ap.add_argument("--keep-plans", default="", help="write the generated plans into this folder")
+    ap.add_argument("--wide", action="store_true",
+                    help="one row per size, a column per method (measured / predicted (ratio), in us)")
+    ap.add_argument("--fit", action="store_true", help="solve launch_us and cta_reduce_gbps from their measurements")
+    a = ap.parse_args()
+    run = json.load(open(a.results))
+    world = run["world"]
+    caps = {"cap": a.cap, "one_shot_cap": a.one_shot_cap}
+    plan_dir = a.keep_plans or tempfile.mkdtemp(prefix="weft-calibrate-")
+    os.makedirs(plan_dir, exist_ok=True)
+    if a.fit:
+        try:
+            return fit(a, run, caps, plan_dir)
+        finally:
+            if not a.keep_plans:
+                shutil.rmtree(plan_dir)
+
+    rows, outside = [], []
     for p in run["points"]:
         key = (p["coll"], p["method"])
-        if key not in PLAN:
+        if key not in METHODS:
             continue
-        coll, algo, rows = PLAN[key]
-        pred = predict(weft, coll, algo, world, rows(p["bytes"], world))
-        size = f"{p['bytes'] >> 20} MiB" if p["bytes"] >= 1 << 20 else f"{p['bytes'] >> 10} KiB"
-        print(f"| {p['coll']} | {p['method']} | {size} | {p['median_us']:.1f} | {pred:.1f} | {pred / p['median_us']:.2f} |")
+        build, call_bytes, cap = METHODS[key]
+        n = ctas(call_bytes(p["bytes"], world), a.kib_per_cta << 10, caps[cap])
+        pl, tile, barrier = build(world, p["bytes"])
+        path = os.path.join(plan_dir, f"{p['coll']}.{p['method']}.{p['bytes']}.plan")
+        pred = predict(a.weft, pl.text(), path, n, barrier, tile, a.constants)
+        ratio = pred / p["median_us"]
+        bad = abs(ratio - 1) > 0.25
+        rows.append((p["coll"], p["method"], p["bytes"], n, p["median_us"], pred, ratio, bad))
+        if bad:
+            outside.append(rows[-1])
+    if not a.keep_plans:
+        shutil.rmtree(plan_dir)
+
+    order = list(METHODS)
+    rows.sort(key=lambda x: (order.index((x[0], x[1])), x[2]))
+    if a.wide:  # one row per size, one column per method: "measured / predicted (ratio)"
+        keys = [k for k in order if any((x[0], x[1]) == k for x in rows)]
+        print("| size | " + " | ".join(f"{c} {m}" for c, m in keys) + " |")
+        print("|---" * (len(keys) + 1) + "|")
+        cell = {(x[0], x[1], x[2]): x for x in rows}
+        for b in sorted({x[2] for x in rows}):
+            out = []
+            for c, m in keys:
+                x = cell.get((c, m, b))
+                out.append("-" if not x else f"{x[4]:.1f} / {x[5]:.1f} ({'**' if x[7] else ''}{x[6]:.2f}{'**' if x[7] else ''})")
+            print(f"| {size_name(b)} | " + " | ".join(out) + " |")
+    else:
+        print("| collective | method | size | CTAs | measured µs | predicted µs | predicted/measured |")
+        print("|---|---|---|---|---|---|---|")
+        for c, m, b, n, meas, pred, ratio, bad in rows:
+            print(f"| {c} | {m} | {size_name(b)} | {n} | {meas:.1f} | {pred:.1f} | {ratio:.2f}"
+                  f"{' **outside 25%**' if bad else ''} |")
+    print()
+    ratios = [x[6] for x in rows]
+    lo = min(rows, key=lambda x: x[6])
+    hi = max(rows, key=lambda x: x[6])
+    print(f"{len(rows) - len(outside)} of {len(rows)} points within 25% "
+          f"(lowest {lo[6]:.2f}: {lo[0]} {lo[1]} {size_name(lo[2])}; highest {hi[6]:.2f}: {hi[0]} {hi[1]} "
+          f"{size_name(hi[2])}; median {sorted(ratios)[len(ratios) // 2]:.2f}).")
+    if outside:
+        print("Outside 25%: " + ", ".join(f"{c} {m} {size_name(b)} ({r:.2f})" for c, m, b, _, _, _, r, _ in outside) + ".")
+    return 1 if a.check and outside else 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    sys.exit(main())

@@ -20,13 +20,17 @@ DeviceConstants device_constants_from_json(std::string_view text, std::string_vi
     throw InvalidArgument(fmt::format("{}: not JSON: {}", source, e.what()));
   }
   if (!j.is_object()) throw InvalidArgument(fmt::format("{}: expected a JSON object", source));
-  auto number = [&](const char* key) {
+  // A required number: > 0, or >= 0 where zero makes sense (a latency a device may not have).
+  auto read = [&](const char* key, bool zero_ok) {
     if (!j.contains(key)) throw InvalidArgument(fmt::format("{}: missing key '{}'", source, key));
     if (!j[key].is_number()) throw InvalidArgument(fmt::format("{}: '{}' is not a number", source, key));
     const double v = j[key].get<double>();
-    if (!(v > 0)) throw InvalidArgument(fmt::format("{}: '{}' is {} (need > 0)", source, key, v));
+    if (!(zero_ok ? v >= 0 : v > 0))
+      throw InvalidArgument(fmt::format("{}: '{}' is {} (need {} 0)", source, key, v, zero_ok ? ">=" : ">"));
     return v;
   };
+  auto number = [&](const char* key) { return read(key, false); };
+  auto non_negative = [&](const char* key) { return read(key, true); };
   DeviceConstants d;
   if (!j.contains("device") || !j["device"].is_string())
     throw InvalidArgument(fmt::format("{}: missing key 'device' (a string)", source));
@@ -37,6 +41,11 @@ DeviceConstants device_constants_from_json(std::string_view text, std::string_vi
   const double sms = number("sm_count");
   if (sms != static_cast<int>(sms)) throw InvalidArgument(fmt::format("{}: 'sm_count' is not an integer", source));
   d.sm_count = static_cast<int>(sms);
+  d.launch_us = non_negative("launch_us");
+  d.write_ack_us = non_negative("write_ack_us");
+  d.cta_link_gbps = number("cta_link_gbps");
+  d.cta_copy_gbps = number("cta_copy_gbps");
+  d.cta_reduce_gbps = number("cta_reduce_gbps");
   if (!j.contains("link_gbps") || !j["link_gbps"].is_object() || j["link_gbps"].empty())
     throw InvalidArgument(fmt::format("{}: missing key 'link_gbps' (an object: engine -> GB/s)", source));
   for (const auto& [name, v] : j["link_gbps"].items()) {
@@ -70,6 +79,11 @@ std::string device_constants_to_json(const DeviceConstants& d) {
   j["hbm_gbps"] = d.hbm_gbps;
   j["signal_latency_us"] = d.signal_latency_us;
   j["sm_count"] = d.sm_count;
+  j["launch_us"] = d.launch_us;
+  j["write_ack_us"] = d.write_ack_us;
+  j["cta_link_gbps"] = d.cta_link_gbps;
+  j["cta_copy_gbps"] = d.cta_copy_gbps;
+  j["cta_reduce_gbps"] = d.cta_reduce_gbps;
   nlohmann::json links = nlohmann::json::object();
   for (const auto& [e, v] : d.link_gbps) links[std::string(to_string(e))] = v;
   j["link_gbps"] = links;
@@ -84,6 +98,12 @@ DeviceConstants h200_constants() {
   d.signal_latency_us = 1.3;
   d.sm_count = 132;
   d.link_gbps = {{Engine::kSm, 360}, {Engine::kTma, 360}, {Engine::kCopyEngine, 395}};
+  // As in bench/constants/h200x2.json, which says where each comes from.
+  d.launch_us = 1.55;
+  d.write_ack_us = 2.5;
+  d.cta_link_gbps = 21.5;
+  d.cta_copy_gbps = 43;
+  d.cta_reduce_gbps = 31.9;
   return d;
 }
 
@@ -100,6 +120,7 @@ struct Item {
   int resource;  // engine queue it occupies, -1: none (tiles run on their own worker)
   int signal_rank = -1, signal = -1;
   int64_t increment = 0;
+  bool writes_remote = false;  // its destination is on another rank: a signal after it waits for the acks
   double take = kNever, start = kNever, end = kNever;
 };
 
@@ -120,11 +141,20 @@ Prediction simulate(const CommPlan& plan, const TileSchedule& s, const Lowered& 
       fmt::format("simulate: lowered tables for {} ranks, plan {} for {}", L.ranks.size(), plan.name, plan.world));
   WEFT_REQUIRE(dev.gemm_tflops > 0 && dev.hbm_gbps > 0 && dev.sm_count > 0,
                fmt::format("simulate: device constants of '{}' are incomplete", dev.device));
+  WEFT_REQUIRE(opt.ctas >= 0, fmt::format("simulate: {} CTAs", opt.ctas));
   const int W = plan.world;
   constexpr int kEngines = 5;
   // Resource ids: rank * (kEngines + 1) + engine; the last slot of each rank is its HBM.
   auto resource_of = [&](int rank, int engine) { return rank * (kEngines + 1) + engine; };
-  std::vector<double> resource_free(static_cast<size_t>(W) * (kEngines + 1), 0.0);
+  // Bandwidths in bytes/us. SM-engine work runs on opt.ctas CTAs: at most that many times the
+  // per-CTA rate. Other engines (copy engine, NCCL, network) do not run on the op's CTAs.
+  auto capped = [&](double whole_gbps, double per_cta_gbps, int engine) {
+    const bool on_ctas = opt.ctas > 0 && per_cta_gbps > 0 && engine == static_cast<int>(Engine::kSm);
+    return (on_ctas ? std::min(whole_gbps, opt.ctas * per_cta_gbps) : whole_gbps) * 1e3;
+  };
+  // Everything starts after the launch (and, with an entry barrier, after the peers' entry flags).
+  const double t0 = dev.launch_us + (opt.entry_barrier ? dev.signal_latency_us : 0.0);
+  std::vector<double> resource_free(static_cast<size_t>(W) * (kEngines + 1), t0);
 
   std::vector<Item> items;
   std::vector<Pool> pools(2 * static_cast<size_t>(W));  // [0, W): transfers; [W, 2W): tiles
@@ -138,17 +168,24 @@ Prediction simulate(const CommPlan& plan, const TileSchedule& s, const Lowered& 
                    fmt::format("simulate: chunk {} reads tensor {}", d.chunk, d.src_tensor));
       const double bytes = static_cast<double>(d.rows) * static_cast<double>(d.cols) *
                            plan.tensors[static_cast<size_t>(d.src_tensor)].elem_bytes;
+      const bool reduce = d.kind == static_cast<int32_t>(Kind::kReduce);
+      const double copy_bw = capped(dev.hbm_gbps, dev.cta_copy_gbps, d.engine);
+      const double reduce_bw = capped(dev.hbm_gbps, dev.cta_reduce_gbps, d.engine);
       Item it{r, false, static_cast<int>(k), {}, 0, 0};
       if (d.src_rank == d.dst_rank) {
-        it.dur_us = 2 * bytes / (dev.hbm_gbps * 1e3);
+        // Copy: read + write; reduce (dst += src): read both, write dst.
+        it.dur_us = reduce ? 3 * bytes / reduce_bw : 2 * bytes / copy_bw;
         it.resource = resource_of(r, kEngines);
       } else {
         const auto bw = dev.link_gbps.find(static_cast<Engine>(d.engine));
         WEFT_REQUIRE(bw != dev.link_gbps.end(),
                      fmt::format("simulate: chunk {} uses engine {}, which device '{}' has no bandwidth for", d.chunk,
                                  to_string(static_cast<Engine>(d.engine)), dev.device));
-        it.dur_us = bytes / (bw->second * 1e3);
+        it.dur_us = bytes / capped(bw->second, dev.cta_link_gbps, d.engine);
+        // A remote reduce also reads and writes its destination; both stream at once.
+        if (reduce) it.dur_us = std::max(it.dur_us, 2 * bytes / reduce_bw);
         it.resource = resource_of(r, d.engine);
+        it.writes_remote = d.dst_rank != r;
       }
       for (int j = 0; j < d.wait_count; ++j) {
         const WaitEntry& w = lr.transfer_waits[static_cast<size_t>(d.wait_begin + j)];
@@ -191,7 +228,9 @@ Prediction simulate(const CommPlan& plan, const TileSchedule& s, const Lowered& 
     for (int b : bumpers[{rank, sig}]) {
       const Item& x = items[static_cast<size_t>(b)];
       if (x.end == kNever) return kNever;
-      arrivals.emplace_back(x.end + (x.signal_rank != x.rank ? dev.signal_latency_us : 0.0), x.increment);
+      arrivals.emplace_back(
+          x.end + (x.writes_remote ? dev.write_ack_us : 0.0) + (x.signal_rank != x.rank ? dev.signal_latency_us : 0.0),
+          x.increment);
     }
     std::sort(arrivals.begin(), arrivals.end());
     int64_t sum = 0;
@@ -210,7 +249,7 @@ Prediction simulate(const CommPlan& plan, const TileSchedule& s, const Lowered& 
       held.push_back(static_cast<int>(&it - items.data()));
     }
   };
-  for (auto& p : pools) take(p, 0.0);
+  for (auto& p : pools) take(p, t0);
 
   Prediction out;
   out.rank_us.assign(static_cast<size_t>(W), 0.0);

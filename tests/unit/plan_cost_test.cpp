@@ -1,5 +1,6 @@
 // The cost model: device constants from JSON and the event simulation, checked against
 // values worked out by hand from the model's formulas.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include "weft/plan/cost.hpp"
 #include "weft/plan/schedule.hpp"
 #include "weft/plan/templates.hpp"
+#include "weft/plan/text.hpp"
 #include "weft/plan/verify.hpp"
 
 using namespace weft::plan;
@@ -37,18 +39,41 @@ DeviceConstants toy() {
   return d;
 }
 
+// A complete constants file with `key` replaced by `value` (or dropped when value is empty).
+std::string constants_with(const std::string& key, const std::string& value) {
+  const std::pair<std::string, std::string> keys[] = {
+      {"device", "\"x\""},      {"gemm_tflops", "1"},         {"hbm_gbps", "1"},
+      {"sm_count", "1"},        {"signal_latency_us", "1"},   {"launch_us", "1"},
+      {"write_ack_us", "1"},    {"cta_link_gbps", "1"},       {"cta_copy_gbps", "1"},
+      {"cta_reduce_gbps", "1"}, {"link_gbps", R"({"sm": 1})"}};
+  std::string text = "{";
+  for (const auto& [k, v] : keys) {
+    const std::string& val = k == key ? value : v;
+    if (val.empty()) continue;
+    text += (text.size() > 1 ? ", \"" : "\"") + k + "\": " + val;
+  }
+  return text + "}";
+}
+
 }  // namespace
 
 TEST(PlanCost, DeviceConstantsFromJson) {
   const DeviceConstants d = device_constants_from_json(
       R"({"device": "H200", "gemm_tflops": 761, "hbm_gbps": 4800, "sm_count": 132, "signal_latency_us": 1.3,
-          "link_gbps": {"sm": 360, "copy_engine": 395}})");
+          "link_gbps": {"sm": 360, "copy_engine": 395}, "launch_us": 1.5, "write_ack_us": 2.5,
+          "cta_link_gbps": 21.5, "cta_copy_gbps": 43, "cta_reduce_gbps": 32,
+          "sources": {"launch_us": "other keys are ignored"}})");
   EXPECT_EQ(d.device, "H200");
   EXPECT_EQ(d.gemm_tflops, 761);
   EXPECT_EQ(d.sm_count, 132);
   EXPECT_EQ(d.signal_latency_us, 1.3);
   EXPECT_EQ(d.link_gbps.at(Engine::kCopyEngine), 395);
   EXPECT_EQ(d.link_gbps.count(Engine::kNccl), 0u);
+  EXPECT_EQ(d.launch_us, 1.5);
+  EXPECT_EQ(d.write_ack_us, 2.5);
+  EXPECT_EQ(d.cta_link_gbps, 21.5);
+  EXPECT_EQ(d.cta_copy_gbps, 43);
+  EXPECT_EQ(d.cta_reduce_gbps, 32);
   // Written out and read back, through a file.
   const std::string path = ::testing::TempDir() + "weft_plan_cost_test.json";
   std::ofstream(path) << device_constants_to_json(h200_constants());
@@ -57,16 +82,30 @@ TEST(PlanCost, DeviceConstantsFromJson) {
   EXPECT_EQ(h.device, "H200 (2x, NV18)");
   EXPECT_EQ(h.link_gbps.at(Engine::kSm), 360);
   EXPECT_EQ(h.hbm_gbps, 4800);
+  EXPECT_EQ(h.launch_us, h200_constants().launch_us);
+  EXPECT_EQ(h.cta_reduce_gbps, h200_constants().cta_reduce_gbps);
 
-  EXPECT_EQ(
-      json_error(R"({"device": "x", "gemm_tflops": 1, "sm_count": 1, "signal_latency_us": 1, "link_gbps": {"sm": 1}})"),
-      "dev.json: missing key 'hbm_gbps'");
-  EXPECT_EQ(json_error(R"({"device": "x", "gemm_tflops": 1, "hbm_gbps": 1, "sm_count": 1, "signal_latency_us": 1,
-                          "link_gbps": {"nvlink": 1}})"),
+  ASSERT_EQ(json_error(constants_with("", "")), "(parsed)");
+  EXPECT_EQ(json_error(constants_with("hbm_gbps", "")), "dev.json: missing key 'hbm_gbps'");
+  EXPECT_EQ(json_error(constants_with("link_gbps", R"({"nvlink": 1})")),
             "dev.json: link_gbps.nvlink: unknown engine (sm, tma, copy_engine, nccl, net)");
   EXPECT_EQ(json_error(R"({"device": "x", "gemm_tflops": -1})"), "dev.json: 'gemm_tflops' is -1 (need > 0)");
   EXPECT_EQ(json_error("{").rfind("dev.json: not JSON", 0), 0u);
   EXPECT_THROW(load_device_constants("/nonexistent/dev.json"), weft::InvalidArgument);
+}
+
+TEST(PlanCost, LoaderRejectsMissingOrBadNewKeys) {
+  for (const char* key : {"launch_us", "write_ack_us", "cta_link_gbps", "cta_copy_gbps", "cta_reduce_gbps"}) {
+    EXPECT_EQ(json_error(constants_with(key, "")), fmt::format("dev.json: missing key '{}'", key));
+    EXPECT_EQ(json_error(constants_with(key, R"("fast")")), fmt::format("dev.json: '{}' is not a number", key));
+  }
+  // Latencies may be zero (a device without that cost), never negative; rates must be positive.
+  EXPECT_EQ(json_error(constants_with("launch_us", "0")), "(parsed)");
+  EXPECT_EQ(json_error(constants_with("write_ack_us", "-1")), "dev.json: 'write_ack_us' is -1 (need >= 0)");
+  EXPECT_EQ(json_error(constants_with("launch_us", "-0.5")), "dev.json: 'launch_us' is -0.5 (need >= 0)");
+  EXPECT_EQ(json_error(constants_with("cta_link_gbps", "0")), "dev.json: 'cta_link_gbps' is 0 (need > 0)");
+  EXPECT_EQ(json_error(constants_with("cta_copy_gbps", "-43")), "dev.json: 'cta_copy_gbps' is -43 (need > 0)");
+  EXPECT_EQ(json_error(constants_with("cta_reduce_gbps", "0")), "dev.json: 'cta_reduce_gbps' is 0 (need > 0)");
 }
 
 TEST(PlanCost, AllGatherGemmTimesWorkedOutByHand) {
@@ -129,4 +168,100 @@ TEST(PlanCost, RefusesEngineWithoutBandwidthAndDeadlocks) {
   const TileSchedule sq = row_schedule(q, "out", 4);
   EXPECT_THROW(simulate(q, sq, lower(q, sq), toy(), {.comm_workers = 1}), weft::Error);
   EXPECT_NO_THROW(simulate(q, sq, lower(q, sq), toy(), {.comm_workers = 2}));
+}
+
+namespace {
+
+// Two ranks, the shape of weft's reduce-scatter (src/ops): each pushes its peer's block of 100000
+// bytes into the peer's staging, copies its own block to `out`, then adds the staged block.
+const char* kPushReduce = R"(plan push_reduce
+world 2
+tensor in 2x50000 input elem=2
+tensor stage 2x50000 scratch elem=2
+tensor out 1x50000 output elem=2 sum
+signal 0.0 expect 1
+signal 0.1 expect 1
+signal 0.2 expect 1
+signal 1.0 expect 1
+signal 1.1 expect 1
+signal 1.2 expect 1
+on 0 chunk 0 push sm 0:in[1:2,0:50000] -> 1:stage[0:1,0:50000] signal 1.0+1
+on 0 chunk 2 copy sm 0:in[0:1,0:50000] -> 0:out[0:1,0:50000] signal 0.1+1
+on 0 chunk 3 reduce sm 0:stage[1:2,0:50000] -> 0:out[0:1,0:50000] signal 0.2+1 deps 2,1
+on 1 chunk 1 push sm 1:in[0:1,0:50000] -> 0:stage[1:2,0:50000] signal 0.0+1
+on 1 chunk 4 copy sm 1:in[1:2,0:50000] -> 1:out[0:1,0:50000] signal 1.1+1
+on 1 chunk 5 reduce sm 1:stage[0:1,0:50000] -> 1:out[0:1,0:50000] signal 1.2+1 deps 4,0
+)";
+
+Prediction predict(const CommPlan& p, const DeviceConstants& d, const SimOptions& o = {}) {
+  const TileSchedule s = row_schedule(p, "out", p.tensors.back().rows);
+  return simulate(p, s, lower(p, s), d, o);
+}
+
+}  // namespace
+
+TEST(PlanCost, LocalReductionReadsBothAndWrites) {
+  const CommPlan p = parse_plan(kPushReduce, "push_reduce.plan");
+  ASSERT_TRUE(verify(p).ok) << verify(p).text();
+  // Push 100000 B at 1e5 B/us: 1 us, seen at 1 + 2 (signal). The copy (2e5 B of traffic at
+  // 1e6 B/us: 0.2 us) runs meanwhile. The reduce reads stage and out and writes out: 3e5 B,
+  // 0.3 us (a copy's 2e5 would give 3.2).
+  const Prediction base = predict(p, toy());
+  EXPECT_NEAR(base.total_us, 3.3, 1e-9);
+  EXPECT_NEAR(base.comm_us, 3.3, 1e-9);
+}
+
+TEST(PlanCost, LaunchEntryBarrierAndWriteAckAddTheirLatencies) {
+  const CommPlan p = parse_plan(kPushReduce, "push_reduce.plan");
+  DeviceConstants d = toy();
+  d.launch_us = 5;  // everything starts 5 us later
+  EXPECT_NEAR(predict(p, d).total_us, 8.3, 1e-9);
+  // The entry barrier waits one signal latency (2 us) before anything starts.
+  EXPECT_NEAR(predict(p, d, {.entry_barrier = true}).total_us, 10.3, 1e-9);
+  // The push wrote the peer's memory: its signal leaves 1.5 us later (the fence's acks).
+  d.write_ack_us = 1.5;
+  EXPECT_NEAR(predict(p, d).total_us, 9.8, 1e-9);
+  // A ring pays the acks on every hop, like the signal latency: 3 hops of 1 us + 2 x (2 + 1.5),
+  // then the last hop's own ack and signal before rank 3's tile sees it.
+  const CommPlan ring = all_gather(AllGatherAlgo::kRing, 4, 1000, 50);
+  DeviceConstants r = toy();
+  r.write_ack_us = 1.5;
+  const Prediction pr = predict(ring, r);
+  EXPECT_NEAR(pr.comm_us, 3.0 + 2 * 3.5, 1e-9);
+  EXPECT_NEAR(pr.total_us, 3.0 + 3 * 3.5, 1e-9);
+}
+
+TEST(PlanCost, CtasCapBandwidthsAtTheirPerCtaRates) {
+  const CommPlan p = parse_plan(kPushReduce, "push_reduce.plan");
+  DeviceConstants d = toy();
+  d.cta_link_gbps = 10;    // 1e4 B/us per CTA
+  d.cta_copy_gbps = 50;    // 5e4
+  d.cta_reduce_gbps = 30;  // 3e4
+  // Without a CTA count the per-CTA rates do not apply.
+  EXPECT_NEAR(predict(p, d).total_us, 3.3, 1e-9);
+  // 2 CTAs: push 1e5 B at 2e4 B/us = 5 us, seen at 7; copy 2e5 B at 1e5 B/us = 2 us; reduce 3e5 B
+  // at 6e4 B/us = 5 us from 7: 12 us.
+  EXPECT_NEAR(predict(p, d, {.ctas = 2}).total_us, 12.0, 1e-9);
+  // 1 CTA: push 10 us, seen at 12; reduce 3e5 / 3e4 = 10 us: 22 us.
+  EXPECT_NEAR(predict(p, d, {.ctas = 1}).total_us, 22.0, 1e-9);
+  // Enough CTAs: the whole-GPU rates cap them again (push 1e5 B/us, HBM 1e6 B/us).
+  EXPECT_NEAR(predict(p, d, {.ctas = 1000}).total_us, 3.3, 1e-9);
+
+  // A remote reduce (pull and add) takes the longer of its link time and the read-modify-write
+  // of its destination: reduce-scatter direct, blocks of 100000 B: copy 0.2 us, then a pull-add of
+  // max(1e5 / 1e5, 2e5 / 1e4) = 20 us on 1 CTA whose reduction rate is 10 GB/s.
+  const CommPlan rs = reduce_scatter(ReduceScatterAlgo::kDirect, 2, 1, 50000);
+  d.cta_link_gbps = 100;
+  d.cta_copy_gbps = 1000;
+  d.cta_reduce_gbps = 10;
+  EXPECT_NEAR(predict(rs, d).total_us, 0.2 + 1.0, 1e-9);
+  EXPECT_NEAR(predict(rs, d, {.ctas = 1}).total_us, 0.2 + 20.0, 1e-9);
+
+  // Engines other than sm do not run on the op's CTAs: a copy-engine all-gather is not capped.
+  const CommPlan ce = all_gather(AllGatherAlgo::kDirect, 2, 1000, 50, {.engine = Engine::kCopyEngine});
+  DeviceConstants c = toy();
+  c.link_gbps[Engine::kCopyEngine] = 100;
+  c.cta_link_gbps = 1;
+  EXPECT_NEAR(predict(ce, c, {.ctas = 1}).comm_us, predict(ce, c).comm_us, 1e-9);
+  EXPECT_NEAR(predict(ce, c).comm_us, 1.0, 1e-9);
 }

@@ -26,11 +26,13 @@ struct PlanOptions {
   int64_t rows = 1024;
   int64_t cols = 1024;
   int splits = 1;
-  int workers = 0;  // resident transfer workers per rank (verifier, simulation); 0: unlimited
+  int workers = 0;             // resident transfer workers per rank (verifier, simulation); 0: unlimited
+  int ctas = 0;                // CTAs the op's SM transfers run on (simulation); 0: whole-GPU rates
+  bool entry_barrier = false;  // ranks wait for every peer's entry flag first (simulation)
   int64_t gemm_n = 0, gemm_k = 0, tile = 128;  // a GEMM consuming the output (AG+GEMM)
-  std::string order = "arrival";              // tile order: arrival, rotate, plain
-  std::string constants;  // empty: bench/constants/h200x2.json here or in the source tree
-  std::string trace;  // Chrome-trace JSON of the simulated timeline
+  std::string order = "arrival";               // tile order: arrival, rotate, plain
+  std::string constants;                       // empty: bench/constants/h200x2.json here or in the source tree
+  std::string trace;                           // Chrome-trace JSON of the simulated timeline
   bool print = false;
   // simulate
   int nodes = 1, gpus = 2;
@@ -50,8 +52,8 @@ plan::CommPlan build_plan(const PlanOptions& o, int world, int64_t rows) {
   t.splits = o.splits;
   const std::string& a = o.algo;
   if (o.collective == "all_gather") {
-    auto algo = a == "direct" ? plan::AllGatherAlgo::kDirect
-                : a == "ring" ? plan::AllGatherAlgo::kRing
+    auto algo = a == "direct"  ? plan::AllGatherAlgo::kDirect
+                : a == "ring"  ? plan::AllGatherAlgo::kRing
                 : a == "bidir" ? plan::AllGatherAlgo::kBidirectionalRing
                                : throw InvalidArgument("all_gather --algo: direct, ring or bidir, not '" + a + "'");
     return plan::all_gather(algo, world, rows, o.cols, t);
@@ -63,31 +65,35 @@ plan::CommPlan build_plan(const PlanOptions& o, int world, int64_t rows) {
     return plan::reduce_scatter(algo, world, rows, o.cols, t);
   }
   if (o.collective == "all_reduce") {
-    auto algo = a == "one-shot" ? plan::AllReduceAlgo::kOneShot
+    auto algo = a == "one-shot"   ? plan::AllReduceAlgo::kOneShot
                 : a == "two-shot" ? plan::AllReduceAlgo::kTwoShot
-                : a == "ring" ? plan::AllReduceAlgo::kRing
+                : a == "ring"     ? plan::AllReduceAlgo::kRing
                               : throw InvalidArgument("all_reduce --algo: one-shot, two-shot or ring, not '" + a + "'");
     return plan::all_reduce(algo, world, rows, o.cols, t);
   }
   if (o.collective == "all_to_all") return plan::all_to_all(world, rows, o.cols, t);
-  throw InvalidArgument("--collective: all_gather, reduce_scatter, all_reduce or all_to_all, not '" + o.collective + "'");
+  throw InvalidArgument("--collective: all_gather, reduce_scatter, all_reduce or all_to_all, not '" + o.collective +
+                        "'");
 }
 
 // The schedule of the consumer: a GEMM over the output when --gemm-n is given, else one
 // 1-D tile per `tile` rows that only waits (so the prediction is the collective's time).
 plan::TileSchedule build_schedule(const PlanOptions& o, const plan::CommPlan& p) {
-  plan::TileSchedule s = o.gemm_n > 0 ? plan::gemm_schedule(p, "out", o.gemm_n, o.tile, o.tile)
-                                      : plan::row_schedule(p, "out", o.tile);
-  if (o.order == "arrival") plan::order_by_arrival(s, p);
-  else if (o.order == "rotate") plan::rotate_by_rank(s);
-  else WEFT_REQUIRE(o.order == "plain", "--order: arrival, rotate or plain, not '" + o.order + "'");
+  plan::TileSchedule s =
+      o.gemm_n > 0 ? plan::gemm_schedule(p, "out", o.gemm_n, o.tile, o.tile) : plan::row_schedule(p, "out", o.tile);
+  if (o.order == "arrival")
+    plan::order_by_arrival(s, p);
+  else if (o.order == "rotate")
+    plan::rotate_by_rank(s);
+  else
+    WEFT_REQUIRE(o.order == "plain", "--order: arrival, rotate or plain, not '" + o.order + "'");
   return s;
 }
 
 plan::DeviceConstants constants(const PlanOptions& o) {
   if (!o.constants.empty()) return plan::load_device_constants(o.constants);
-  for (std::string path : {std::string("bench/constants/h200x2.json"),
-                           std::string(WEFT_SOURCE_DIR) + "/bench/constants/h200x2.json"}) {
+  for (std::string path :
+       {std::string("bench/constants/h200x2.json"), std::string(WEFT_SOURCE_DIR) + "/bench/constants/h200x2.json"}) {
     if (std::ifstream(path).good()) return plan::load_device_constants(path);
   }
   std::cerr << "weft: bench/constants/h200x2.json not found; using the built-in H200 constants\n";
@@ -138,6 +144,8 @@ int run_plan(const PlanOptions& o) {
   plan::SimOptions so;
   so.gemm_k = o.gemm_k;
   so.comm_workers = o.workers;
+  so.ctas = o.ctas;
+  so.entry_barrier = o.entry_barrier;
   const auto pr = plan::simulate(p, s, lowered, dev, so);
   std::cout << fmt::format("predicted on {}: {:.2f} us (communication ends {:.2f} us, tiles end {:.2f} us)\n",
                            dev.device, pr.total_us, pr.comm_us, pr.compute_us);
@@ -166,7 +174,8 @@ int run_simulate(PlanOptions o) {
       if (e != plan::Engine::kNet) g = o.link_gbps;
   dev.link_gbps[plan::Engine::kNet] = o.net_gbps;
   const auto s = build_schedule(o, p);
-  const auto pr = plan::simulate(p, s, plan::lower(p, s), dev, plan::SimOptions{o.gemm_k, o.workers, 0});
+  const auto pr =
+      plan::simulate(p, s, plan::lower(p, s), dev, plan::SimOptions{o.gemm_k, o.workers, 0, o.ctas, o.entry_barrier});
   const double bytes = static_cast<double>(rows) * o.cols * 2;
   std::cout << fmt::format(
       "{} ({}) on {} node(s) x {} GPU(s), {} rows x {} cols bf16 per rank ({:.1f} MiB), {} of the transfers cross "
@@ -178,12 +187,18 @@ int run_simulate(PlanOptions o) {
 
 void add_common(CLI::App* c, PlanOptions& o) {
   c->add_option("--collective", o.collective, "all_gather, reduce_scatter, all_reduce, all_to_all");
-  c->add_option("--algo", o.algo, "direct, ring, bidir (all_gather); direct, ring (reduce_scatter); one-shot, "
-                                  "two-shot, ring (all_reduce)");
+  c->add_option("--algo", o.algo,
+                "direct, ring, bidir (all_gather); direct, ring (reduce_scatter); one-shot, "
+                "two-shot, ring (all_reduce)");
   c->add_option("--rows", o.rows, "rows per rank");
   c->add_option("--cols", o.cols, "columns (elements of 2 bytes)");
   c->add_option("--split", o.splits, "chunks per transfer");
   c->add_option("--workers", o.workers, "resident transfer workers per rank (0: unlimited)");
+  c->add_option("--ctas", o.ctas, "CTAs the SM transfers run on, per rank (0: whole-GPU bandwidths)")
+      ->check(CLI::NonNegativeNumber);
+  c->add_flag("--entry-barrier", o.entry_barrier,
+              "every rank waits for its peers' entry flags before it starts (a kernel that writes into "
+              "its peers' outputs in place)");
   c->add_option("--gemm-n", o.gemm_n, "a GEMM over the output with this many columns (AG+GEMM)");
   c->add_option("--gemm-k", o.gemm_k, "the GEMM's depth");
   c->add_option("--tile", o.tile, "tile rows (and columns)");

@@ -1,11 +1,23 @@
 // The cost model: device constants (measured on the device, kept in a JSON file) and an
 // event simulation of a lowered plan and schedule that predicts its time.
 //
-// The model, deliberately small (every term is a constant one can measure):
-//  - a remote transfer takes bytes / link_gbps[engine]; transfers that one rank issues on one
+// The model, deliberately small (every term is a constant one can measure, or one fitted from
+// one named measurement; bench/constants/h200x2.json says which for each):
+//  - a call starts launch_us after it is launched (kernel launch inside a CUDA graph, the
+//    kernel's entry and exit); with SimOptions::entry_barrier every rank also waits one
+//    signal_latency_us for its peers' entry flags (the epoch guard of a kernel that writes
+//    into its peers' outputs in place);
+//  - a remote push or pull takes bytes / link bandwidth; transfers that one rank issues on one
 //    engine share it, so they run one after another (the constants are whole-GPU bandwidths);
-//  - a local copy takes 2 * bytes / hbm_gbps (read and write) on the rank's HBM;
-//  - a signal bumped on another rank is seen signal_latency_us later;
+//  - a local copy moves 2 * bytes (read and write), a local reduce (dst += src) 3 * bytes (read
+//    both, write dst) through the rank's HBM, one after another; a remote reduce takes the
+//    longer of its link time and its 2 * bytes of read-modify-write of the local end;
+//  - SimOptions::ctas: the op runs on that many CTAs, each SM-engine phase spread over all of
+//    them, so a bandwidth is min(whole GPU, ctas * per-CTA rate) (cta_link_gbps for NVLink,
+//    cta_copy_gbps for copies, cta_reduce_gbps for reductions); 0: whole-GPU rates;
+//  - a signal bumped on another rank is seen signal_latency_us later; a transfer that wrote
+//    another rank's memory first waits write_ack_us (the release fence before the signal
+//    waits for the remote stores to be acknowledged);
 //  - a tile of r x c outputs with depth K takes 2*r*c*K / (gemm_tflops / sm_count): one
 //    worker is one SM running at its share of the measured GEMM rate;
 //  - workers take items in queue order and stay busy while they wait, as in the verifier.
@@ -23,29 +35,46 @@ namespace weft::plan {
 struct DeviceConstants {
   std::string device;                  // e.g. "H200 (2x, NV18)"
   double gemm_tflops = 0;              // dense bf16, fp32 accumulate, large GEMM
-  double hbm_gbps = 0;                 // HBM bandwidth, GB/s (1e9 bytes/s)
+  double hbm_gbps = 0;                 // HBM bandwidth, GB/s (1e9 bytes/s), read + write counted
   std::map<Engine, double> link_gbps;  // one-way bandwidth to peers, whole GPU, per engine
   double signal_latency_us = 0;        // one-way flag latency to a peer
   int sm_count = 0;
+  // Fixed cost of one call: launch inside a CUDA graph, entry and exit of the kernel.
+  double launch_us = 0;
+  // From the end of a transfer that wrote another rank's memory until a signal after it can
+  // leave: the release fence waits for the remote stores' acknowledgements (a round trip).
+  double write_ack_us = 0;
+  // Per-CTA rates of SM-engine work, used when SimOptions::ctas > 0 (0 here: no per-CTA
+  // limit; the JSON loader requires them):
+  double cta_link_gbps = 0;    // NVLink push of one CTA (engine sm)
+  double cta_copy_gbps = 0;    // local copy of one CTA, read + write counted
+  double cta_reduce_gbps = 0;  // local reduction of one CTA, reads + write counted
 };
 
 // JSON: {"device": "...", "gemm_tflops": 761, "hbm_gbps": 4800, "sm_count": 132,
-//        "signal_latency_us": 1.3, "link_gbps": {"sm": 360, "tma": 360, "copy_engine": 395, ...}}
-// Every key is required; link_gbps needs at least one engine. Throws InvalidArgument that
-// names the source and the key.
+//        "signal_latency_us": 1.3, "link_gbps": {"sm": 360, "tma": 360, "copy_engine": 395, ...},
+//        "launch_us": 1.55, "write_ack_us": 2.5,
+//        "cta_link_gbps": 21.5, "cta_copy_gbps": 43, "cta_reduce_gbps": 31.9}
+// Every key is required; link_gbps needs at least one engine. Rates, gemm_tflops, sm_count
+// and signal_latency_us must be > 0; launch_us and write_ack_us >= 0. Other keys (e.g. a
+// "sources" object that says where each value comes from) are ignored. Throws
+// InvalidArgument that names the source and the key.
 DeviceConstants device_constants_from_json(std::string_view json_text, std::string_view source = "device constants");
 DeviceConstants load_device_constants(const std::string& path);
 std::string device_constants_to_json(const DeviceConstants& d);
 
 // The 2xH200 (NV18) figures measured on 2026-11-21 (DESIGN.md, Benchmarks): copy engine
 // 395 GB/s, SM push 360 GB/s, one-way flag 1.3 us, cuBLAS bf16 761 TFLOP/s. HBM (4800 GB/s)
-// and the SM count (132) are the data-sheet values, not measurements.
+// and the SM count (132) are the data-sheet values, not measurements. The launch, ack and
+// per-CTA terms are those of bench/constants/h200x2.json (the file the CLI reads first).
 DeviceConstants h200_constants();
 
 struct SimOptions {
-  int64_t gemm_k = 0;    // depth of each tile's GEMM; 0: tiles cost nothing
-  int comm_workers = 0;  // per rank; 0: unlimited
-  int tile_workers = 0;  // per rank; 0: the device's SM count
+  int64_t gemm_k = 0;          // depth of each tile's GEMM; 0: tiles cost nothing
+  int comm_workers = 0;        // per rank; 0: unlimited
+  int tile_workers = 0;        // per rank; 0: the device's SM count
+  int ctas = 0;                // CTAs that run the SM-engine transfers, per rank; 0: whole-GPU rates
+  bool entry_barrier = false;  // ranks wait for every peer's entry flag before they start
 };
 
 struct SimEvent {
@@ -57,6 +86,7 @@ struct SimEvent {
   double end_us = 0;
 };
 
+// Times are measured from the call's launch (they include launch_us).
 struct Prediction {
   double total_us = 0;           // last event's end
   std::vector<double> rank_us;   // per rank: its last event's end
