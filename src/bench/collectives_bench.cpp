@@ -28,13 +28,16 @@ const std::vector<std::string> kColls = {"all_reduce", "all_gather", "reduce_sca
 std::vector<Method> methods_for(const std::string& coll, uint64_t bytes) {
   if (coll == "all_reduce") {
     std::vector<Method> m{Method::kBaseline};
-    if (bytes <= (4ull << 20)) m.push_back(Method::kOneShot);  // its staging grows as world x size
+    if (bytes <= (4ull << 20)) m.push_back(Method::kOneShot);     // its staging grows as world x size
     if (bytes <= (1ull << 20)) m.push_back(Method::kLowLatency);  // twice the bytes: small calls only
     m.push_back(Method::kTwoShot);
     m.push_back(Method::kAuto);
     return m;
   }
-  return {Method::kBaseline, Method::kDirect};
+  std::vector<Method> m{Method::kBaseline, Method::kDirect};
+  if (bytes <= (1ull << 20)) m.push_back(Method::kLowLatency);  // twice the bytes: small calls only
+  m.push_back(Method::kAuto);
+  return m;
 }
 
 // Bytes each rank sends to its peers (nccl-tests' bus bandwidth numerator).
@@ -66,8 +69,9 @@ std::vector<CollPoint> bench_collectives(Backend& b, const CollBenchOptions& opt
   const uint64_t max_in = sizes.back();
   std::vector<std::string> colls = opt.colls.empty() ? kColls : opt.colls;
   for (const auto& c : colls)
-    WEFT_REQUIRE(std::find(kColls.begin(), kColls.end(), c) != kColls.end(),
-                 fmt::format("unknown collective '{}': expected all_reduce, all_gather, reduce_scatter, all_to_all", c));
+    WEFT_REQUIRE(
+        std::find(kColls.begin(), kColls.end(), c) != kColls.end(),
+        fmt::format("unknown collective '{}': expected all_reduce, all_gather, reduce_scatter, all_to_all", c));
 
   ops::Collectives coll(b);
   const uint64_t sym_out = b.heap().alloc_bytes(max_in * world, "bench.coll.out");
@@ -114,13 +118,17 @@ std::vector<CollPoint> bench_collectives(Backend& b, const CollBenchOptions& opt
           // NCCL writes into plain device memory, as its users do; weft into its symmetric output.
           const bool nccl = m == Method::kBaseline && gpu;
           if (name == "all_gather") {
-            if (nccl) coll.baseline_all_gather(in, out, count, dev::DType::kBF16, s);
-            else coll.all_gather(in, sym_out, count, dev::DType::kBF16, m, s);
+            if (nccl)
+              coll.baseline_all_gather(in, out, count, dev::DType::kBF16, s);
+            else
+              coll.all_gather(in, sym_out, count, dev::DType::kBF16, m, s);
           }
           if (name == "reduce_scatter") coll.reduce_scatter(in, out, count, dev::DType::kBF16, m, s);
           if (name == "all_to_all") {
-            if (nccl) coll.baseline_all_to_all(in, out, count, dev::DType::kBF16, s);
-            else coll.all_to_all(in, sym_out, count, dev::DType::kBF16, m, s);
+            if (nccl)
+              coll.baseline_all_to_all(in, out, count, dev::DType::kBF16, s);
+            else
+              coll.all_to_all(in, sym_out, count, dev::DType::kBF16, m, s);
           }
         };
         std::vector<double> us;
@@ -165,8 +173,8 @@ std::vector<CollPoint> bench_collectives(Backend& b, const CollBenchOptions& opt
             us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
           }
         }
-        CollPoint p{name, m == Method::kBaseline ? (gpu ? "nccl" : "reference") : ops::to_string(m), bytes,
-                    median(us), 0};
+        CollPoint p{name, m == Method::kBaseline ? (gpu ? "nccl" : "reference") : ops::to_string(m), bytes, median(us),
+                    0};
         p.busbw_gbps = bus_bytes(name, bytes, world) / (p.median_us * 1e-6) / 1e9;
         pts.push_back(p);
         if (opt.progress)
@@ -189,23 +197,28 @@ std::vector<CollPoint> bench_collectives(Backend& b, const CollBenchOptions& opt
 nlohmann::json to_json(const std::vector<CollPoint>& pts) {
   nlohmann::json j = nlohmann::json::array();
   for (const auto& p : pts)
-    j.push_back({{"coll", p.coll}, {"method", p.method}, {"bytes", p.bytes}, {"median_us", p.median_us},
+    j.push_back({{"coll", p.coll},
+                 {"method", p.method},
+                 {"bytes", p.bytes},
+                 {"median_us", p.median_us},
                  {"busbw_GBps", p.busbw_gbps}});
   return j;
 }
 
 std::string to_table(const std::vector<CollPoint>& pts) {
   // One row per (collective, size): every method's time and its ratio to the baseline.
-  std::string out = fmt::format("{:<15} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10}\n", "collective",
-                                "size", "baseline", "one-shot", "two-shot", "ll", "direct", "auto", "best/base");
+  std::string out = fmt::format("{:<15} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10}\n", "collective", "size",
+                                "baseline", "one-shot", "two-shot", "ll", "direct", "auto", "best/base");
   for (size_t i = 0; i < pts.size();) {
     size_t j = i;
     double base = 0, best = 1e30;
     std::map<std::string, double> t;
     for (; j < pts.size() && pts[j].coll == pts[i].coll && pts[j].bytes == pts[i].bytes; ++j) {
       t[pts[j].method] = pts[j].median_us;
-      if (pts[j].method == "nccl" || pts[j].method == "reference") base = pts[j].median_us;
-      else best = std::min(best, pts[j].median_us);
+      if (pts[j].method == "nccl" || pts[j].method == "reference")
+        base = pts[j].median_us;
+      else
+        best = std::min(best, pts[j].median_us);
     }
     auto cell = [&](const char* k) { return t.count(k) ? fmt::format("{:.1f}", t[k]) : std::string("-"); };
     const uint64_t kib = pts[i].bytes >> 10;

@@ -20,12 +20,18 @@ namespace weft::ops {
 
 const char* to_string(Method m) {
   switch (m) {
-    case Method::kAuto: return "auto";
-    case Method::kBaseline: return "baseline";
-    case Method::kOneShot: return "one-shot";
-    case Method::kTwoShot: return "two-shot";
-    case Method::kDirect: return "direct";
-    case Method::kLowLatency: return "ll";
+    case Method::kAuto:
+      return "auto";
+    case Method::kBaseline:
+      return "baseline";
+    case Method::kOneShot:
+      return "one-shot";
+    case Method::kTwoShot:
+      return "two-shot";
+    case Method::kDirect:
+      return "direct";
+    case Method::kLowLatency:
+      return "ll";
   }
   return "?";
 }
@@ -42,15 +48,33 @@ namespace {
 
 const char* algo_name(coll::Algo a) {
   switch (a) {
-    case coll::Algo::kAllReduceOneShot: return "all-reduce (one-shot)";
-    case coll::Algo::kAllReduceTwoShot: return "all-reduce (two-shot)";
-    case coll::Algo::kAllGather: return "all-gather";
-    case coll::Algo::kReduceScatter: return "reduce-scatter";
-    case coll::Algo::kAllToAll: return "all-to-all";
-    case coll::Algo::kAllReduceLL: return "all-reduce (ll)";
-    case coll::Algo::kAllToAllV: return "all-to-all by counts";
+    case coll::Algo::kAllReduceOneShot:
+      return "all-reduce (one-shot)";
+    case coll::Algo::kAllReduceTwoShot:
+      return "all-reduce (two-shot)";
+    case coll::Algo::kAllGather:
+      return "all-gather";
+    case coll::Algo::kReduceScatter:
+      return "reduce-scatter";
+    case coll::Algo::kAllToAll:
+      return "all-to-all";
+    case coll::Algo::kAllReduceLL:
+      return "all-reduce (ll)";
+    case coll::Algo::kAllToAllV:
+      return "all-to-all by counts";
+    case coll::Algo::kAllGatherLL:
+      return "all-gather (ll)";
+    case coll::Algo::kReduceScatterLL:
+      return "reduce-scatter (ll)";
+    case coll::Algo::kAllToAllLL:
+      return "all-to-all (ll)";
   }
   return "?";
+}
+
+bool is_ll(coll::Algo a) {
+  return a == coll::Algo::kAllReduceLL || a == coll::Algo::kAllGatherLL || a == coll::Algo::kReduceScatterLL ||
+         a == coll::Algo::kAllToAllLL;
 }
 
 bool is_all_reduce(coll::Algo a) {
@@ -63,14 +87,20 @@ ncclDataType_t nccl_type(dev::DType t) {
 }
 #endif
 
-// Elements of staging one (parity, source) slot holds (LL: 8-byte lines of 4 data bytes).
+// Elements of staging one (parity, source) slot holds (LL: 16-byte lines of 8 data bytes).
 uint64_t staging_elems(coll::Algo a, uint64_t count, size_t elem) {
   switch (a) {
-    case coll::Algo::kAllReduceLL: return (count * elem + 3) / 4;
+    case coll::Algo::kAllReduceLL:
+    case coll::Algo::kAllGatherLL:
+    case coll::Algo::kReduceScatterLL:
+    case coll::Algo::kAllToAllLL:
+      return (count * elem + 7) / 8;
     case coll::Algo::kAllReduceOneShot:
     case coll::Algo::kAllReduceTwoShot:
-    case coll::Algo::kReduceScatter: return count;
-    default: return 0;
+    case coll::Algo::kReduceScatter:
+      return count;
+    default:
+      return 0;
   }
 }
 
@@ -78,7 +108,8 @@ template <class T>
 void host_reduce(const std::vector<char>& all, size_t stride, uint64_t first, uint64_t n, int world, T* out) {
   for (uint64_t i = 0; i < n; ++i) {
     float acc = 0.f;
-    for (int p = 0; p < world; ++p) acc += dev::to_float(reinterpret_cast<const T*>(all.data() + stride * p)[first + i]);
+    for (int p = 0; p < world; ++p)
+      acc += dev::to_float(reinterpret_cast<const T*>(all.data() + stride * p)[first + i]);
     out[i] = dev::from_float<T>(acc);
   }
 }
@@ -87,27 +118,59 @@ void host_reduce(const std::vector<char>& all, size_t stride, uint64_t first, ui
 
 int Collectives::ctas_for(coll::Algo algo, uint64_t bytes) const {
   if (const char* env = std::getenv("WEFT_COLL_CTAS")) return std::max(1, std::atoi(env));
-  // One CTA moves ~20 GB/s over NVLink (bench: 344 GB/s with 16 CTAs), so a CTA should
-  // own ~32 KiB: a 256 KiB call then runs 8 CTAs at ~2 µs of wire time, not 1 CTA at 12 µs
-  // (the first tuning, 256 KiB per CTA, measured 19 µs for a 256 KiB reduce-scatter).
-  const uint64_t per_cta = 32ull << 10;
-  const uint64_t cap = algo == coll::Algo::kAllReduceOneShot || algo == coll::Algo::kAllReduceLL ? 32 : 64;
-  const uint64_t want = (bytes + per_cta - 1) / per_cta;
-  int ctas = static_cast<int>(std::clamp<uint64_t>(want, 1, cap));
+  int ctas;
+  if (is_ll(algo)) {
+    // LL (bytes = one peer's payload): about one 16-byte line (8 data bytes) per thread, so
+    // no thread has a chain of lines to go through: 8 KiB -> 2 CTAs, 256 KiB -> 64, 1 MiB
+    // -> 128 (2 lines per thread).
+    const uint64_t lines = (bytes + 7) / 8;
+    ctas = static_cast<int>(std::clamp<uint64_t>((lines + coll::kCtaThreads - 1) / coll::kCtaThreads, 1, 128));
+  } else {
+    // One CTA moves ~20 GB/s over NVLink (bench: 344 GB/s with 16 CTAs), so a CTA should
+    // own ~32 KiB: a 256 KiB call then runs 8 CTAs at ~2 µs of wire time, not 1 CTA at 12 µs
+    // (the first tuning, 256 KiB per CTA, measured 19 µs for a 256 KiB reduce-scatter).
+    // From 32 MiB the bandwidth-bound methods take 128 CTAs: NVLink push grows from 350.5
+    // GB/s at 32 CTAs to 362.8 at 528, and the local reduce/copy passes want HBM loads in
+    // flight.
+    const uint64_t per_cta = 32ull << 10;
+    const bool wide = algo == coll::Algo::kAllGather || algo == coll::Algo::kAllToAll ||
+                      algo == coll::Algo::kReduceScatter || algo == coll::Algo::kAllReduceTwoShot;
+    const uint64_t cap = algo == coll::Algo::kAllReduceOneShot ? 32 : wide && bytes >= (32ull << 20) ? 128 : 64;
+    const uint64_t want = (bytes + per_cta - 1) / per_cta;
+    ctas = static_cast<int>(std::clamp<uint64_t>(want, 1, cap));
+  }
   if (b_.kind() == BackendKind::kHost) ctas = std::min(ctas, 2);  // CI machines have two cores
   return ctas;
+}
+
+int Collectives::threads_for(coll::Algo algo, uint64_t bytes, int ctas) const {
+  if (!is_ll(algo)) return coll::kCtaThreads;
+  // LL: the lines of one CTA's slice, one per thread, in whole warps (at least two).
+  const uint64_t lines = (bytes + 7) / 8;
+  const uint64_t per_cta = (lines + static_cast<uint64_t>(ctas) - 1) / static_cast<uint64_t>(ctas);
+  return static_cast<int>(std::clamp<uint64_t>((per_cta + 31) / 32 * 32, 64, coll::kCtaThreads));
 }
 
 Method Collectives::auto_all_reduce(uint64_t bytes) const {
   // One-shot sends (world-1) x bytes from every rank, two-shot ~2 x bytes in two rounds.
   // Measured on H200 (bench/results/collectives-nccl-{2,4}r-20261121-*.json): one-shot
   // wins up to 2 MiB on 2 GPUs and 1 MiB on 4, i.e. while (world-1) x bytes <= 3 MiB.
+  // LL sends twice the bytes but needs one NVLink crossing and no flag round: expected
+  // fastest while (world-1) x bytes <= 1 MiB (docs/collectives.md has the per-size model).
   const uint64_t sent = bytes * static_cast<uint64_t>(b_.size() - 1);
+  if (sent <= (1ull << 20)) return Method::kLowLatency;
   return sent <= (3ull << 20) ? Method::kOneShot : Method::kTwoShot;
 }
 
+Method Collectives::auto_exchange(uint64_t bytes_to_peers) const {
+  // direct pays a handshake and a completion flag round (~2 x 1.3 µs) on top of the push;
+  // LL one crossing at twice the bytes: expected ahead up to ~512 KiB sent per rank.
+  return bytes_to_peers <= (512ull << 10) ? Method::kLowLatency : Method::kDirect;
+}
+
 void Collectives::check_symmetric_out(uint64_t out_off, uint64_t elems, dev::DType t, const char* what) const {
-  WEFT_REQUIRE(out_off % dev::dtype_size(t) == 0, fmt::format("{} output offset is not aligned to its element size", what));
+  WEFT_REQUIRE(out_off % dev::dtype_size(t) == 0,
+               fmt::format("{} output offset is not aligned to its element size", what));
   WEFT_REQUIRE(out_off + elems * dev::dtype_size(t) <= b_.heap().used(),
                fmt::format("{} output is not a symmetric allocation (or too small for {} elements)", what, elems));
 }
@@ -136,13 +199,16 @@ const Collectives::Instance& Collectives::instance(coll::Algo algo, uint64_t cou
   (void)stream;
 #endif
   const size_t elem = dev::dtype_size(t);
-  const uint64_t unit = is_all_reduce(algo) || algo == coll::Algo::kAllToAllV ? count : count * static_cast<uint64_t>(b_.size());
+  const uint64_t unit = is_all_reduce(algo) || is_ll(algo) || algo == coll::Algo::kAllToAllV
+                            ? count
+                            : count * static_cast<uint64_t>(b_.size());
   coll::Args a{};
   a.algo = algo;
   a.count = count;
   a.ctas = ctas_for(algo, unit * elem);
+  a.threads = threads_for(algo, unit * elem, a.ctas);
   a.staging_elems = staging_elems(algo, count, elem);
-  const size_t slot_unit = algo == coll::Algo::kAllReduceLL ? 8 : elem;
+  const size_t slot_unit = is_ll(algo) ? 16 : elem;
   const std::string tag = fmt::format("{}.{}.{}", algo_name(algo), count, dev::dtype_name(t));
   auto& heap = b_.heap();
   if (a.staging_elems)
@@ -165,9 +231,15 @@ void Collectives::run(coll::Args a, dev::DType t, void* stream) {
   const dev::DeviceCtx c = b_.ctx();
   host_launch(a.ctas, 2, [&](CoopHostTeam g, int k) {
     switch (t) {
-      case dev::DType::kF32: coll::run_slice<float>(g, c, a, k); break;
-      case dev::DType::kF16: coll::run_slice<dev::f16_t>(g, c, a, k); break;
-      case dev::DType::kBF16: coll::run_slice<dev::bf16_t>(g, c, a, k); break;
+      case dev::DType::kF32:
+        coll::run_slice<float>(g, c, a, k);
+        break;
+      case dev::DType::kF16:
+        coll::run_slice<dev::f16_t>(g, c, a, k);
+        break;
+      case dev::DType::kBF16:
+        coll::run_slice<dev::bf16_t>(g, c, a, k);
+        break;
     }
   });
   b_.synchronize();
@@ -184,11 +256,23 @@ void Collectives::baseline(coll::Algo algo, const void* in, void* out, uint64_t 
     switch (algo) {
       case coll::Algo::kAllReduceOneShot:
       case coll::Algo::kAllReduceTwoShot:
-      case coll::Algo::kAllReduceLL: WEFT_NCCL_CHECK(ncclAllReduce(in, out, count, nt, ncclSum, comm, s)); break;
-      case coll::Algo::kAllGather: WEFT_NCCL_CHECK(ncclAllGather(in, out, count, nt, comm, s)); break;
-      case coll::Algo::kReduceScatter: WEFT_NCCL_CHECK(ncclReduceScatter(in, out, count, nt, ncclSum, comm, s)); break;
-      case coll::Algo::kAllToAll: WEFT_NCCL_CHECK(ncclAlltoAll(in, out, count, nt, comm, s)); break;
-      case coll::Algo::kAllToAllV: throw_error(__FILE__, __LINE__, "all_to_all_v has its own baseline");
+      case coll::Algo::kAllReduceLL:
+        WEFT_NCCL_CHECK(ncclAllReduce(in, out, count, nt, ncclSum, comm, s));
+        break;
+      case coll::Algo::kAllGather:
+      case coll::Algo::kAllGatherLL:
+        WEFT_NCCL_CHECK(ncclAllGather(in, out, count, nt, comm, s));
+        break;
+      case coll::Algo::kReduceScatter:
+      case coll::Algo::kReduceScatterLL:
+        WEFT_NCCL_CHECK(ncclReduceScatter(in, out, count, nt, ncclSum, comm, s));
+        break;
+      case coll::Algo::kAllToAll:
+      case coll::Algo::kAllToAllLL:
+        WEFT_NCCL_CHECK(ncclAlltoAll(in, out, count, nt, comm, s));
+        break;
+      case coll::Algo::kAllToAllV:
+        throw_error(__FILE__, __LINE__, "all_to_all_v has its own baseline");
     }
     return;
   }
@@ -197,25 +281,43 @@ void Collectives::baseline(coll::Algo algo, const void* in, void* out, uint64_t 
 #endif
   // Host reference: every rank's whole input through the bootstrap, summed in rank order
   // in fp32 (the order weft's own kernels use, so results match bit for bit).
-  const uint64_t in_elems = algo == coll::Algo::kAllGather || is_all_reduce(algo) ? count : count * static_cast<uint64_t>(world);
+  const uint64_t in_elems = algo == coll::Algo::kAllGather || algo == coll::Algo::kAllGatherLL || is_all_reduce(algo)
+                                ? count
+                                : count * static_cast<uint64_t>(world);
   const size_t stride = in_elems * elem;
   std::vector<char> all(stride * world);
   b_.bootstrap().allgather(in, stride, all.data());
   auto reduce = [&](uint64_t first, uint64_t n, void* dst) {
     switch (t) {
-      case dev::DType::kF32: host_reduce<float>(all, stride, first, n, world, static_cast<float*>(dst)); break;
-      case dev::DType::kF16: host_reduce<dev::f16_t>(all, stride, first, n, world, static_cast<dev::f16_t*>(dst)); break;
-      case dev::DType::kBF16: host_reduce<dev::bf16_t>(all, stride, first, n, world, static_cast<dev::bf16_t*>(dst)); break;
+      case dev::DType::kF32:
+        host_reduce<float>(all, stride, first, n, world, static_cast<float*>(dst));
+        break;
+      case dev::DType::kF16:
+        host_reduce<dev::f16_t>(all, stride, first, n, world, static_cast<dev::f16_t*>(dst));
+        break;
+      case dev::DType::kBF16:
+        host_reduce<dev::bf16_t>(all, stride, first, n, world, static_cast<dev::bf16_t*>(dst));
+        break;
     }
   };
   switch (algo) {
     case coll::Algo::kAllReduceOneShot:
     case coll::Algo::kAllReduceTwoShot:
-    case coll::Algo::kAllReduceLL: reduce(0, count, out); break;
-    case coll::Algo::kReduceScatter: reduce(count * b_.rank(), count, out); break;
-    case coll::Algo::kAllGather: std::memcpy(out, all.data(), all.size()); break;
-    case coll::Algo::kAllToAllV: throw_error(__FILE__, __LINE__, "all_to_all_v has its own baseline");
+    case coll::Algo::kAllReduceLL:
+      reduce(0, count, out);
+      break;
+    case coll::Algo::kReduceScatter:
+    case coll::Algo::kReduceScatterLL:
+      reduce(count * b_.rank(), count, out);
+      break;
+    case coll::Algo::kAllGather:
+    case coll::Algo::kAllGatherLL:
+      std::memcpy(out, all.data(), all.size());
+      break;
+    case coll::Algo::kAllToAllV:
+      throw_error(__FILE__, __LINE__, "all_to_all_v has its own baseline");
     case coll::Algo::kAllToAll:
+    case coll::Algo::kAllToAllLL:
       for (int p = 0; p < world; ++p)
         std::memcpy(static_cast<char*>(out) + count * elem * p, all.data() + stride * p + count * elem * b_.rank(),
                     count * elem);
@@ -266,7 +368,8 @@ void Collectives::all_to_all_v(const void* in, const uint64_t* send_counts, uint
     uint64_t need = 0;
     for (int s = 0; s < world; ++s) need += recv[s] = cnt(s, b_.rank());
     WEFT_REQUIRE(need <= out_capacity, fmt::format("all_to_all_v: rank {} would receive {} elements but the output "
-                                                   "holds {}", b_.rank(), need, out_capacity));
+                                                   "holds {}",
+                                                   b_.rank(), need, out_capacity));
     char* out = static_cast<char*>(b_.local_ptr(out_off));
 #ifdef WEFT_HAVE_CUDA
     if (b_.kind() == BackendKind::kNccl) {
@@ -306,7 +409,8 @@ void Collectives::all_to_all_v(const void* in, const uint64_t* send_counts, uint
     std::memcpy(recv_counts, recv.data(), 8ull * world);
     return;
   }
-  WEFT_REQUIRE(m == Method::kAuto || m == Method::kDirect, fmt::format("all_to_all_v has no method '{}'", to_string(m)));
+  WEFT_REQUIRE(m == Method::kAuto || m == Method::kDirect,
+               fmt::format("all_to_all_v has no method '{}'", to_string(m)));
   coll::Args a = instance(coll::Algo::kAllToAllV, out_capacity, t, stream).args;
   a.in = in;
   a.out_off = out_off;
@@ -338,8 +442,12 @@ void Collectives::all_gather(const void* in, uint64_t out_off, uint64_t count, d
   check_pointer(in, t, "all_gather input");
   check_symmetric_out(out_off, count * b_.size(), t, "all_gather");
   if (m == Method::kBaseline) return baseline(coll::Algo::kAllGather, in, b_.local_ptr(out_off), count, t, stream);
-  WEFT_REQUIRE(m == Method::kAuto || m == Method::kDirect, fmt::format("all_gather has no method '{}'", to_string(m)));
-  coll::Args a = instance(coll::Algo::kAllGather, count, t, stream).args;
+  const size_t elem = dev::dtype_size(t);
+  if (m == Method::kAuto) m = auto_exchange(count * elem * static_cast<uint64_t>(b_.size() - 1));
+  WEFT_REQUIRE(m == Method::kDirect || m == Method::kLowLatency,
+               fmt::format("all_gather has no method '{}'", to_string(m)));
+  const auto algo = m == Method::kDirect ? coll::Algo::kAllGather : coll::Algo::kAllGatherLL;
+  coll::Args a = instance(algo, count, t, stream).args;
   a.in = in;
   a.out_off = out_off;
   run(a, t, stream);
@@ -350,9 +458,12 @@ void Collectives::reduce_scatter(const void* in, void* out, uint64_t count, dev:
   check_pointer(in, t, "reduce_scatter input");
   check_pointer(out, t, "reduce_scatter output");
   if (m == Method::kBaseline) return baseline(coll::Algo::kReduceScatter, in, out, count, t, stream);
-  WEFT_REQUIRE(m == Method::kAuto || m == Method::kDirect,
+  const size_t elem = dev::dtype_size(t);
+  if (m == Method::kAuto) m = auto_exchange(count * elem * static_cast<uint64_t>(b_.size() - 1));
+  WEFT_REQUIRE(m == Method::kDirect || m == Method::kLowLatency,
                fmt::format("reduce_scatter has no method '{}'", to_string(m)));
-  coll::Args a = instance(coll::Algo::kReduceScatter, count, t, stream).args;
+  const auto algo = m == Method::kDirect ? coll::Algo::kReduceScatter : coll::Algo::kReduceScatterLL;
+  coll::Args a = instance(algo, count, t, stream).args;
   a.in = in;
   a.out = out;
   run(a, t, stream);
@@ -370,11 +481,14 @@ void Collectives::all_to_all(const void* in, uint64_t out_off, uint64_t count, d
       // lands in scratch outside the window and is copied into the symmetric output.
       const size_t bytes = count * b_.size() * dev::dtype_size(t);
       if (a2a_scratch_bytes_ < bytes) {
-        WEFT_REQUIRE(stream == nullptr || [&] {
-          cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-          cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &st);
-          return st == cudaStreamCaptureStatusNone;
-        }(), "all_to_all baseline: make one call of this shape outside the capture first");
+        WEFT_REQUIRE(
+            stream == nullptr ||
+                [&] {
+                  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+                  cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &st);
+                  return st == cudaStreamCaptureStatusNone;
+                }(),
+            "all_to_all baseline: make one call of this shape outside the capture first");
         if (a2a_scratch_) WEFT_CUDA_CHECK(cudaFree(a2a_scratch_));
         WEFT_CUDA_CHECK(cudaMalloc(&a2a_scratch_, bytes));
         a2a_scratch_bytes_ = bytes;
@@ -387,8 +501,12 @@ void Collectives::all_to_all(const void* in, uint64_t out_off, uint64_t count, d
 #endif
     return baseline(coll::Algo::kAllToAll, in, b_.local_ptr(out_off), count, t, stream);
   }
-  WEFT_REQUIRE(m == Method::kAuto || m == Method::kDirect, fmt::format("all_to_all has no method '{}'", to_string(m)));
-  coll::Args a = instance(coll::Algo::kAllToAll, count, t, stream).args;
+  const size_t elem = dev::dtype_size(t);
+  if (m == Method::kAuto) m = auto_exchange(count * elem * static_cast<uint64_t>(b_.size() - 1));
+  WEFT_REQUIRE(m == Method::kDirect || m == Method::kLowLatency,
+               fmt::format("all_to_all has no method '{}'", to_string(m)));
+  const auto algo = m == Method::kDirect ? coll::Algo::kAllToAll : coll::Algo::kAllToAllLL;
+  coll::Args a = instance(algo, count, t, stream).args;
   a.in = in;
   a.out_off = out_off;
   run(a, t, stream);

@@ -34,9 +34,15 @@ inline std::vector<char> encode(const std::vector<float>& vals, dev::DType t) {
   std::vector<char> out(vals.size() * dev::dtype_size(t));
   for (size_t i = 0; i < vals.size(); ++i) {
     switch (t) {
-      case dev::DType::kF32: reinterpret_cast<float*>(out.data())[i] = vals[i]; break;
-      case dev::DType::kF16: reinterpret_cast<dev::f16_t*>(out.data())[i] = dev::from_float<dev::f16_t>(vals[i]); break;
-      case dev::DType::kBF16: reinterpret_cast<dev::bf16_t*>(out.data())[i] = dev::from_float<dev::bf16_t>(vals[i]); break;
+      case dev::DType::kF32:
+        reinterpret_cast<float*>(out.data())[i] = vals[i];
+        break;
+      case dev::DType::kF16:
+        reinterpret_cast<dev::f16_t*>(out.data())[i] = dev::from_float<dev::f16_t>(vals[i]);
+        break;
+      case dev::DType::kBF16:
+        reinterpret_cast<dev::bf16_t*>(out.data())[i] = dev::from_float<dev::bf16_t>(vals[i]);
+        break;
     }
   }
   return out;
@@ -44,16 +50,22 @@ inline std::vector<char> encode(const std::vector<float>& vals, dev::DType t) {
 
 inline float decode(const std::vector<char>& bytes, uint64_t i, dev::DType t) {
   switch (t) {
-    case dev::DType::kF32: return reinterpret_cast<const float*>(bytes.data())[i];
-    case dev::DType::kF16: return dev::to_float(reinterpret_cast<const dev::f16_t*>(bytes.data())[i]);
-    case dev::DType::kBF16: return dev::to_float(reinterpret_cast<const dev::bf16_t*>(bytes.data())[i]);
+    case dev::DType::kF32:
+      return reinterpret_cast<const float*>(bytes.data())[i];
+    case dev::DType::kF16:
+      return dev::to_float(reinterpret_cast<const dev::f16_t*>(bytes.data())[i]);
+    case dev::DType::kBF16:
+      return dev::to_float(reinterpret_cast<const dev::bf16_t*>(bytes.data())[i]);
   }
   return 0;
 }
 
 enum class Coll { kAllReduce, kAllGather, kReduceScatter, kAllToAll };
 inline const char* to_string(Coll c) {
-  return c == Coll::kAllReduce ? "all_reduce" : c == Coll::kAllGather ? "all_gather" : c == Coll::kReduceScatter ? "reduce_scatter" : "all_to_all";
+  return c == Coll::kAllReduce       ? "all_reduce"
+         : c == Coll::kAllGather     ? "all_gather"
+         : c == Coll::kReduceScatter ? "reduce_scatter"
+                                     : "all_to_all";
 }
 
 class CollectivesSuite {
@@ -78,8 +90,12 @@ class CollectivesSuite {
         case Coll::kReduceScatter:
           for (int p = 0; p < world; ++p) want[i] += value(p, me * count + i);
           break;
-        case Coll::kAllGather: want[i] = value(static_cast<int>(i / count), i % count); break;
-        case Coll::kAllToAll: want[i] = value(static_cast<int>(i / count), me * count + i % count); break;
+        case Coll::kAllGather:
+          want[i] = value(static_cast<int>(i / count), i % count);
+          break;
+        case Coll::kAllToAll:
+          want[i] = value(static_cast<int>(i / count), me * count + i % count);
+          break;
       }
     }
     const auto in_bytes = encode(in, t);
@@ -92,15 +108,19 @@ class CollectivesSuite {
       auto& out = symmetric_out_for(out_elems * elem);
       b_.copy_from_host(out, poison.data(), poison.size());
       b_.barrier();  // nobody writes into a peer's output before the peer poisoned it
-      if (coll == Coll::kAllGather) ops_.all_gather(d_in, out, count, t, m, mem_.stream());
-      else ops_.all_to_all(d_in, out, count, t, m, mem_.stream());
+      if (coll == Coll::kAllGather)
+        ops_.all_gather(d_in, out, count, t, m, mem_.stream());
+      else
+        ops_.all_to_all(d_in, out, count, t, m, mem_.stream());
       mem_.sync();
       b_.copy_to_host(got.data(), out, got.size());
     } else {
       char* d_out = static_cast<char*>(mem_.alloc((out_elems + skew) * elem + 16)) + skew * elem;
       mem_.to_device(d_out, poison.data(), poison.size());
-      if (coll == Coll::kAllReduce) ops_.all_reduce(d_in, d_out, count, t, m, mem_.stream());
-      else ops_.reduce_scatter(d_in, d_out, count, t, m, mem_.stream());
+      if (coll == Coll::kAllReduce)
+        ops_.all_reduce(d_in, d_out, count, t, m, mem_.stream());
+      else
+        ops_.reduce_scatter(d_in, d_out, count, t, m, mem_.stream());
       mem_.sync();
       mem_.to_host(got.data(), d_out, got.size());
     }
@@ -110,9 +130,9 @@ class CollectivesSuite {
       const float have = decode(got, i, t);
       if (have != want[i] && nbad++ < 5) bad += fmt::format("\n  element {}: got {}, want {}", i, have, want[i]);
     }
-    WEFT_CHECK(nbad == 0, fmt::format("rank {}: {} {} {} count {} skew {} call {}: {} wrong elements:{}", me,
-                                      to_string(coll), ops::to_string(m), dev::dtype_name(t), count, skew, call, nbad,
-                                      bad));
+    WEFT_CHECK(nbad == 0,
+               fmt::format("rank {}: {} {} {} count {} skew {} call {}: {} wrong elements:{}", me, to_string(coll),
+                           ops::to_string(m), dev::dtype_name(t), count, skew, call, nbad, bad));
     b_.barrier();  // the next call's handshake must not race this call's reads of `out`
     ++checks_;
   }
@@ -169,7 +189,8 @@ class CollectivesSuite {
                              a2av_value(s, me, i, call));
     }
     for (uint64_t i = at * elem; i < got.size(); ++i)
-      if (got[i] != static_cast<char>(0x7B) && nbad++ < 5) bad += fmt::format("\n  byte {} past the data was written", i);
+      if (got[i] != static_cast<char>(0x7B) && nbad++ < 5)
+        bad += fmt::format("\n  byte {} past the data was written", i);
     WEFT_CHECK(nbad == 0, fmt::format("rank {}: all_to_all_v {} {} call {}: {} errors:{}", me, ops::to_string(m),
                                       dev::dtype_name(t), call, nbad, bad));
     b_.barrier();
@@ -184,7 +205,7 @@ class CollectivesSuite {
         for (int call = 0; call < 3; ++call) {
           for (M m : {M::kBaseline, M::kOneShot, M::kTwoShot, M::kLowLatency, M::kAuto})
             check(Coll::kAllReduce, m, t, n, call);
-          for (M m : {M::kBaseline, M::kDirect}) {
+          for (M m : {M::kBaseline, M::kDirect, M::kLowLatency, M::kAuto}) {
             check(Coll::kAllGather, m, t, n, call);
             check(Coll::kReduceScatter, m, t, n, call);
             check(Coll::kAllToAll, m, t, n, call);
@@ -197,6 +218,10 @@ class CollectivesSuite {
     for (M m : {M::kOneShot, M::kTwoShot, M::kLowLatency}) check(Coll::kAllReduce, m, dev::DType::kBF16, 1003, 0, 1);
     check(Coll::kReduceScatter, M::kDirect, dev::DType::kF16, 515, 1, 3);
     check(Coll::kAllGather, M::kDirect, dev::DType::kF32, 77, 2, 1);
+    // LL lines are 8 data bytes: inputs and outputs off 8-byte alignment, odd blocks.
+    check(Coll::kReduceScatter, M::kLowLatency, dev::DType::kF16, 515, 1, 3);
+    check(Coll::kAllGather, M::kLowLatency, dev::DType::kF32, 77, 2, 1);
+    check(Coll::kAllToAll, M::kLowLatency, dev::DType::kBF16, 103, 0, 1);
   }
 
   int checks() const { return checks_; }

@@ -53,7 +53,8 @@ std::vector<RankResult> run_gpu(int n, const std::function<void()>& fn) {
   opt.nranks = n;
   int64_t timeout_ms = 20000;
   if (const char* t = std::getenv("WEFT_TEST_TIMEOUT_MS")) timeout_ms = std::max<int64_t>(timeout_ms, std::atoll(t));
-  opt.extra_env = {{"WEFT_BACKEND", "nccl"}, {"WEFT_GPU_HEAP_MIB", "512"}, {"WEFT_TIMEOUT_MS", std::to_string(timeout_ms)}};
+  opt.extra_env = {
+      {"WEFT_BACKEND", "nccl"}, {"WEFT_GPU_HEAP_MIB", "2048"}, {"WEFT_TIMEOUT_MS", std::to_string(timeout_ms)}};
   opt.grace_ms = timeout_ms + 10000;
   opt.deadline_ms = 400000;
   opt.quiet = true;
@@ -89,7 +90,10 @@ TEST(CollectivesGpuGraph, ReplaysStayExact) {
     GpuMemory mem;
     const int world = b->size(), me = b->rank();
     cudaStream_t s = static_cast<cudaStream_t>(mem.stream());
-    for (ops::Method m : {ops::Method::kOneShot, ops::Method::kTwoShot}) {
+    // ll: the all-reduce and the all-gather of the LL protocol (flags are the epochs that
+    // advance inside the graph); otherwise the all-gather is direct.
+    for (ops::Method m : {ops::Method::kOneShot, ops::Method::kTwoShot, ops::Method::kLowLatency}) {
+      const ops::Method ag = m == ops::Method::kLowLatency ? ops::Method::kLowLatency : ops::Method::kDirect;
       for (uint64_t count : {uint64_t{4096}, uint64_t{1} << 18}) {
         const size_t bytes = count * 2;
         auto* in = static_cast<char*>(mem.alloc(bytes));
@@ -103,13 +107,13 @@ TEST(CollectivesGpuGraph, ReplaysStayExact) {
         };
         fill(0);
         ops.all_reduce(in, out, count, dev::DType::kBF16, m, s);  // first call: allocates, not captured
-        ops.all_gather(in, ag_out, count, dev::DType::kBF16, ops::Method::kDirect, s);
+        ops.all_gather(in, ag_out, count, dev::DType::kBF16, ag, s);
         mem.sync();
         cudaGraph_t graph;
         cudaGraphExec_t exec;
         WEFT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
         ops.all_reduce(in, out, count, dev::DType::kBF16, m, s);
-        ops.all_gather(in, ag_out, count, dev::DType::kBF16, ops::Method::kDirect, s);
+        ops.all_gather(in, ag_out, count, dev::DType::kBF16, ag, s);
         WEFT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
         WEFT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
         for (int rep = 1; rep <= 25; ++rep) {
@@ -136,6 +140,6 @@ TEST(CollectivesGpuGraph, ReplaysStayExact) {
         WEFT_CUDA_CHECK(cudaGraphDestroy(graph));
       }
     }
-    if (me == 0) std::printf("[gpu] collectives: 25 graph replays x 4 shapes exact on %d ranks\n", world);
+    if (me == 0) std::printf("[gpu] collectives: 25 graph replays x 6 shapes exact on %d ranks\n", world);
   }));
 }

@@ -11,8 +11,9 @@
 //   start with a handshake: nobody writes into a peer's output before that peer has
 //   entered the call, i.e. finished with the previous contents.
 // - Signals: [cta][phase][source rank], one per source, so a timeout names the peer.
-// - LL all-reduce has no signals: every 8-byte word carries 4 bytes of data and the call's
-//   epoch as a flag, so a receiver that sees the flag has the data (single-copy atomicity).
+// - LL (low-latency) methods have no signals: every 16-byte line carries 8 bytes of data and
+//   the call's epoch twice, one flag per 8-byte half, so a receiver that sees both flags has
+//   the data (8-byte single-copy atomicity). One NVLink crossing per call.
 #pragma once
 #include "weft/device/api.hpp"
 #include "weft/device/dtype.hpp"
@@ -26,20 +27,27 @@ enum class Algo : uint32_t {
   kReduceScatter,
   kAllToAll,
   kAllReduceLL,
-  kAllToAllV
+  kAllToAllV,
+  kAllGatherLL,
+  kReduceScatterLL,
+  kAllToAllLL
 };
+
+// Threads of a CTA (the most a launch uses; LL calls may use fewer, Args::threads).
+inline constexpr int kCtaThreads = 512;
 
 struct Args {
   Algo algo;
-  const void* in;  // local
-  void* out;       // local (all-reduce, reduce-scatter)
-  uint64_t count;  // all-reduce: elements; all-gather, reduce-scatter: per rank; all-to-all: per peer
+  const void* in;          // local
+  void* out;               // local (all-reduce, reduce-scatter)
+  uint64_t count;          // all-reduce: elements; all-gather, reduce-scatter: per rank; all-to-all: per peer
   uint64_t out_off;        // symmetric output (all-gather, all-to-all)
   uint64_t staging_off;    // symmetric [2 parities][world][staging_elems]
-  uint64_t staging_elems;  // elements of one (parity, source) slot (LL: 8-byte lines)
+  uint64_t staging_elems;  // elements of one (parity, source) slot (LL: 16-byte lines)
   uint64_t sig_off;        // symmetric signals [ctas][2 phases][world]
   uint64_t epoch_off;      // this rank's completed calls, one counter per CTA
   int ctas;
+  int threads;  // GPU threads per CTA (0: kCollThreads); host teams ignore it
   // all-to-all by counts: local counts (elements) this rank sends to each rank; where the
   // counts every rank received go (CTA 0 writes them); the output's capacity (elements);
   // the symmetric counts matrix [2 parities][ctas][world src][world dst].
@@ -59,7 +67,8 @@ WEFT_HD void split(uint64_t n, int parts, int k, uint64_t& lo, uint64_t& hi) {
 }
 
 WEFT_HD uint64_t slot_off(const Args& a, int world, uint64_t parity, int src, size_t elem) {
-  return a.staging_off + ((parity * static_cast<uint64_t>(world) + static_cast<uint64_t>(src)) * a.staging_elems) * elem;
+  return a.staging_off +
+         ((parity * static_cast<uint64_t>(world) + static_cast<uint64_t>(src)) * a.staging_elems) * elem;
 }
 WEFT_HD uint64_t sig_at(const Args& a, int world, int k, int phase, int src) {
   return a.sig_off + 8ull * ((static_cast<uint64_t>(k) * 2 + static_cast<uint64_t>(phase)) * world + src);
@@ -95,32 +104,45 @@ WEFT_HD void wait_peers(Coop g, const dev::DeviceCtx& c, const Args& a, int k, i
 }
 
 // dst[d][i] = sum over s (in order) of src[s][i], for every d: every rank sums in rank
-// order, so all ranks get bitwise the same result. fp32 accumulation.
+// order, so all ranks get bitwise the same result. fp32 accumulation. Each thread keeps
+// kReduceUnroll 16-byte vectors of every source in flight (HBM latency ~1 µs: one vector
+// per thread left the large reduce-scatter HBM-latency bound).
+inline constexpr int kReduceUnroll = 4;
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
 template <class T, class Coop>
 WEFT_HD void reduce_sum(Coop g, T* const* dst, int ndst, const T* const* src, int nsrc, uint64_t n) {
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  constexpr int U = kReduceUnroll;
   bool aligned = true;
   for (int s = 0; s < nsrc; ++s) aligned &= (reinterpret_cast<uintptr_t>(src[s]) & 15u) == 0;
   for (int d = 0; d < ndst; ++d) aligned &= (reinterpret_cast<uintptr_t>(dst[d]) & 15u) == 0;
   const uint64_t nvec = aligned ? n / kVec : 0;
   const uint64_t me = static_cast<uint64_t>(g.rank()), step = static_cast<uint64_t>(g.size());
-  for (uint64_t i = me; i < nvec; i += step) {
-    float acc[kVec];
-    for (int j = 0; j < kVec; ++j) acc[j] = 0.f;
+  for (uint64_t i0 = me; i0 < nvec; i0 += U * step) {
+    float acc[U][kVec];
+    for (int u = 0; u < U; ++u)
+      for (int j = 0; j < kVec; ++j) acc[u][j] = 0.f;
     for (int s = 0; s < nsrc; ++s) {
-      const dev::Vec16 v = reinterpret_cast<const dev::Vec16*>(src[s])[i];
-      T e[kVec];
-      __builtin_memcpy(e, &v, 16);
-      for (int j = 0; j < kVec; ++j) acc[j] += dev::to_float(e[j]);
+      dev::Vec16 v[U];
+      for (int u = 0; u < U; ++u)
+        if (i0 + u * step < nvec) v[u] = reinterpret_cast<const dev::Vec16*>(src[s])[i0 + u * step];
+      for (int u = 0; u < U; ++u) {
+        if (i0 + u * step >= nvec) continue;
+        T e[kVec];
+        __builtin_memcpy(e, &v[u], 16);
+        for (int j = 0; j < kVec; ++j) acc[u][j] += dev::to_float(e[j]);
+      }
     }
-    T r[kVec];
-    for (int j = 0; j < kVec; ++j) r[j] = dev::from_float<T>(acc[j]);
-    dev::Vec16 o;
-    __builtin_memcpy(&o, r, 16);
-    for (int d = 0; d < ndst; ++d) reinterpret_cast<dev::Vec16*>(dst[d])[i] = o;
+    for (int u = 0; u < U; ++u) {
+      if (i0 + u * step >= nvec) continue;
+      T r[kVec];
+      for (int j = 0; j < kVec; ++j) r[j] = dev::from_float<T>(acc[u][j]);
+      dev::Vec16 o;
+      __builtin_memcpy(&o, r, 16);
+      for (int d = 0; d < ndst; ++d) reinterpret_cast<dev::Vec16*>(dst[d])[i0 + u * step] = o;
+    }
   }
   for (uint64_t i = nvec * kVec + me; i < n; i += step) {
     float acc = 0.f;
@@ -128,6 +150,41 @@ WEFT_HD void reduce_sum(Coop g, T* const* dst, int ndst, const T* const* src, in
     const T r = dev::from_float<T>(acc);
     for (int d = 0; d < ndst; ++d) dst[d][i] = r;
   }
+}
+
+// dst[d] = src[d] (bytes each) for every d, all in one loop: 16-byte vectors when every
+// pointer is 16-byte aligned, kReduceUnroll of them in flight per thread and source. When
+// every source is the same (all-gather), each vector is loaded once and stored nd times, so
+// the local copy rides along with the NVLink pushes instead of following them.
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class Coop>
+WEFT_HD void copy_multi(Coop g, unsigned char* const* dst, const unsigned char* const* src, int nd, size_t bytes) {
+  bool aligned = true, same = true;
+  for (int d = 0; d < nd; ++d) {
+    aligned &= ((reinterpret_cast<uintptr_t>(dst[d]) | reinterpret_cast<uintptr_t>(src[d])) & 15u) == 0;
+    same &= src[d] == src[0];
+  }
+  if (!aligned) {
+    for (int d = 0; d < nd; ++d) dev::copy_bytes(g, dst[d], src[d], bytes);
+    return;
+  }
+  constexpr int U = kReduceUnroll;
+  const uint64_t n16 = bytes / 16;
+  const uint64_t me = static_cast<uint64_t>(g.rank()), step = static_cast<uint64_t>(g.size());
+  for (uint64_t i0 = me; i0 < n16; i0 += U * step) {
+    dev::Vec16 v[U];
+    for (int d = 0; d < nd; ++d) {
+      if (d == 0 || !same)
+        for (int u = 0; u < U; ++u)
+          if (i0 + u * step < n16) v[u] = reinterpret_cast<const dev::Vec16*>(src[d])[i0 + u * step];
+      for (int u = 0; u < U; ++u)
+        if (i0 + u * step < n16) reinterpret_cast<dev::Vec16*>(dst[d])[i0 + u * step] = v[u];
+    }
+  }
+  for (uint64_t t = n16 * 16 + me; t < bytes; t += step)
+    for (int d = 0; d < nd; ++d) dst[d][t] = src[d][t];
 }
 
 // ---- the algorithms: slice k of call e, run by one group ------------------------------
@@ -174,7 +231,8 @@ WEFT_HD void all_reduce_two_shot(Coop g, const dev::DeviceCtx& c, const Args& a,
     const int p = (c.rank + d) % c.world;
     uint64_t slo, shi;
     sub(p, slo, shi);
-    dev::put(g, c, p, slot_off(a, c.world, par, c.rank, sizeof(T)) + slo * sizeof(T), in + slo, (shi - slo) * sizeof(T));
+    dev::put(g, c, p, slot_off(a, c.world, par, c.rank, sizeof(T)) + slo * sizeof(T), in + slo,
+             (shi - slo) * sizeof(T));
   }
   signal_peers(g, c, a, k, 0);
   wait_peers(g, c, a, k, 0, e);
@@ -203,7 +261,7 @@ WEFT_HD void all_reduce_two_shot(Coop g, const dev::DeviceCtx& c, const Args& a,
 // All-gather and all-to-all: block `rank` of every peer's symmetric output receives this
 // rank's data, pushed in place after a handshake. The source for peer p is in + p * stride:
 // stride 0 sends one block to everyone (all-gather), stride count sends block p to rank p
-// (all-to-all).
+// (all-to-all). My own block is copied in the same loop as the pushes (copy_multi).
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
@@ -215,11 +273,14 @@ WEFT_HD void direct_exchange(Coop g, const dev::DeviceCtx& c, const Args& a, int
   signal_peers(g, c, a, k, 0);  // handshake: I have entered call e
   wait_peers(g, c, a, k, 0, e);
   const uint64_t mine = a.out_off + (static_cast<uint64_t>(c.rank) * a.count + lo) * sizeof(T);
-  for (int d = 1; d < c.world; ++d) {
+  unsigned char* dst[dev::kMaxPeers];
+  const unsigned char* src[dev::kMaxPeers];
+  for (int d = 0; d < c.world; ++d) {  // d = 0: my own block, copied locally
     const int p = (c.rank + d) % c.world;
-    dev::put(g, c, p, mine, in + static_cast<uint64_t>(p) * stride + lo, (hi - lo) * sizeof(T));
+    dst[d] = c.ptr<unsigned char>(p, mine);
+    src[d] = reinterpret_cast<const unsigned char*>(in + static_cast<uint64_t>(p) * stride + lo);
   }
-  dev::copy_bytes(g, c.local<T>(mine), in + static_cast<uint64_t>(c.rank) * stride + lo, (hi - lo) * sizeof(T));
+  copy_multi(g, dst, src, c.world, (hi - lo) * sizeof(T));
   signal_peers(g, c, a, k, 1);
   wait_peers(g, c, a, k, 1, e);
 }
@@ -248,75 +309,202 @@ WEFT_HD void reduce_scatter(Coop g, const dev::DeviceCtx& c, const Args& a, int 
   reduce_sum<T>(g, &dst, 1, src, c.world, hi - lo);
 }
 
-// ---- LL (low-latency) one-shot all-reduce ----------------------------------------------
-// Word w of a slice: 4 bytes of the input, zero-padded past `bytes` (only the last slice
-// of an odd-sized call has a partial word).
-WEFT_HD uint32_t load_word(const unsigned char* p, uint64_t bytes, uint64_t w) {
-  uint32_t v = 0;
-  for (uint64_t b = 0; b < 4 && 4 * w + b < bytes; ++b) v |= static_cast<uint32_t>(p[4 * w + b]) << (8 * b);
-  return v;
+// ---- LL (low-latency) exchanges ----------------------------------------------------------
+// A line is 16 bytes: {data lo32, flag, data hi32, flag}, written with one 16-byte store and
+// read with one 16-byte load; each 8-byte half is single-copy atomic, so a line whose two
+// flags equal the call's epoch holds that call's 8 data bytes. Lines are never reset: stale
+// lines carry an older epoch. Staging is [2 parities][world src][lines] (the parity argument
+// of the signalled methods holds through kernel boundaries: a rank writes call e+1's lines
+// only after its call e read the peer's call-e lines, which the peer wrote after its whole
+// call e-1, the last reader of that parity, had finished).
+//
+// Why not 8-byte lines with one 4-byte word each, one word per loop step (the first
+// version): that put 16 dependent steps per thread in a row at 32 KiB per CTA (load input,
+// store; then poll one line, wait, sum), each ~1.3 µs, and it measured 22.6 µs flat from
+// 32 KiB to 1 MiB (2.0 µs + 1.3 µs x words per thread fits 8, 16, 32 KiB-1 MiB). Here every
+// thread owns at most a few lines, issues all its input loads before its stores and all its
+// polls before it checks any, and the CTA count gives ~one line per thread up to 256 KiB.
+WEFT_HD void ll_store(uint64_t* line, uint64_t data, uint32_t flag) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(line), "r"(static_cast<uint32_t>(data)),
+               "r"(flag), "r"(static_cast<uint32_t>(data >> 32)), "r"(flag)
+               : "memory");
+#else
+  __atomic_store_n(line, (static_cast<uint64_t>(flag) << 32) | (data & 0xFFFFFFFFull), __ATOMIC_RELAXED);
+  __atomic_store_n(line + 1, (static_cast<uint64_t>(flag) << 32) | (data >> 32), __ATOMIC_RELAXED);
+#endif
 }
 
-// Spins until line `off` (this rank's heap) carries `flag`; returns its data word.
-WEFT_HD uint32_t wait_line(const dev::DeviceCtx& c, uint64_t off, uint32_t flag, int from_peer) {
-  const uint64_t* p = c.local<const uint64_t>(off);
-  uint64_t line = dev::load_relaxed(p);
-  if (static_cast<uint32_t>(line >> 32) == flag) return static_cast<uint32_t>(line);
+// One read of a line: true (and its data) when both halves carry `flag`.
+WEFT_HD bool ll_try(const uint64_t* line, uint32_t flag, uint64_t& data) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d0, f0, d1, f1;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+               : "l"(line));
+#else
+  const uint64_t h0 = __atomic_load_n(line, __ATOMIC_RELAXED), h1 = __atomic_load_n(line + 1, __ATOMIC_RELAXED);
+  const uint32_t d0 = static_cast<uint32_t>(h0), f0 = static_cast<uint32_t>(h0 >> 32);
+  const uint32_t d1 = static_cast<uint32_t>(h1), f1 = static_cast<uint32_t>(h1 >> 32);
+#endif
+  data = (static_cast<uint64_t>(d1) << 32) | d0;
+  return f0 == flag && f1 == flag;
+}
+
+// Spins until the line carries `flag` (under the deadline); returns its data.
+WEFT_HD uint64_t ll_wait(const dev::DeviceCtx& c, const uint64_t* line, uint32_t flag, int from_peer, uint64_t off) {
+  uint64_t data;
   const uint64_t t0 = dev::now_ns();
   uint32_t spins = 0;
-  while (static_cast<uint32_t>((line = dev::load_relaxed(p)) >> 32) != flag) {
+  while (!ll_try(line, flag, data)) {
     dev::spin_pause(++spins);
     if ((spins & 63u) == 0u) {
       const uint64_t waited = dev::now_ns() - t0;
-      if (waited > c.timeout_ns) dev::fail_wait(c, dev::WaitKind::kSignal, from_peer, off, flag, line >> 32, waited);
+      if (waited > c.timeout_ns) {
+#if defined(__CUDA_ARCH__)
+        const uint64_t seen = line[0] >> 32;
+#else
+        const uint64_t seen = __atomic_load_n(line, __ATOMIC_RELAXED) >> 32;
+#endif
+        dev::fail_wait(c, dev::WaitKind::kSignal, from_peer, off, flag, seen, waited);
+      }
     }
   }
-  return static_cast<uint32_t>(line);
+  return data;
 }
 
-// Each rank writes (data word, epoch) lines of its slice into slot `rank` of every peer's
-// LL buffer, then every rank reads the world's lines as their flags turn up and sums in
-// rank order. No fence, no signal, no handshake: one NVLink crossing per call. Lines are
-// double-buffered by epoch parity (the staging argument above) and never reset: a stale
-// line carries an older epoch. Costs twice the bytes on the wire: for small calls.
+// The 8 bytes of line w of a `bytes`-long buffer (zero past the end).
+WEFT_HD uint64_t ll_load8(const unsigned char* p, bool aligned8, uint64_t bytes, uint64_t w) {
+  if (aligned8 && 8 * w + 8 <= bytes) return reinterpret_cast<const uint64_t*>(p)[w];
+  uint64_t v = 0;
+  for (uint64_t b = 0; b < 8 && 8 * w + b < bytes; ++b) v |= static_cast<uint64_t>(p[8 * w + b]) << (8 * b);
+  return v;
+}
+WEFT_HD void ll_store8(unsigned char* p, bool aligned8, uint64_t bytes, uint64_t w, uint64_t v) {
+  if (aligned8 && 8 * w + 8 <= bytes) {
+    reinterpret_cast<uint64_t*>(p)[w] = v;
+    return;
+  }
+  for (uint64_t b = 0; b < 8 && 8 * w + b < bytes; ++b) p[8 * w + b] = static_cast<unsigned char>(v >> (8 * b));
+}
+
+WEFT_HD bool aligned8(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 7u) == 0; }
+
+// Lines each thread keeps in flight per batch (stores, then polls).
+inline constexpr int kLLUnroll = 4;
+
+// Slice k of every rank's per-peer payload travels as lines into slot `rank` of the peer's
+// staging; the receiver then reads the world's lines in rank order and either sums them
+// with its own payload into `out` (all-reduce, reduce-scatter) or copies each source's
+// lines into block `source` of its symmetric output (all-gather, all-to-all). The payload
+// for peer p is in + p * stride (stride 0: the same data to everyone).
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
 template <class T, class Coop>
-WEFT_HD void all_reduce_ll(Coop g, const dev::DeviceCtx& c, const Args& a, int k, uint64_t e) {
-  constexpr int kPerWord = 4 / static_cast<int>(sizeof(T));
+WEFT_HD void ll_exchange(Coop g, const dev::DeviceCtx& c, const Args& a, int k, uint64_t e, uint64_t stride,
+                         bool reduce) {
+  constexpr int U = kLLUnroll;
+  constexpr int kPer = 8 / static_cast<int>(sizeof(T));
   uint64_t lo, hi;
   split(a.count, a.ctas, k, lo, hi);
   const uint64_t bytes = (hi - lo) * sizeof(T);
-  const uint64_t words = (bytes + 3) / 4;
-  const uint64_t first_word = lo * sizeof(T) / 4;  // slices start at multiples of 8 elements
+  const uint64_t lines = (bytes + 7) / 8;
+  if (lines == 0) return;
+  const uint64_t first = lo * sizeof(T) / 8;  // slices start at multiples of 8 elements
+  const uint64_t world = static_cast<uint64_t>(c.world);
   const uint64_t par = e & 1;
   const uint32_t flag = static_cast<uint32_t>(e);
-  const auto* in = static_cast<const unsigned char*>(a.in) + lo * sizeof(T);
+  const auto* in = static_cast<const unsigned char*>(a.in);
+  auto payload = [&](int p) { return in + (static_cast<uint64_t>(p) * stride + lo) * sizeof(T); };
   auto line_off = [&](int src, uint64_t w) {
-    return a.staging_off + 8ull * ((par * static_cast<uint64_t>(c.world) + static_cast<uint64_t>(src)) * a.staging_elems +
-                                   first_word + w);
+    return a.staging_off + 16ull * ((par * world + static_cast<uint64_t>(src)) * a.staging_elems + first + w);
   };
+  const bool in8 = aligned8(in) && (stride * sizeof(T)) % 8 == 0;
+  unsigned char* copy_out = reduce ? nullptr : c.local<unsigned char>(a.out_off) + lo * sizeof(T);
+  auto block_out = [&](int p) { return copy_out + static_cast<uint64_t>(p) * a.count * sizeof(T); };
+  const bool out8 = reduce ? aligned8(static_cast<unsigned char*>(a.out) + lo * sizeof(T))
+                           : aligned8(copy_out) && (a.count * sizeof(T)) % 8 == 0;
   const uint64_t me = static_cast<uint64_t>(g.rank()), step = static_cast<uint64_t>(g.size());
-  for (uint64_t w = me; w < words; w += step) {
-    const uint64_t line = (static_cast<uint64_t>(flag) << 32) | load_word(in, bytes, w);
-    for (int d = 1; d < c.world; ++d) {
+
+  // Send: every input load of a batch before its stores; my own block of a copy (all-gather,
+  // all-to-all) goes straight to my output.
+  for (uint64_t w0 = me; w0 < lines; w0 += U * step) {
+    uint64_t v[U] = {};
+    for (int d = 0; d < c.world; ++d) {
       const int p = (c.rank + d) % c.world;
-      dev::store_relaxed(c.ptr<uint64_t>(p, line_off(c.rank, w)), line);
+      if (d == 0 || stride != 0)
+        for (int u = 0; u < U; ++u) {
+          const uint64_t w = w0 + static_cast<uint64_t>(u) * step;
+          if (w < lines) v[u] = ll_load8(payload(p), in8, bytes, w);
+        }
+      for (int u = 0; u < U; ++u) {
+        const uint64_t w = w0 + static_cast<uint64_t>(u) * step;
+        if (w >= lines) continue;
+        if (p != c.rank)
+          ll_store(c.ptr<uint64_t>(p, line_off(c.rank, w)), v[u], flag);
+        else if (!reduce)
+          ll_store8(block_out(p), out8, bytes, w, v[u]);
+      }
     }
   }
-  T* out = static_cast<T*>(a.out) + lo;
-  for (uint64_t w = me; w < words; w += step) {
-    float acc[kPerWord];
-    for (int j = 0; j < kPerWord; ++j) acc[j] = 0.f;
-    for (int p = 0; p < c.world; ++p) {
-      const uint32_t v = p == c.rank ? load_word(in, bytes, w) : wait_line(c, line_off(p, w), flag, p);
-      T el[kPerWord];
-      __builtin_memcpy(el, &v, 4);
-      for (int j = 0; j < kPerWord; ++j) acc[j] += dev::to_float(el[j]);
+
+  // Receive: a batch's polls are all issued before any is waited on.
+  auto recv = [&](int p, uint64_t w0, uint64_t* v) {
+    bool ok[U];
+    for (int u = 0; u < U; ++u) {
+      const uint64_t w = w0 + static_cast<uint64_t>(u) * step;
+      ok[u] = w >= lines || ll_try(c.local<const uint64_t>(line_off(p, w)), flag, v[u]);
     }
-    for (int j = 0; j < kPerWord; ++j)
-      if (w * kPerWord + j < hi - lo) out[w * kPerWord + j] = dev::from_float<T>(acc[j]);
+    for (int u = 0; u < U; ++u)
+      if (!ok[u]) {
+        const uint64_t w = w0 + static_cast<uint64_t>(u) * step;
+        v[u] = ll_wait(c, c.local<const uint64_t>(line_off(p, w)), flag, p, line_off(p, w));
+      }
+  };
+  for (uint64_t w0 = me; w0 < lines; w0 += U * step) {
+    if (!reduce) {
+      for (int d = 1; d < c.world; ++d) {
+        const int p = (c.rank + d) % c.world;
+        uint64_t v[U] = {};
+        recv(p, w0, v);
+        for (int u = 0; u < U; ++u) {
+          const uint64_t w = w0 + static_cast<uint64_t>(u) * step;
+          if (w < lines) ll_store8(block_out(p), out8, bytes, w, v[u]);
+        }
+      }
+      continue;
+    }
+    float acc[U][kPer];
+    for (int u = 0; u < U; ++u)
+      for (int j = 0; j < kPer; ++j) acc[u][j] = 0.f;
+    for (int p = 0; p < c.world; ++p) {  // rank order: every rank gets bitwise the same sums
+      uint64_t v[U] = {};
+      if (p == c.rank) {
+        for (int u = 0; u < U; ++u) {
+          const uint64_t w = w0 + static_cast<uint64_t>(u) * step;
+          if (w < lines) v[u] = ll_load8(payload(p), in8, bytes, w);
+        }
+      } else {
+        recv(p, w0, v);
+      }
+      for (int u = 0; u < U; ++u) {
+        if (w0 + static_cast<uint64_t>(u) * step >= lines) continue;
+        T el[kPer];
+        __builtin_memcpy(el, &v[u], 8);
+        for (int j = 0; j < kPer; ++j) acc[u][j] += dev::to_float(el[j]);
+      }
+    }
+    auto* out = static_cast<unsigned char*>(a.out) + lo * sizeof(T);
+    for (int u = 0; u < U; ++u) {
+      const uint64_t w = w0 + static_cast<uint64_t>(u) * step;
+      if (w >= lines) continue;
+      T r[kPer];
+      for (int j = 0; j < kPer; ++j) r[j] = dev::from_float<T>(acc[u][j]);
+      uint64_t o;
+      __builtin_memcpy(&o, r, 8);
+      ll_store8(out, out8, bytes, w, o);  // a partial last line writes only its elements
+    }
   }
 }
 
@@ -363,8 +551,10 @@ WEFT_HD void all_to_all_v(Coop g, const dev::DeviceCtx& c, const Args& a, int k,
     split(cnt, a.ctas, k, lo, hi);
     if (hi > lo) {
       const uint64_t dst = a.out_off + (rdispl + lo) * sizeof(T);
-      if (p == c.rank) dev::copy_bytes(g, c.local<T>(dst), in + sdispl + lo, (hi - lo) * sizeof(T));
-      else dev::put(g, c, p, dst, in + sdispl + lo, (hi - lo) * sizeof(T));
+      if (p == c.rank)
+        dev::copy_bytes(g, c.local<T>(dst), in + sdispl + lo, (hi - lo) * sizeof(T));
+      else
+        dev::put(g, c, p, dst, in + sdispl + lo, (hi - lo) * sizeof(T));
     }
     sdispl += cnt;
   }
@@ -375,25 +565,57 @@ WEFT_HD void all_to_all_v(Coop g, const dev::DeviceCtx& c, const Args& a, int k,
       a.recv_counts[s] = m(static_cast<int>(s), c.rank);
 }
 
-// One call's slice k: reads and advances this CTA's epoch.
+// One call's slice k: reads and advances this CTA's epoch. `algo` is a.algo, or a constant
+// (the GPU compiles one kernel per algorithm, so each gets only the registers it needs).
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class T, class Coop>
+WEFT_HD void run_slice_as(Coop g, const dev::DeviceCtx& c, const Args& a, int k, Algo algo) {
+  uint64_t* epoch = c.local<uint64_t>(a.epoch_off + 8ull * k);
+  const uint64_t e = *epoch + 1;
+  switch (algo) {
+    case Algo::kAllReduceOneShot:
+      all_reduce_one_shot<T>(g, c, a, k, e);
+      break;
+    case Algo::kAllReduceTwoShot:
+      all_reduce_two_shot<T>(g, c, a, k, e);
+      break;
+    case Algo::kAllGather:
+      direct_exchange<T>(g, c, a, k, e, 0);
+      break;
+    case Algo::kReduceScatter:
+      reduce_scatter<T>(g, c, a, k, e);
+      break;
+    case Algo::kAllToAll:
+      direct_exchange<T>(g, c, a, k, e, a.count);
+      break;
+    case Algo::kAllReduceLL:
+      ll_exchange<T>(g, c, a, k, e, 0, true);
+      break;
+    case Algo::kAllToAllV:
+      all_to_all_v<T>(g, c, a, k, e);
+      break;
+    case Algo::kAllGatherLL:
+      ll_exchange<T>(g, c, a, k, e, 0, false);
+      break;
+    case Algo::kReduceScatterLL:
+      ll_exchange<T>(g, c, a, k, e, a.count, true);
+      break;
+    case Algo::kAllToAllLL:
+      ll_exchange<T>(g, c, a, k, e, a.count, false);
+      break;
+  }
+  g.sync();  // every thread has read the epoch before the leader advances it
+  if (g.rank() == 0) *epoch = e;
+}
+
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
 template <class T, class Coop>
 WEFT_HD void run_slice(Coop g, const dev::DeviceCtx& c, const Args& a, int k) {
-  uint64_t* epoch = c.local<uint64_t>(a.epoch_off + 8ull * k);
-  const uint64_t e = *epoch + 1;
-  switch (a.algo) {
-    case Algo::kAllReduceOneShot: all_reduce_one_shot<T>(g, c, a, k, e); break;
-    case Algo::kAllReduceTwoShot: all_reduce_two_shot<T>(g, c, a, k, e); break;
-    case Algo::kAllGather: direct_exchange<T>(g, c, a, k, e, 0); break;
-    case Algo::kReduceScatter: reduce_scatter<T>(g, c, a, k, e); break;
-    case Algo::kAllToAll: direct_exchange<T>(g, c, a, k, e, a.count); break;
-    case Algo::kAllReduceLL: all_reduce_ll<T>(g, c, a, k, e); break;
-    case Algo::kAllToAllV: all_to_all_v<T>(g, c, a, k, e); break;
-  }
-  g.sync();  // every thread has read the epoch before the leader advances it
-  if (g.rank() == 0) *epoch = e;
+  run_slice_as<T>(g, c, a, k, a.algo);
 }
 
 }  // namespace weft::coll

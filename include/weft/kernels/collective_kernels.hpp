@@ -7,7 +7,7 @@
 
 namespace weft::kernels {
 
-inline constexpr int kCollThreads = 512;
+inline constexpr int kCollThreads = coll::kCtaThreads;
 cudaError_t collective(const dev::DeviceCtx& c, const coll::Args& a, dev::DType dtype, cudaStream_t s);
 
 }  // namespace weft::kernels

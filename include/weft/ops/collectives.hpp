@@ -32,10 +32,11 @@ class Collectives {
   // Pointers are this rank's: device memory on the nccl backend, host memory on host.
   // `stream` is a cudaStream_t on the nccl backend (nullptr: the default stream).
   // out[i] = sum over ranks of in[i], count elements. In place (in == out) is allowed.
-  // Methods: one-shot, two-shot, ll (one-shot with data and flag in one 8-byte word).
+  // Methods: one-shot, two-shot, ll (one-shot with data and flags in 16-byte lines).
   void all_reduce(const void* in, void* out, uint64_t count, dev::DType t, Method m = Method::kAuto,
                   void* stream = nullptr);
   // Symmetric out (heap offset) [world][count] receives every rank's count elements.
+  // all-gather, reduce-scatter, all-to-all: methods direct and ll; auto picks ll for small calls.
   void all_gather(const void* in, uint64_t out_off, uint64_t count, dev::DType t, Method m = Method::kAuto,
                   void* stream = nullptr);
   // in [world][count]; out[count] = sum over ranks of their in[rank].
@@ -63,8 +64,14 @@ class Collectives {
 
   // What `auto` picks for an all-reduce of `bytes`.
   Method auto_all_reduce(uint64_t bytes) const;
+  // What `auto` picks for an all-gather, reduce-scatter or all-to-all in which every rank
+  // sends `bytes_to_peers` in all (ll for small calls, else direct).
+  Method auto_exchange(uint64_t bytes_to_peers) const;
   // CTAs (GPU) a call of this algorithm and size uses; host worker teams are capped at 2.
+  // `bytes`: all-reduce and LL methods: one rank's payload per peer; others: the whole call.
   int ctas_for(coll::Algo algo, uint64_t bytes) const;
+  // GPU threads per CTA (LL: about one 16-byte line per thread; others kCtaThreads).
+  int threads_for(coll::Algo algo, uint64_t bytes, int ctas) const;
 
  private:
   struct Instance {
