@@ -2,8 +2,12 @@
 # NVLink multicast stays off (it can take the host's GPUs down); NCCL is the pip wheel's
 # 2.28.9, matching the headers weft was built with (the system one is 2.28.3).
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+# cuBLAS (the baselines, linked dynamically: libcublas.so.13) from the nvidia-cublas wheel.
 NCCL_LIB=$(python3 -c 'import nvidia.nccl as m; print(m.__path__[0])')/lib
-export LD_LIBRARY_PATH=$NCCL_LIB:${LD_LIBRARY_PATH:-}
+CUBLAS_LIB=$(dirname "$( (ldconfig -p | awk '/libcublas\.so\.13 /{print $NF}'; ls /usr/local/cuda*/lib64/libcublas.so.13 \
+  2>/dev/null; find $(python3 -c 'import site; print(" ".join(site.getsitepackages()))') -name 'libcublas.so.13' \
+  2>/dev/null) | head -1)")
+export LD_LIBRARY_PATH=$NCCL_LIB:$CUBLAS_LIB:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/weft-out}
 mkdir -p "$OUT"
 step() { echo; echo "=== $*"; }

@@ -1,0 +1,113 @@
+// weft's GEMM (src/kernels/gemm_sm90.cu): C[M,N] = A[M,K] * B, fp32 accumulation, C in the
+// input type. Built for fusion: weft decides the order in which tiles are computed and what
+// happens around each tile.
+//
+// sm_90a kernel: persistent (one CTA per SM, tiles taken in schedule order), warp-specialised
+// (one producer warpgroup issuing TMA loads into a 4-stage shared-memory ring guarded by
+// mbarriers; two consumer warpgroups issuing WGMMA m64n256k16, 64 rows each), register
+// reallocation (setmaxnreg: producer 40, consumers 232), CTA pairs (clusters of 2) sharing
+// B tiles through TMA multicast, epilogue through swizzled shared memory and TMA stores (or
+// TMA reduce-adds). Tile 128 x 256 x 64.
+// Other GPUs: a portable SIMT kernel with the same hooks (slow; correctness, not speed).
+//
+// Hooks (all optional; a GEMM without them is a plain GEMM):
+//  - order: the tile ids (m_block * n_blocks + n_block) in the order tiles are taken
+//    (a lowered TileSchedule; see gemm_positions for CTA pairs); null: grouped raster over M
+//    (closed form, `group_m`). Persistent CTA i takes positions i, i + CTAs, ...
+//  - wait: before the producer loads tile position p, it waits (acquire, with the context's
+//    deadline; a timeout names `wait_peer[i]`) for each entry i in [wait_begin[p],
+//    wait_begin[p+1]) until local signal wait_off + 8*wait_idx[i] >= wait_val[i] * wait_scale, then
+//    fences the async proxy so TMA reads what the peer wrote.
+//  - destination: position p's tile goes to destination dest[p] & 63 (index into c[]; c[d]
+//    may be a peer's buffer), at row (tile row - c_row0[d]); rows outside [0, c_rows[d])
+//    are clipped. out = kReduceAdd, or kGemmDestReduce set in dest[p], adds into the
+//    destination instead of storing (TMA reduce-add).
+//  - notify: after the tile's stores have completed, each consumer warpgroup adds 1
+//    (kGemmNotifyPerTile per tile) to signal notify_off + 8*notify_idx[p] on rank
+//    notify_rank[p] (release).
+//  - trace: trace[3p] = globaltimer when position p's first stage arrived, trace[3p+1] when
+//    its stores were issued (or completed, with notify), trace[3p+2] = the SM.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "weft/device/ctx.hpp"
+
+namespace weft::kernels {
+
+enum class GemmType : int { kBF16 = 0, kF16 = 1 };
+// kNK: B is W[N,K] row-major (torch.nn.functional.linear's weight); kKN: B[K,N] row-major.
+enum class GemmBLayout : int { kNK = 0, kKN = 1 };
+enum class GemmOut : int { kStore = 0, kReduceAdd = 1 };
+
+inline constexpr int kGemmTileM = 128;
+inline constexpr int kGemmTileN = 256;
+inline constexpr int kGemmTileK = 64;
+inline constexpr int kGemmMaxDests = 8;
+inline constexpr int kGemmNotifyPerTile = 2;   // consumer warpgroups, each notifies once
+inline constexpr int8_t kGemmDestReduce = 64;  // flag in GemmHooks::dest: reduce-add this tile
+
+struct GemmArgs {
+  int m = 0, n = 0, k = 0;
+  GemmType type = GemmType::kBF16;
+  GemmBLayout b_layout = GemmBLayout::kNK;
+  const void* a = nullptr;  // [m, k] row-major, lda elements between rows
+  int64_t lda = 0;
+  const void* b = nullptr;  // kNK: [n, k]; kKN: [k, n]; ldb elements between rows
+  int64_t ldb = 0;
+  // Destinations: c[0] is the ordinary output. ldc elements between rows (all destinations).
+  void* c[kGemmMaxDests] = {};
+  int64_t ldc = 0;
+  int64_t c_row0[kGemmMaxDests] = {};  // first global row held by destination d
+  int64_t c_rows[kGemmMaxDests] = {};  // rows destination d holds (0: m - c_row0[d])
+  int num_dests = 1;
+  GemmOut out = GemmOut::kStore;
+  int group_m = 8;  // closed-form raster: groups of group_m M-blocks (L2 reuse of B)
+  int ctas = 0;     // persistent CTAs; 0: as many as fit at once (never more than positions)
+  // 2: CTA pairs share B by TMA multicast (sm_90a); 1: single CTAs; 0: automatic (2 when
+  // there are at least two M-blocks; required to be explicit with an order table).
+  int cluster_m = 0;
+};
+
+struct GemmHooks {
+  dev::DeviceCtx ctx{};                 // for signals (heap offsets, peers, deadline, error slot)
+  const int32_t* order = nullptr;       // [num_tiles] tile ids, or null
+  const int32_t* wait_begin = nullptr;  // [positions + 1] offsets into the entries below
+  const int32_t* wait_idx = nullptr;    // per entry: signal index
+  const uint64_t* wait_val = nullptr;   // per entry: wait until signal >= this
+  const int32_t* wait_peer = nullptr;   // per entry: the rank expected to signal (timeout message)
+  uint64_t wait_off = 0;
+  uint64_t wait_scale = 1;              // thresholds are wait_val * wait_scale (an op's epoch: tables stay fixed)
+  const int8_t* dest = nullptr;         // [positions] destination index (| kGemmDestReduce), null: 0
+  const int32_t* notify_idx = nullptr;  // [num_tiles] -1: no notify
+  const int32_t* notify_rank = nullptr;
+  uint64_t notify_off = 0;
+  uint64_t* trace = nullptr;  // [3 * positions] or null
+  bool any() const { return order || wait_begin || dest || notify_idx || trace; }
+};
+
+inline int gemm_tiles_m(int m) { return (m + kGemmTileM - 1) / kGemmTileM; }
+inline int gemm_tiles_n(int n) { return (n + kGemmTileN - 1) / kGemmTileN; }
+// Schedule positions (the length of every per-position table). With cluster_m = 2 the
+// positions come in pairs run by one CTA pair: 2q and 2q+1 must be tiles of the same N-block
+// (tile ids mb * tiles_n + nb); when tiles_m is odd, each N-block has one phantom, M-block
+// tiles_m, which computes on zeros and stores nothing, no hooks.
+inline int gemm_positions(int m, int n, int cluster_m) {
+  return (cluster_m == 2 ? 2 * ((gemm_tiles_m(m) + 1) / 2) : gemm_tiles_m(m)) * gemm_tiles_n(n);
+}
+
+// Checks the arguments (shapes, K % 8, 16-byte aligned pointers and strides) and returns
+// cudaErrorInvalidValue with `why` set when they do not fit; else launches on `stream`.
+// Graph-capturable: tensor maps are encoded on the host at call time, nothing is allocated.
+// `force_portable` runs the portable kernel even on sm_90.
+cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, const char** why = nullptr,
+                 bool force_portable = false);
+
+// The grid of this process's last sm_90a launch: CTAs and cluster size (diagnostics).
+void gemm_last_launch(int* ctas, int* cluster);
+
+// True when the current device runs the sm_90a kernel (compute capability 9.0).
+bool gemm_sm90_available();
+
+}  // namespace weft::kernels

@@ -1,0 +1,694 @@
+// weft's GEMM: the sm_90a kernel (TMA + mbarrier ring + WGMMA, warp-specialised,
+// persistent), the portable kernel, and the launcher. See include/weft/kernels/gemm.hpp.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <type_traits>
+
+#include "weft/device/signal.hpp"
+#include "weft/kernels/gemm.hpp"
+#include "wgmma_m64n256k16.cuh"
+
+namespace weft::kernels {
+namespace {
+
+constexpr int BM = kGemmTileM, BN = kGemmTileN, BK = kGemmTileK;
+constexpr int kStages = 4;
+constexpr int kConsumers = 2;                     // warpgroups of 64 rows each
+constexpr int kThreads = 128 * (kConsumers + 1);  // + the producer warpgroup
+constexpr int kAStage = BM * BK * 2;              // bytes: 16 KiB
+constexpr int kBStage = BN * BK * 2;              // 32 KiB
+constexpr int kEpiCols = 128;                     // epilogue: a half tile (64 x 128) per warpgroup at a time
+constexpr int kEpiBytes = 64 * kEpiCols * 2;      // 16 KiB per consumer warpgroup
+constexpr int kSmemBytes = kStages * (kAStage + kBStage) + kConsumers * kEpiBytes + 1024 /*align*/ + 256 /*barriers*/;
+
+struct TensorMaps {
+  CUtensorMap a;
+  CUtensorMap b;
+  CUtensorMap c[kGemmMaxDests];
+};
+
+struct KernelParams {
+  int m, n, k;
+  int tiles_m, tiles_n, num_positions;
+  int group_m;
+  int cluster;     // 1, or 2: CTA pairs on M-blocks (2i, 2i+1) of one N-block share B by multicast
+  int b_kn;        // B is [K, N]
+  int reduce_add;  // reduce-add instead of store
+  int direct_c;    // C's rows are not 16-byte multiples: store from registers, not TMA
+  void* c[kGemmMaxDests];
+  int64_t ldc;
+  int64_t c_row0[kGemmMaxDests];
+  int64_t c_rows[kGemmMaxDests];
+  GemmHooks hooks;
+};
+
+// Groups of `group` rows of a rows x cols grid, cols inner, rows innermost (L2 reuse).
+__host__ __device__ inline void raster(int pos, int rows, int cols, int group, int& r, int& c) {
+  const int per_group = group * cols;
+  const int first = (pos / per_group) * group;
+  const int gsize = rows - first < group ? rows - first : group;
+  const int in = pos % per_group;
+  r = first + in % gsize;
+  c = in / gsize;
+}
+
+// Tile of schedule position `pos`: from the order table, or the closed-form raster (with
+// clusters, over M-block pairs; position 2q + c is M-block 2*pair + c). An M-block at or past
+// tiles_m is a phantom (the odd pair's partner): it loads and multicasts, stores nothing.
+__host__ __device__ inline void tile_coords(const KernelParams& p, int pos, int& mb, int& nb) {
+  if (p.hooks.order) {
+    const int id = p.hooks.order[pos];
+    mb = id / p.tiles_n;
+    nb = id % p.tiles_n;
+    return;
+  }
+  if (p.cluster == 2) {
+    int pm;
+    raster(pos / 2, (p.tiles_m + 1) / 2, p.tiles_n, p.group_m / 2 > 0 ? p.group_m / 2 : 1, pm, nb);
+    mb = 2 * pm + pos % 2;
+    return;
+  }
+  raster(pos, p.tiles_m, p.tiles_n, p.group_m, mb, nb);
+}
+
+// Per-position hooks shared by both kernels.
+__device__ inline void hook_wait(const KernelParams& p, int pos) {
+  const GemmHooks& h = p.hooks;
+  if (!h.wait_begin) return;
+  for (int i = h.wait_begin[pos]; i < h.wait_begin[pos + 1]; ++i)
+    dev::wait_ge(h.ctx, h.wait_off + 8ull * static_cast<uint64_t>(h.wait_idx[i]), h.wait_val[i] * h.wait_scale,
+                 h.wait_peer ? h.wait_peer[i] : -1);
+}
+__device__ inline void hook_notify(const KernelParams& p, int pos) {
+  const GemmHooks& h = p.hooks;
+  if (!h.notify_idx) return;
+  const int idx = h.notify_idx[pos];
+  if (idx < 0) return;
+  dev::signal_add(h.ctx, h.notify_rank ? h.notify_rank[pos] : h.ctx.rank,
+                  h.notify_off + 8ull * static_cast<uint64_t>(idx), 1);
+}
+__device__ inline int hook_dest(const KernelParams& p, int pos) {
+  return p.hooks.dest ? (p.hooks.dest[pos] & (kGemmDestReduce - 1)) : 0;
+}
+__device__ inline bool hook_reduce(const KernelParams& p, int pos) {
+  return p.reduce_add || (p.hooks.dest && (p.hooks.dest[pos] & kGemmDestReduce));
+}
+__device__ inline uint64_t globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ inline uint32_t smid() {
+  uint32_t s;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+  return s;
+}
+
+// ---- sm_90a: PTX wrappers ------------------------------------------------------------------
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WEFT_SM90 1
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int x, int y) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
+          smem_u32(dst)),
+      "l"(map), "r"(smem_u32(bar)), "r"(x), "r"(y)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_2d_mc(void* dst, const CUtensorMap* map, uint64_t* bar, int x, int y,
+                                               uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
+      "%4}], [%2], %5;" ::"r"(smem_u32(dst)),
+      "l"(map), "r"(smem_u32(bar)), "r"(x), "r"(y), "h"(mask)
+      : "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// Not .aligned: the producer warp's lanes arrive at different times.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+// Arrives on the barrier at the same shared-memory offset in CTA `cta` of the cluster.
+__device__ __forceinline__ void mbar_arrive_cta(uint64_t* bar, uint32_t cta) {
+  asm volatile(
+      "{\n.reg .b32 ra;\n"
+      "mapa.shared::cluster.u32 ra, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_u32(bar)),
+      "r"(cta)
+      : "memory");
+}
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int x, int y) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(map),
+               "r"(smem_u32(src)), "r"(x), "r"(y)
+               : "memory");
+}
+__device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap* map, const void* src, int x, int y) {
+  asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], [%1];" ::"l"(map),
+               "r"(smem_u32(src)), "r"(x), "r"(y)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait0() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
+}
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
+}
+// Forces the compiler to keep the accumulators in registers across the asynchronous MMAs.
+__device__ __forceinline__ void fence_regs(float* d) {
+#pragma unroll
+  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle. K-major: lbo unused (1), sbo = 1024
+// (8 rows of 128 B). N-major (B[K,N]): lbo = 8192 (next 64 columns: next TMA box), sbo =
+// 1024 (next 8 K-rows).
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  return (static_cast<uint64_t>((saddr & 0x3FFFF) >> 4)) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
+}
+
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+#endif  // WEFT_SM90 wrappers
+
+// ---- sm_90a kernel ---------------------------------------------------------------------
+// CM = 2: launched as clusters of two CTAs taking positions 2q and 2q+1 (M-blocks 2i, 2i+1
+// of one N-block); each producer loads its own A and half of B, multicasting that half into
+// both CTAs, so B crosses L2 once per pair. A stage is refilled only after the consumers of
+// both CTAs released it (their arrivals go to both CTAs' `empty` barriers).
+template <class T, int BKN, int CM>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_sm90_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ TensorMaps maps) {
+#if defined(WEFT_SM90)
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* sa = smem;                    // [kStages][BM][BK] swizzled
+  uint8_t* sb = sa + kStages * kAStage;  // [kStages][BN][BK] (or 4 boxes [BK][64])
+  uint8_t* se = sb + kStages * kBStage;  // [kConsumers][2 boxes][64][64]
+  uint64_t* full = reinterpret_cast<uint64_t*>(se + kConsumers * kEpiBytes);
+  uint64_t* empty = full + kStages;
+
+  const int wg = threadIdx.x / 128;  // 0..kConsumers-1: consumers; kConsumers: producer
+  const int tid = threadIdx.x % 128;
+  const int kblocks = (p.k + BK - 1) / BK;
+  const uint32_t crank = CM == 2 ? cluster_rank() : 0u;
+  // Positions of this CTA: CTA-pairs walk pairs of positions.
+  const int first =
+      CM == 2 ? static_cast<int>(blockIdx.x / 2) * 2 + static_cast<int>(crank) : static_cast<int>(blockIdx.x);
+  const int step = CM == 2 ? static_cast<int>(gridDim.x / 2) * 2 : static_cast<int>(gridDim.x);
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kConsumers * 4 * CM);  // lane 0 of every consumer warp of the cluster
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  if (CM == 2)
+    cluster_sync();
+  else
+    __syncthreads();
+
+  if (wg == kConsumers) {
+    // ---- producer ----
+    setmaxnreg_dec<40>();
+    if (tid == 0) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(&maps.a) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(&maps.b) : "memory");
+      uint32_t it = 0;
+      for (int pos = first; pos < p.num_positions; pos += step) {
+        int mb, nb;
+        tile_coords(p, pos, mb, nb);
+        if (p.hooks.wait_begin && mb < p.tiles_m) {
+          hook_wait(p, pos);
+          fence_proxy_async_global();
+        }
+        for (int kb = 0; kb < kblocks; ++kb, ++it) {
+          const int s = it % kStages;
+          const uint32_t ph = (it / kStages) & 1u;
+          mbar_wait(&empty[s], ph ^ 1u);
+          mbar_expect_tx(&full[s], kAStage + kBStage);
+          tma_load_2d(sa + s * kAStage, &maps.a, &full[s], kb * BK, mb * BM);
+          uint8_t* bs = sb + s * kBStage;
+          if (CM == 2) {
+            // This CTA's half of B (128 of the 256 columns), into both CTAs.
+            if (BKN) {
+#pragma unroll
+              for (int j = 2 * crank; j < 2 * crank + 2; ++j)
+                tma_load_2d_mc(bs + j * (64 * BK * 2), &maps.b, &full[s], nb * BN + j * 64, kb * BK, 0x3);
+            } else {
+              tma_load_2d_mc(bs + crank * (BN / 2) * 128, &maps.b, &full[s], kb * BK, nb * BN + crank * (BN / 2), 0x3);
+            }
+          } else if (BKN) {
+#pragma unroll
+            for (int j = 0; j < BN / 64; ++j)
+              tma_load_2d(bs + j * (64 * BK * 2), &maps.b, &full[s], nb * BN + j * 64, kb * BK);
+          } else {
+            tma_load_2d(bs, &maps.b, &full[s], kb * BK, nb * BN);
+            tma_load_2d(bs + (BN / 2) * 128, &maps.b, &full[s], kb * BK, nb * BN + BN / 2);
+          }
+        }
+      }
+    }
+  } else {
+    // ---- consumers ----
+    setmaxnreg_inc<232>();
+    const int warp = tid / 32, lane = tid % 32;
+    uint8_t* epi = se + wg * kEpiBytes;
+    float d[128];
+    uint32_t it = 0;
+    auto release = [&](int s) {
+      if (lane != 0) return;
+      mbar_arrive(&empty[s]);
+      if (CM == 2) mbar_arrive_cta(&empty[s], crank ^ 1u);
+    };
+    for (int pos = first; pos < p.num_positions; pos += step) {
+      int mb, nb;
+      tile_coords(p, pos, mb, nb);
+#pragma unroll
+      for (int i = 0; i < 128; ++i) d[i] = 0.f;
+      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        const int s = it % kStages;
+        const uint32_t ph = (it / kStages) & 1u;
+        mbar_wait(&full[s], ph);
+        if (kb == 0 && p.hooks.trace && wg == 0 && tid == 0) p.hooks.trace[3 * pos] = globaltimer();
+        const uint32_t a_base = smem_u32(sa + s * kAStage + wg * (64 * 128));
+        const uint32_t b_base = smem_u32(sb + s * kBStage);
+        wgmma_fence();
+        fence_regs(d);
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+          const uint64_t da = sw128_desc(a_base + kk * 32, 16, 1024);
+          const uint64_t db =
+              BKN ? sw128_desc(b_base + kk * 16 * 128, 64 * BK * 2, 1024) : sw128_desc(b_base + kk * 32, 16, 1024);
+          if constexpr (std::is_same_v<T, __nv_bfloat16>)
+            sm90::wgmma_m64n256k16_bf16<BKN>(d, da, db, 1u);
+          else
+            sm90::wgmma_m64n256k16_f16<BKN>(d, da, db, 1u);
+        }
+        wgmma_commit();
+        fence_regs(d);
+        wgmma_wait<1>();
+        if (kb > 0) release((it - 1) % kStages);
+      }
+      wgmma_wait<0>();
+      fence_regs(d);
+      if (kblocks > 0) release((it - 1) % kStages);
+      if (mb >= p.tiles_m) continue;  // phantom partner: nothing to store
+
+      const int dest = hook_dest(p, pos);
+      const bool reduce = hook_reduce(p, pos);
+      const int r = warp * 16 + lane / 4;
+      const int t0 = lane % 4;
+      if (p.direct_c) {
+        // ---- epilogue from registers (C rows not 16-byte multiples): element stores ----
+        T* c = static_cast<T*>(p.c[dest]);
+        for (int half = 0; half < 2; ++half) {
+          const int64_t grow = static_cast<int64_t>(mb) * BM + wg * 64 + r + 8 * half;
+          const int64_t lr = grow - p.c_row0[dest];
+          if (grow >= p.m || lr < 0 || lr >= p.c_rows[dest]) continue;
+#pragma unroll
+          for (int jj = 0; jj < 32; ++jj)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int col = nb * BN + 8 * jj + 2 * t0 + e;
+              if (col >= p.n) continue;
+              T* out = c + lr * p.ldc + col;
+              const T v = static_cast<T>(d[4 * jj + 2 * half + e]);
+              if (reduce)
+                atomicAdd(out, v);
+              else
+                *out = v;
+            }
+        }
+        if (p.hooks.notify_idx) {
+          named_sync(1 + wg, 128);
+          if (tid == 0) {
+            dev::fence_acq_rel();
+            hook_notify(p, pos);
+          }
+        }
+        continue;
+      }
+      // ---- epilogue: two halves of 64 x 128, each as two swizzled 64 x 64 boxes, TMA ----
+      const CUtensorMap* cmap = &maps.c[dest];
+      const int row0 = static_cast<int>(static_cast<int64_t>(mb) * BM + wg * 64 - p.c_row0[dest]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (tid == 0) bulk_wait_read0();  // the previous store from this buffer has been read
+        named_sync(1 + wg, 128);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const int jj = h * 16 + j;  // n8 block of the accumulator
+          uint8_t* box = epi + (j / 8) * (64 * 128);
+          const int chunk = (j % 8) ^ (r % 8);
+          *reinterpret_cast<uint32_t*>(box + r * 128 + chunk * 16 + t0 * 4) = pack2<T>(d[4 * jj + 0], d[4 * jj + 1]);
+          *reinterpret_cast<uint32_t*>(box + (r + 8) * 128 + chunk * 16 + t0 * 4) =
+              pack2<T>(d[4 * jj + 2], d[4 * jj + 3]);
+        }
+        fence_proxy_async_smem();
+        named_sync(1 + wg, 128);
+        if (tid == 0) {
+          const int col = nb * BN + h * kEpiCols;
+          if (reduce) {
+            tma_reduce_add_2d(cmap, epi, col, row0);
+            tma_reduce_add_2d(cmap, epi + 64 * 128, col + 64, row0);
+          } else {
+            tma_store_2d(cmap, epi, col, row0);
+            tma_store_2d(cmap, epi + 64 * 128, col + 64, row0);
+          }
+          bulk_commit();
+        }
+      }
+      if (p.hooks.notify_idx && tid == 0) {
+        bulk_wait0();  // this warpgroup's stores of the tile are complete
+        fence_proxy_async_global();
+        hook_notify(p, pos);
+      }
+      if (p.hooks.trace && wg == 0 && tid == 0) {
+        p.hooks.trace[3 * pos + 1] = globaltimer();
+        p.hooks.trace[3 * pos + 2] = smid();
+      }
+    }
+    if (tid == 0) bulk_wait0();
+  }
+  // Neither CTA of a pair leaves while the other may still multicast into it or arrive on
+  // its barriers.
+  if (CM == 2) cluster_sync();
+#endif
+}
+
+// ---- portable kernel: one 128 x 256 tile per CTA at a time, as 8 sub-tiles of 64 x 64,
+// 256 threads, 4 x 4 outputs per thread. Same schedule and hooks as the sm_90a kernel.
+template <class T>
+__device__ __forceinline__ float ld_f(const T* p) {
+  return static_cast<float>(*p);
+}
+template <class T>
+__global__ void __launch_bounds__(256) gemm_portable_kernel(const KernelParams p, const T* __restrict__ a, int64_t lda,
+                                                            const T* __restrict__ b, int64_t ldb, GemmArgs args) {
+  constexpr int TM = 64, TN = 64, TK = 16;
+  __shared__ float as[TK][TM + 1];
+  __shared__ float bs[TK][TN + 1];
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  for (int pos = blockIdx.x; pos < p.num_positions; pos += gridDim.x) {
+    int mb, nb;
+    tile_coords(p, pos, mb, nb);
+    if (mb >= p.tiles_m) continue;  // a phantom of a table built for CTA pairs
+    if (threadIdx.x == 0) hook_wait(p, pos);
+    if (threadIdx.x == 0 && p.hooks.trace) p.hooks.trace[3 * pos] = globaltimer();
+    __syncthreads();
+    const int dest = hook_dest(p, pos);
+    T* c = static_cast<T*>(args.c[dest]);
+    const int64_t rows = args.c_rows[dest];
+    for (int sub = 0; sub < (BM / TM) * (BN / TN); ++sub) {
+      const int m0 = mb * BM + (sub / (BN / TN)) * TM, n0 = nb * BN + (sub % (BN / TN)) * TN;
+      if (m0 >= p.m || n0 >= p.n) continue;
+      float acc[4][4] = {};
+      for (int k0 = 0; k0 < p.k; k0 += TK) {
+        for (int i = threadIdx.x; i < TM * TK; i += 256) {
+          const int r = i / TK, kk = i % TK;
+          const int gm = m0 + r, gk = k0 + kk, gn = n0 + r;
+          as[kk][r] = (gm < p.m && gk < p.k) ? ld_f(a + gm * lda + gk) : 0.f;
+          float bv = 0.f;
+          if (gn < p.n && gk < p.k) bv = p.b_kn ? ld_f(b + gk * ldb + gn) : ld_f(b + gn * ldb + gk);
+          bs[kk][r] = bv;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < TK; ++kk)
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] += as[kk][ty * 4 + i] * bs[kk][tx * 4 + j];
+        __syncthreads();
+      }
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) {
+          const int gm = m0 + ty * 4 + i, gn = n0 + tx * 4 + j;
+          const int64_t lr = gm - p.c_row0[dest];
+          if (gm >= p.m || gn >= p.n || lr < 0 || lr >= rows) continue;
+          T* out = c + lr * args.ldc + gn;
+          if (hook_reduce(p, pos))
+            atomicAdd(out, static_cast<T>(acc[i][j]));
+          else
+            *out = static_cast<T>(acc[i][j]);
+        }
+    }
+    if (p.hooks.notify_idx) {
+      __threadfence_system();
+      __syncthreads();
+      // As many notifies per tile as the sm_90a kernel (one per consumer warpgroup).
+      if (threadIdx.x == 0)
+        for (int w = 0; w < kGemmNotifyPerTile; ++w) hook_notify(p, pos);
+    }
+    if (threadIdx.x == 0 && p.hooks.trace) {
+      p.hooks.trace[3 * pos + 1] = globaltimer();
+      p.hooks.trace[3 * pos + 2] = smid();
+    }
+    __syncthreads();
+  }
+}
+
+// ---- host side -------------------------------------------------------------------------
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// 2-D tensor map over a row-major [rows, cols] matrix (ld elements between rows) of 16-bit
+// elements, box [box_rows, box_cols], 128-byte swizzle.
+bool make_map(CUtensorMap* map, CUtensorMapDataType type, const void* base, int64_t rows, int64_t cols, int64_t ld,
+              int box_rows, int box_cols) {
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t estr[2] = {1, 1};
+  auto fn = encode_fn();
+  if (!fn) return false;
+  return fn(map, type, 2, const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+int g_last_ctas = 0, g_last_cluster = 0;
+
+int sm_count() {
+  int dev = 0, n = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+  return n;
+}
+
+template <class T, int BKN, int CM>
+cudaError_t launch_sm90(const GemmArgs& a, const KernelParams& kp, const TensorMaps& maps, cudaStream_t stream) {
+  auto kern = gemm_sm90_kernel<T, BKN, CM>;
+  static int max_ctas = 0;  // per instantiation: CTAs that fit at once (clusters counted)
+  if (max_ctas == 0) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (e != cudaSuccess) return e;
+    if (CM == 2) {
+      e = cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 0);
+      cudaLaunchConfig_t cfg{};
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = 2;
+      attr.val.clusterDim.y = 1;
+      attr.val.clusterDim.z = 1;
+      cfg.gridDim = dim3(2 * 66);
+      cfg.blockDim = dim3(kThreads);
+      cfg.dynamicSmemBytes = kSmemBytes;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      int clusters = 0;
+      e = cudaOccupancyMaxActiveClusters(&clusters, kern, &cfg);
+      if (e != cudaSuccess) return e;
+      max_ctas = 2 * clusters;
+    } else {
+      max_ctas = sm_count();
+    }
+  }
+  int ctas = std::min(kp.num_positions, a.ctas > 0 ? std::min(a.ctas, max_ctas) : max_ctas);
+  if (CM == 2) ctas = std::max(2, ctas & ~1);
+  g_last_ctas = ctas;
+  g_last_cluster = CM;
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = CM;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.gridDim = dim3(ctas);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmemBytes;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kern, kp, maps);
+}
+
+template <class T>
+cudaError_t launch(const GemmArgs& a, const KernelParams& kp, bool sm90, cudaStream_t stream, const char** why) {
+  if (sm90) {
+    TensorMaps maps{};
+    const auto dt = a.type == GemmType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    bool ok = make_map(&maps.a, dt, a.a, a.m, a.k, a.lda, BM, BK);
+    ok = ok && (a.b_layout == GemmBLayout::kKN ? make_map(&maps.b, dt, a.b, a.k, a.n, a.ldb, BK, 64)
+                                               : make_map(&maps.b, dt, a.b, a.n, a.k, a.ldb, BN / 2, BK));
+    for (int d = 0; ok && !kp.direct_c && d < a.num_dests; ++d)
+      ok = make_map(&maps.c[d], dt, a.c[d], a.c_rows[d], a.n, a.ldc, 64, 64);
+    if (!ok) {
+      if (why) *why = "cuTensorMapEncodeTiled refused a tensor map (pointer, stride or shape)";
+      return cudaErrorInvalidValue;
+    }
+    const bool kn = a.b_layout == GemmBLayout::kKN;
+    if (kp.cluster == 2)
+      return kn ? launch_sm90<T, 1, 2>(a, kp, maps, stream) : launch_sm90<T, 0, 2>(a, kp, maps, stream);
+    return kn ? launch_sm90<T, 1, 1>(a, kp, maps, stream) : launch_sm90<T, 0, 1>(a, kp, maps, stream);
+  }
+  const int ctas = std::min(kp.num_positions, (a.ctas > 0 ? a.ctas : sm_count() * 4));
+  gemm_portable_kernel<T>
+      <<<ctas, 256, 0, stream>>>(kp, static_cast<const T*>(a.a), a.lda, static_cast<const T*>(a.b), a.ldb, a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+void gemm_last_launch(int* ctas, int* cluster) {
+  *ctas = g_last_ctas;
+  *cluster = g_last_cluster;
+}
+
+bool gemm_sm90_available() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return major == 9 && minor == 0;
+}
+
+cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, const char** why, bool force_portable) {
+  auto refuse = [&](const char* w) {
+    if (why) *why = w;
+    return cudaErrorInvalidValue;
+  };
+  if (a.m < 0 || a.n < 0 || a.k < 0) return refuse("negative dimension");
+  if (a.m == 0 || a.n == 0) return cudaSuccess;
+  if (a.k % 8 != 0) return refuse("K must be a multiple of 8 (16-byte rows for TMA)");
+  if (a.num_dests < 1 || a.num_dests > kGemmMaxDests) return refuse("num_dests must be in [1, 8]");
+  const int64_t bcols = a.b_layout == GemmBLayout::kKN ? a.n : a.k;
+  if (a.lda < a.k || a.ldb < bcols || a.ldc < a.n) return refuse("a leading dimension is smaller than the row");
+  // TMA needs 16-byte row strides and bases; where A or B cannot give them, the portable
+  // kernel runs instead (same results and hooks, slower).
+  auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) != 0; };
+  if (!a.a || !a.b) return refuse("A and B must be non-null");
+  const bool tma_ab = a.lda % 8 == 0 && a.ldb % 8 == 0 && !misaligned(a.a) && !misaligned(a.b);
+  GemmArgs args = a;
+  // C rows that are not 16-byte multiples (or a C not 16-byte aligned) cannot be TMA-stored:
+  // the kernel then stores from registers (correct, slower).
+  bool direct_c = a.ldc % 8 != 0;
+  for (int d = 0; d < a.num_dests; ++d) {
+    if (!a.c[d]) return refuse("every destination C must be non-null");
+    if (misaligned(a.c[d])) direct_c = true;
+    if (args.c_rows[d] == 0) args.c_rows[d] = a.m - a.c_row0[d];
+    if (args.c_rows[d] <= 0) return refuse("a destination holds no rows");
+  }
+  if (a.cluster_m < 0 || a.cluster_m > 2) return refuse("cluster_m must be 0 (auto), 1 or 2");
+  if (a.cluster_m == 0 && h.order) return refuse("with an order table, say which cluster_m the table was built for");
+
+  KernelParams kp{};
+  kp.m = a.m;
+  kp.n = a.n;
+  kp.k = a.k;
+  kp.tiles_m = gemm_tiles_m(a.m);
+  kp.tiles_n = gemm_tiles_n(a.n);
+  const bool sm90 = !force_portable && tma_ab && gemm_sm90_available();
+  // Automatic: single CTAs. CTA pairs with multicast measured slower so far (docs/gemm.md).
+  kp.cluster = a.cluster_m == 0 ? 1 : a.cluster_m;
+  // Experiments: WEFT_GEMM_CLUSTER=1|2 overrides the automatic choice (not a table's).
+  if (const char* env = std::getenv("WEFT_GEMM_CLUSTER"); env && a.cluster_m == 0 && (env[0] == '1' || env[0] == '2'))
+    kp.cluster = env[0] - '0';
+  if (!sm90 && !h.order) kp.cluster = 1;  // the portable kernel has no clusters (tables keep their layout)
+  kp.num_positions = gemm_positions(a.m, a.n, kp.cluster);
+  kp.group_m = a.group_m > 0 ? a.group_m : 8;
+  kp.direct_c = direct_c;
+  for (int d = 0; d < kGemmMaxDests; ++d) {
+    kp.c[d] = args.c[d];
+    kp.c_rows[d] = args.c_rows[d];
+  }
+  kp.ldc = a.ldc;
+  kp.b_kn = a.b_layout == GemmBLayout::kKN;
+  kp.reduce_add = a.out == GemmOut::kReduceAdd;
+  for (int d = 0; d < kGemmMaxDests; ++d) kp.c_row0[d] = args.c_row0[d];
+  kp.hooks = h;
+  if (a.type == GemmType::kBF16) return launch<__nv_bfloat16>(args, kp, sm90, stream, why);
+  return launch<__half>(args, kp, sm90, stream, why);
+}
+
+}  // namespace weft::kernels

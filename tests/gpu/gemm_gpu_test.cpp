@@ -1,0 +1,384 @@
+// weft's GEMM on one GPU: exact on small-integer data against the CPU tile reference (both
+// kernels, both dtypes, both B layouts, shapes that are not multiples of the tile), close to
+// it on random data, every hook (tile order, destinations with row offsets, reduce-add,
+// notify counts, waits on data that arrives after the launch), and argument errors.
+// Each test runs in a forked child (the other GPU tests fork ranks: no CUDA in the parent).
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "gemm_gpu_kernels.hpp"
+#include "rank_harness.hpp"
+#include "weft/core/cuda_check.hpp"
+#include "weft/core/error.hpp"
+#include "weft/kernels/runtime_kernels.hpp"
+#include "weft/ops/gemm.hpp"
+#include "weft/runtime/backend.hpp"
+#include "weft/runtime/launch.hpp"
+
+using namespace weft;
+using namespace weft::testing;
+
+namespace {
+
+int gpus() {
+  static int n = count_gpus_forked();
+  return n;
+}
+
+void in_child(const std::function<void()>& fn) {
+  LaunchOptions opt;
+  opt.nranks = 1;
+  opt.grace_ms = 30000;
+  opt.deadline_ms = 300000;
+  opt.quiet = true;
+  expect_all_ok(run_ranks(fn, opt));
+}
+
+template <class T>
+struct DevBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) {
+    WEFT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)));
+    WEFT_CUDA_CHECK(cudaMemset(p, 0, std::max<size_t>(count, 1) * sizeof(T)));
+  }
+  ~DevBuf() { cudaFree(p); }
+  void put(const std::vector<T>& h) { WEFT_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    WEFT_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+uint16_t enc(dev::DType t, float x) {
+  return t == dev::DType::kBF16 ? dev::from_float<dev::bf16_t>(x).bits : dev::from_float<dev::f16_t>(x).bits;
+}
+float dec(dev::DType t, uint16_t x) {
+  return t == dev::DType::kBF16 ? dev::to_float(dev::bf16_t{x}) : dev::to_float(dev::f16_t{x});
+}
+
+std::vector<uint16_t> fill(dev::DType t, size_t n, uint32_t seed, bool integers, int range = 2) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v)
+    x = enc(t, integers ? static_cast<float>(static_cast<int>(rng() % (2 * range + 1)) - range) : u(rng));
+  return v;
+}
+
+struct Case {
+  int m, n, k;
+};
+
+kernels::GemmArgs args_for(dev::DType t, bool kn, const Case& c, const void* a, const void* b, void* out) {
+  kernels::GemmArgs g;
+  g.m = c.m;
+  g.n = c.n;
+  g.k = c.k;
+  g.type = t == dev::DType::kBF16 ? kernels::GemmType::kBF16 : kernels::GemmType::kF16;
+  g.b_layout = kn ? kernels::GemmBLayout::kKN : kernels::GemmBLayout::kNK;
+  g.a = a;
+  g.lda = c.k;
+  g.b = b;
+  g.ldb = kn ? c.n : c.k;
+  g.c[0] = out;
+  g.ldc = c.n;
+  return g;
+}
+
+std::vector<uint16_t> reference(dev::DType t, bool kn, const Case& c, const std::vector<uint16_t>& a,
+                                const std::vector<uint16_t>& b, const std::vector<uint16_t>* prefill = nullptr) {
+  std::vector<uint16_t> out = prefill ? *prefill : std::vector<uint16_t>(static_cast<size_t>(c.m) * c.n);
+  ops::CpuGemm g{t, t, kn, a.data(), c.k, b.data(), kn ? c.n : c.k, out.data(), c.n, c.k, prefill != nullptr};
+  ops::gemm_cpu(g, c.m, c.n);
+  return out;
+}
+
+void expect_equal(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want, const std::string& what) {
+  WEFT_REQUIRE(got.size() == want.size(), what + ": size");
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i])
+      throw Error(
+          fmt::format("{}: element {} is {:#06x}, expected {:#06x} (and maybe more)", what, i, got[i], want[i]));
+}
+
+}  // namespace
+
+TEST(GemmGpu, ExactOnSmallIntegersForEveryKernelTypeLayoutAndShape) {
+  if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
+  in_child([] {
+    const std::vector<Case> cases = {{128, 256, 64}, {1, 8, 8},       {300, 520, 136},
+                                     {129, 257, 72}, {200, 600, 512}, {513, 264, 1000}};
+    int checks = 0;
+    for (int kernel : {0, 1, 2})  // sm90 with CTA pairs (auto), sm90 single CTAs, portable
+      for (dev::DType t : {dev::DType::kBF16, dev::DType::kF16})
+        for (bool kn : {false, true})
+          for (const auto& c : cases) {
+            const bool portable = kernel == 2;
+            const auto ha = fill(t, static_cast<size_t>(c.m) * c.k, 1, true);
+            const auto hb = fill(t, static_cast<size_t>(c.n) * c.k, 2, true);
+            DevBuf<uint16_t> a(ha.size()), b(hb.size()), out(static_cast<size_t>(c.m) * c.n);
+            a.put(ha);
+            b.put(hb);
+            auto g = args_for(t, kn, c, a.p, b.p, out.p);
+            g.cluster_m = kernel == 1 ? 1 : 0;
+            ops::gemm_gpu(g, {}, nullptr, portable);
+            WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+            expect_equal(out.get(), reference(t, kn, c, ha, hb),
+                         fmt::format("{} {} {} M={} N={} K={}",
+                                     kernel == 0   ? "sm90 pairs"
+                                     : kernel == 1 ? "sm90"
+                                                   : "portable",
+                                     dev::dtype_name(t), kn ? "kn" : "nk", c.m, c.n, c.k));
+            ++checks;
+          }
+    std::printf("[gpu] gemm: %d exact checks passed (sm90 kernel: %s)\n", checks,
+                kernels::gemm_sm90_available() ? "yes" : "no");
+  });
+}
+
+TEST(GemmGpu, RandomDataCloseToReference) {
+  if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
+  in_child([] {
+    const Case c{640, 768, 1024};
+    for (dev::DType t : {dev::DType::kBF16, dev::DType::kF16})
+      for (bool kn : {false, true}) {
+        const auto ha = fill(t, static_cast<size_t>(c.m) * c.k, 3, false);
+        const auto hb = fill(t, static_cast<size_t>(c.n) * c.k, 4, false);
+        DevBuf<uint16_t> a(ha.size()), b(hb.size()), out(static_cast<size_t>(c.m) * c.n);
+        a.put(ha);
+        b.put(hb);
+        ops::gemm_gpu(args_for(t, kn, c, a.p, b.p, out.p));
+        WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto got = out.get(), want = reference(t, kn, c, ha, hb);
+        double scale = 0, worst = 0;
+        for (auto x : want) scale = std::max(scale, std::fabs(static_cast<double>(dec(t, x))));
+        for (size_t i = 0; i < got.size(); ++i) {
+          const double g = dec(t, got[i]), w = dec(t, want[i]);
+          WEFT_REQUIRE(!std::isnan(g), fmt::format("NaN at {}", i));
+          worst = std::max(worst, std::fabs(g - w) / std::max(std::fabs(w), 0.05 * scale));
+        }
+        WEFT_REQUIRE(worst < 1e-2,
+                     fmt::format("{} {}: max relative error {:.3e}", dev::dtype_name(t), kn ? "kn" : "nk", worst));
+        std::printf("[gpu] gemm random %s %s: max relative error %.2e\n", dev::dtype_name(t), kn ? "kn" : "nk", worst);
+      }
+  });
+}
+
+// Tile order from a table, two destinations splitting the rows, reduce-add into a prefilled
+// C, and notify counters: every hook the fused operators use, on one GPU.
+TEST(GemmGpu, HooksOrderDestinationsReduceAddAndNotify) {
+  if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
+  in_child([] {
+    const dev::DType t = dev::DType::kBF16;
+    const Case c{520, 600, 136};
+    const int tm = kernels::gemm_tiles_m(c.m), tn = kernels::gemm_tiles_n(c.n);
+    // Values in {-1, 0, 1}: |A*B| <= K = 136, so the tile's bf16 rounding is exact and a
+    // reduce-add of it equals the reference's single rounding.
+    const auto ha = fill(t, static_cast<size_t>(c.m) * c.k, 5, true, 1);
+    const auto hb = fill(t, static_cast<size_t>(c.n) * c.k, 6, true, 1);
+    DevBuf<uint16_t> a(ha.size()), b(hb.size());
+    a.put(ha);
+    b.put(hb);
+    for (int cluster : {1, 2}) {
+      // Positions: a shuffled order; with CTA pairs, shuffled pairs of tiles of one N-block
+      // (odd tiles_m: one phantom M-block per N-block).
+      std::mt19937 rng(7);
+      std::vector<int32_t> order;
+      if (cluster == 1) {
+        order.resize(tm * tn);
+        std::iota(order.begin(), order.end(), 0);
+        std::shuffle(order.begin(), order.end(), rng);
+      } else {
+        std::vector<std::pair<int32_t, int32_t>> pairs;
+        for (int nb = 0; nb < tn; ++nb) {
+          std::vector<int32_t> mbs(tm + (tm % 2));
+          std::iota(mbs.begin(), mbs.end(), 0);  // tm itself is the phantom when tm is odd
+          std::shuffle(mbs.begin(), mbs.end(), rng);
+          for (size_t i = 0; i < mbs.size(); i += 2) pairs.push_back({mbs[i] * tn + nb, mbs[i + 1] * tn + nb});
+        }
+        std::shuffle(pairs.begin(), pairs.end(), rng);
+        for (auto [x, y] : pairs) {
+          order.push_back(x);
+          order.push_back(y);
+        }
+      }
+      const int positions = kernels::gemm_positions(c.m, c.n, cluster);
+      WEFT_REQUIRE(static_cast<int>(order.size()) == positions, "test: table length");
+      std::vector<int32_t> notify_idx(positions), notify_rank(positions, 0);
+      std::vector<int8_t> dest(positions);
+      const int split_row = 256;  // destination 0: rows [0, 256), destination 1: rows [256, M)
+      for (int p = 0; p < positions; ++p) {
+        const int mb = order[p] / tn;
+        dest[p] = static_cast<int8_t>(mb * kernels::kGemmTileM >= split_row ? 1 : 0);
+        notify_idx[p] = std::min(mb, tm);  // the phantom's counter (index tm) must stay 0
+      }
+      DevBuf<int32_t> d_order(positions), d_nidx(positions), d_nrank(positions);
+      DevBuf<int8_t> d_dest(positions);
+      d_order.put(order);
+      d_nidx.put(notify_idx);
+      d_nrank.put(notify_rank);
+      d_dest.put(dest);
+      DevBuf<uint64_t> heap(64);
+      dev::DeviceCtx ctx{};
+      ctx.rank = 0;
+      ctx.world = 1;
+      ctx.heap_bytes = 64 * 8;
+      ctx.timeout_ns = 10'000'000'000ull;
+      ctx.peer_base[0] = reinterpret_cast<char*>(heap.p);
+      kernels::GemmHooks h;
+      h.ctx = ctx;
+      h.order = d_order.p;
+      h.dest = d_dest.p;
+      h.notify_idx = d_nidx.p;
+      h.notify_rank = d_nrank.p;
+      h.notify_off = 0;
+      for (bool reduce : {false, true}) {
+        // Prefill (reduce-add adds to it): small integers.
+        const auto pre0 = fill(t, static_cast<size_t>(split_row) * c.n, 8, true);
+        const auto pre1 = fill(t, static_cast<size_t>(c.m - split_row) * c.n, 9, true);
+        DevBuf<uint16_t> c0(pre0.size()), c1(pre1.size());
+        c0.put(pre0);
+        c1.put(pre1);
+        WEFT_CUDA_CHECK(cudaMemset(heap.p, 0, 64 * 8));
+        auto g = args_for(t, false, c, a.p, b.p, c0.p);
+        g.c[1] = c1.p;
+        g.num_dests = 2;
+        g.c_row0[1] = split_row;
+        g.c_rows[0] = split_row;
+        g.out = reduce ? kernels::GemmOut::kReduceAdd : kernels::GemmOut::kStore;
+        g.cluster_m = cluster;
+        ops::gemm_gpu(g, h);
+        WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint16_t> pre(pre0);
+        pre.insert(pre.end(), pre1.begin(), pre1.end());
+        const auto want = reference(t, false, c, ha, hb, reduce ? &pre : nullptr);
+        auto got = c0.get();
+        const auto got1 = c1.get();
+        got.insert(got.end(), got1.begin(), got1.end());
+        expect_equal(got, want, reduce ? "reduce-add into two destinations" : "store into two destinations");
+        const auto counters = heap.get();
+        WEFT_REQUIRE(counters[tm] == 0, "the phantom tile notified");
+        for (int mb = 0; mb < tm; ++mb)
+          WEFT_REQUIRE(counters[mb] == static_cast<uint64_t>(kernels::kGemmNotifyPerTile * tn),
+                       fmt::format("notify counter of M-block {} is {}, expected {}", mb, counters[mb],
+                                   kernels::kGemmNotifyPerTile * tn));
+      }
+    }
+    std::printf("[gpu] gemm hooks: shuffled order, 2 destinations, store and reduce-add, notify counts exact\n");
+  });
+}
+
+// A's rows arrive after the launch (copy engine on another stream, after a 2 ms sleep),
+// each M-block's signal set only after its rows landed: the GEMM must wait for them.
+TEST(GemmGpu, WaitsForRowsThatArriveAfterTheLaunch) {
+  if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
+  in_child([] {
+    const dev::DType t = dev::DType::kBF16;
+    const Case c{640, 512, 256};  // 5 x 2 tiles: few CTAs, SMs stay free for the other stream
+    const int tm = kernels::gemm_tiles_m(c.m), tn = kernels::gemm_tiles_n(c.n), tiles = tm * tn;
+    const auto ha = fill(t, static_cast<size_t>(c.m) * c.k, 10, true);
+    const auto hb = fill(t, static_cast<size_t>(c.n) * c.k, 11, true);
+    DevBuf<uint16_t> a(ha.size()), b(hb.size()), out(static_cast<size_t>(c.m) * c.n), staged(ha.size());
+    b.put(hb);
+    staged.put(ha);
+    WEFT_CUDA_CHECK(cudaMemset(a.p, 0xFF, ha.size() * 2));  // NaNs until the rows land
+    std::vector<int32_t> widx(tiles), wpeer(tiles, 0), wbegin(tiles + 1);
+    std::vector<uint64_t> wval(tiles, 1);
+    for (int p = 0; p < tiles; ++p) widx[p] = p / tn;  // closed-form order: M-block = p / tn (group_m 1)
+    std::iota(wbegin.begin(), wbegin.end(), 0);        // one wait per position
+    DevBuf<int32_t> d_widx(tiles), d_wpeer(tiles), d_wbegin(tiles + 1);
+    DevBuf<uint64_t> d_wval(tiles), heap(64), d_trace(3 * tiles);
+    d_widx.put(widx);
+    d_wbegin.put(wbegin);
+    d_wpeer.put(wpeer);
+    d_wval.put(wval);
+    dev::DeviceCtx ctx{};
+    ctx.rank = 0;
+    ctx.world = 1;
+    ctx.heap_bytes = 64 * 8;
+    ctx.timeout_ns = 10'000'000'000ull;
+    ctx.peer_base[0] = reinterpret_cast<char*>(heap.p);
+    kernels::GemmHooks h;
+    h.ctx = ctx;
+    h.wait_begin = d_wbegin.p;
+    h.wait_idx = d_widx.p;
+    h.wait_val = d_wval.p;
+    h.trace = d_trace.p;
+    h.wait_peer = d_wpeer.p;
+    h.wait_off = 0;
+    cudaStream_t s1, s2;
+    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    auto g = args_for(t, false, c, a.p, b.p, out.p);
+    g.group_m = 1;
+    g.cluster_m = 1;
+    // Load the other stream's kernels before the GEMM spins: with lazy module loading, a
+    // first launch while a kernel waits on it would wait for that kernel (a deadlock).
+    WEFT_CUDA_CHECK(kernels::device_sleep(0, s2));
+    WEFT_CUDA_CHECK(set_signals(heap.p + 63, 1, 0, s2));
+    WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+    ops::gemm_gpu(g, h, s1);
+    WEFT_CUDA_CHECK(kernels::device_sleep(2'000'000, s2));
+    const size_t block_bytes = static_cast<size_t>(kernels::kGemmTileM) * c.k * 2;
+    for (int mb = tm - 1; mb >= 0; --mb) {  // last block first: out of order on purpose
+      const size_t off = mb * block_bytes, bytes = std::min(block_bytes, ha.size() * 2 - off);
+      WEFT_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<char*>(a.p) + off, reinterpret_cast<char*>(staged.p) + off,
+                                      bytes, cudaMemcpyDeviceToDevice, s2));
+      WEFT_CUDA_CHECK(set_signals(heap.p + mb, 1, 1, s2));
+    }
+    WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+    expect_equal(out.get(), reference(t, false, c, ha, hb), "GEMM waiting for late rows");
+    // Every tile was traced, and none started before its rows could have landed (2 ms).
+    const auto tr = d_trace.get();
+    uint64_t t_min = ~0ull, t_max = 0;
+    for (int p = 0; p < tiles; ++p) {
+      WEFT_REQUIRE(tr[3 * p] > 0 && tr[3 * p + 1] >= tr[3 * p], fmt::format("trace of position {} missing", p));
+      t_min = std::min(t_min, tr[3 * p]);
+      t_max = std::max(t_max, tr[3 * p + 1]);
+    }
+    std::printf("[gpu] gemm waits: traced tiles span %.1f us\n", (t_max - t_min) / 1e3);
+    cudaStreamDestroy(s1);
+    cudaStreamDestroy(s2);
+    std::printf("[gpu] gemm waits: rows landing 2 ms after launch, out of order: exact\n");
+  });
+}
+
+TEST(GemmGpu, BadArgumentsAreRefusedWithTheReason) {
+  if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
+  in_child([] {
+    DevBuf<uint16_t> a(1024), b(1024), c(1024);
+    auto base = args_for(dev::DType::kBF16, false, Case{16, 16, 16}, a.p, b.p, c.p);
+    auto expect_refused = [&](kernels::GemmArgs g, const std::string& needle) {
+      try {
+        ops::gemm_gpu(g);
+      } catch (const InvalidArgument& e) {
+        WEFT_REQUIRE(std::string(e.what()).find(needle) != std::string::npos,
+                     fmt::format("message '{}' lacks '{}'", e.what(), needle));
+        return;
+      }
+      throw Error("not refused: " + needle);
+    };
+    auto g = base;
+    g.k = 12;
+    g.lda = 16;
+    g.ldb = 16;
+    expect_refused(g, "multiple of 8");
+    g = base;
+    g.a = nullptr;
+    expect_refused(g, "non-null");
+    g = base;
+    g.ldc = 8;
+    expect_refused(g, "leading dimension");
+    g = base;
+    g.num_dests = 9;
+    expect_refused(g, "num_dests");
+  });
+}
