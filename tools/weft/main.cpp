@@ -12,7 +12,10 @@
 
 #include "weft/bench/collectives_bench.hpp"
 #include "weft/bench/devapi_bench.hpp"
+#include "weft/bench/gemm_bench.hpp"
+#include "weft/bench/gemm_overlap_bench.hpp"
 #include "weft/core/error.hpp"
+#include "weft/ops/trace.hpp"
 #include "weft/runtime/backend.hpp"
 #include "weft/runtime/launch.hpp"
 #include "plan_cmd.hpp"
@@ -78,6 +81,72 @@ void write_json(nlohmann::json j, const std::string& out_dir, const std::string&
   std::string path = fmt::format("{}/{}-{}.json", out_dir, name, utc_stamp("%Y%m%d-%H%M%S"));
   std::ofstream(path) << j.dump(2) << "\n";
   std::cout << "wrote " << path << "\n";
+}
+
+// `weft bench gemm`: one GPU (or the CPU tile reference), no ranks.
+int cmd_bench_gemm(bool quick, const std::string& out_dir, const std::vector<std::string>& shapes) {
+  bench::GemmBenchOptions opt;
+  opt.quick = quick;
+  opt.shapes = shapes;
+  const auto t0 = std::chrono::steady_clock::now();
+  opt.progress = [t0](const std::string& s) {
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::cerr << fmt::format("[weft bench {:7.1f}s] {}\n", secs, s);
+  };
+  auto r = bench::bench_gemm(opt);
+  write_json(bench::to_json(r), out_dir, r.points.empty() || r.points[0].impl == "cpu" ? "gemm-cpu" : "gemm-gpu", quick);
+  std::cout << bench::to_table(r);
+  return 0;
+}
+
+// `weft bench ag_gemm | gemm_rs | gemm_ar` (docs/gemm_overlap.md): runs as ranks.
+bool is_overlap_bench(const std::string& what) { return what == "ag_gemm" || what == "gemm_rs" || what == "gemm_ar"; }
+
+int cmd_bench_overlap(const std::string& what, bool quick, const std::string& out_dir,
+                      const std::vector<std::string>& shapes, int chunks, const std::string& trace_dir, bool tune) {
+  if (!std::getenv(tunables::kGpuHeapMiB.env)) setenv(tunables::kGpuHeapMiB.env, "8192", 1);
+  auto b = make_backend();
+  bench::OverlapBenchOptions opt;
+  opt.op = what;
+  opt.quick = quick;
+  opt.shapes = shapes;
+  opt.chunks = chunks;
+  opt.trace_dir = trace_dir;
+  opt.tune = tune;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (b->rank() == 0)
+    opt.progress = [t0](const std::string& s) {
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::cerr << fmt::format("[weft bench {:7.1f}s] {}\n", secs, s);
+    };
+  auto r = bench::bench_gemm_overlap(*b, opt);
+  if (b->rank() == 0) {
+    write_json(bench::to_json(r), out_dir, fmt::format("{}-{}-{}r", what, r.backend, r.world), quick);
+    std::cout << bench::to_table(r);
+  }
+  return 0;
+}
+
+// `weft trace FILE.json [--png OUT.png]`: per rank communication and computation time and
+// the fraction of communication hidden behind computation.
+int cmd_trace(const std::string& file, const std::string& png) {
+  std::ifstream f(file);
+  WEFT_REQUIRE(f.good(), fmt::format("cannot read trace '{}'", file));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const std::exception& e) {
+    throw InvalidArgument(fmt::format("trace '{}' is not JSON: {}", file, e.what()));
+  }
+  if (j.contains("weft")) std::cout << "run: " << j["weft"].dump() << "\n";
+  std::cout << ops::format_trace_summary(ops::summarize_trace(j));
+  if (!png.empty()) {
+    std::string script = "tools/plot_timeline.py";  // a checkout here, else the one weft was built from
+    if (!std::filesystem::exists(script)) script = std::string(WEFT_SOURCE_DIR) + "/tools/plot_timeline.py";
+    const std::string cmd = fmt::format("python3 '{}' '{}' '{}'", script, file, png);
+    WEFT_REQUIRE(std::system(cmd.c_str()) == 0, fmt::format("drawing the PNG failed: {}", cmd));
+  }
+  return 0;
 }
 
 // what: devapi, collectives or all.
@@ -148,13 +217,28 @@ int main(int argc, char** argv) {
   auto* bench = app.add_subcommand("bench", "Benchmarks; writes JSON to --out and prints a table");
   std::string what = "all";
   std::vector<std::string> only;
-  bench->add_option("what", what, "devapi, collectives or all (default)");
+  bench->add_option("what", what,
+                    "devapi, collectives, gemm, ag_gemm, gemm_rs, gemm_ar, or all (default: devapi and collectives)");
   bench->add_option("--only", only, "collectives to run (all_reduce, all_gather, reduce_scatter, all_to_all)")
       ->delimiter(',');
   bool quick = false;
   std::string out_dir = "bench/results";
   bench->add_flag("--quick", quick, "small sizes, few repetitions");
   bench->add_option("--out", out_dir, "directory for the JSON results");
+  std::vector<std::string> shapes;
+  bench->add_option("--shapes", shapes, "gemm: shapes MxKxN (default: ANCHORS.md's four and 8192x8192x8192)")
+      ->delimiter(',');
+  int chunks = 0;
+  std::string trace_dir;
+  bool tune = false;
+  bench->add_option("--chunks", chunks, "ag_gemm/gemm_rs/gemm_ar: chunks per shard for decomposed (0: auto)");
+  bench->add_option("--trace-dir", trace_dir, "ag_gemm/gemm_rs/gemm_ar: write one traced call per method here");
+  bench->add_flag("--tune", tune, "ag_gemm/gemm_rs/gemm_ar: store the fastest method in the tuning cache");
+
+  auto* trace = app.add_subcommand("trace", "Summarise a Chrome-trace JSON: comm, compute, communication hidden");
+  std::string trace_file, trace_png;
+  trace->add_option("file", trace_file, "trace JSON (weft bench --trace-dir, weft plan --trace)")->required();
+  trace->add_option("--png", trace_png, "also draw the timeline (tools/plot_timeline.py)");
 
   auto run_plan_commands = weft::cli::add_plan_commands(app);
 
@@ -171,6 +255,12 @@ int main(int argc, char** argv) {
       LaunchOptions opt;
       opt.nranks = nranks;
       return launch_exit_code(launch_exec(command, opt));
+    }
+    if (*bench && what == "gemm") return cmd_bench_gemm(quick, out_dir, shapes);
+    if (*trace) return cmd_trace(trace_file, trace_png);
+    if (*bench && is_overlap_bench(what)) {
+      int rc = relaunch_as_ranks(argc, argv);
+      return rc >= 0 ? rc : cmd_bench_overlap(what, quick, out_dir, shapes, chunks, trace_dir, tune);
     }
     if (*bench) {
       int rc = relaunch_as_ranks(argc, argv);

@@ -1,0 +1,49 @@
+// Launchers of the small kernels ops::GemmOverlap's decomposed method puts between its
+// copy-engine transfers and its cuBLAS GEMMs (src/kernels/gemm_overlap_kernels.cu):
+// framework-free, raw values and a stream in, cudaError_t out; graph-capturable.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "weft/device/ctx.hpp"
+#include "weft/device/dtype.hpp"
+
+namespace weft::kernels {
+
+inline constexpr int kOverlapListMax = 8;
+
+// Signals to bump: (peer, heap offset, increment). The kernel starts after the stream's
+// previous work (a cudaMemcpyAsync) has completed; it issues a system-scope fence, then one
+// release add per entry, so a peer that sees the signal sees the copied data.
+struct OverlapSignals {
+  int32_t count;
+  int32_t peer[kOverlapListMax];
+  uint64_t off[kOverlapListMax];
+  uint64_t inc[kOverlapListMax];
+};
+
+// Local signals to wait for: signal off[i] >= epoch * threshold[i], where epoch is read from
+// this rank's heap word at epoch_off (a device-side call counter, so graph replays advance
+// it); from[i] names the rank expected to signal (for the timeout message).
+struct OverlapWaits {
+  int32_t count;
+  int32_t from[kOverlapListMax];
+  uint64_t off[kOverlapListMax];
+  int64_t threshold[kOverlapListMax];
+};
+
+// Adds 1 to the local heap word at epoch_off (one thread).
+cudaError_t overlap_epoch_bump(const dev::DeviceCtx& c, uint64_t epoch_off, cudaStream_t s);
+cudaError_t overlap_signal(const dev::DeviceCtx& c, const OverlapSignals& sig, cudaStream_t s);
+cudaError_t overlap_wait(const dev::DeviceCtx& c, uint64_t epoch_off, const OverlapWaits& w, cudaStream_t s);
+// A 2-D copy by SMs (rows x width bytes; pitches in bytes) with `ctas` CTAs: the decomposed
+// method's fallback where the copy engine cannot take a pointer (WEFT_OVERLAP_ENGINE=sm).
+cudaError_t overlap_copy(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, int ctas,
+                         cudaStream_t s);
+// out[i] = sum over s < nslots of slots[s * slot_stride + i], i < n: fp32 sums in slot order,
+// rounded once to t (bf16 or f16). Any alignment (16-byte vectors when everything allows).
+cudaError_t overlap_reduce(const void* slots, uint64_t slot_stride, int nslots, void* out, uint64_t n, dev::DType t,
+                           cudaStream_t s);
+
+}  // namespace weft::kernels

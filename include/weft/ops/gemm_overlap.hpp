@@ -1,0 +1,135 @@
+// GEMMs overlapped with communication (issue 6): AllGather+GEMM, GEMM+ReduceScatter and
+// GEMM+AllReduce, with methods `baseline` (NCCL + cuBLAS; on the host backend the reference
+// collectives + a CPU GEMM), `decomposed` (per-chunk library GEMMs overlapped with copy-engine
+// transfers at stream level; on the host backend the plan executor with one GEMM per chunk),
+// `fused` (one persistent kernel: see gemm_overlap_fused.hpp; on the host backend the plan
+// executor with small tiles) and `auto` (cost model + on-disk tuning cache). docs/gemm_overlap.md.
+//
+// Shapes (row-major; M, N, K are the op's global shape as in ../shared/ANCHORS.md):
+//   ag_gemm   A_r [M/world x K] (rows of A, gathered)  B: W [N x K] or B [K x N]   C [M x N]
+//   gemm_rs   A_r [M x K/world] (K sharded)            B: W [N x K/world] or [K/world x N]
+//                                                       C [M/world x N] = rows [r*M/world, ...)
+//                                                       of the sum over ranks of A_r * B_r
+//   gemm_ar   A_r [M x K/world]                         B as gemm_rs        C [M x N] = the sum
+// Inputs bf16 or f16; products accumulate in fp32; C has the inputs' type. The partial
+// products of gemm_rs / gemm_ar travel in that type too (as with NCCL); reductions add in
+// fp32 (the host plan executor rounds after every add, the GPU decomposed reduce once).
+//
+// Construction and run() are collective: every rank makes the same calls, in the same order,
+// with the same configuration and methods. The op's symmetric state (gathered A, staging,
+// signals, epoch counters) is allocated from the backend's heap at construction and reused;
+// signals are never reset, so calls can be replayed in CUDA graphs (make one eager call of
+// every method first: gemm_ar's decomposed method allocates its all-reduce state then).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "weft/device/dtype.hpp"
+#include "weft/ops/trace.hpp"
+#include "weft/runtime/backend.hpp"
+
+namespace weft::ops {
+
+enum class GemmOp { kAgGemm, kGemmRs, kGemmAr };
+enum class GemmMethod { kAuto, kBaseline, kDecomposed, kFused };
+// kNK: W [N x K], the torch.nn.functional.linear weight (C = A W^T); kKN: B [K x N] (C = A B).
+enum class BLayout { kNK, kKN };
+
+const char* to_string(GemmOp op);
+const char* to_string(GemmMethod m);
+const char* to_string(BLayout l);
+GemmOp parse_gemm_op(const std::string& s);          // ag_gemm | gemm_rs | gemm_ar
+GemmMethod parse_gemm_method(const std::string& s);  // auto | baseline | decomposed | fused
+BLayout parse_b_layout(const std::string& s);        // nk | kn
+
+struct GemmOverlapConfig {
+  GemmOp op = GemmOp::kAgGemm;
+  int64_t m = 0, n = 0, k = 0;  // global shape (see above)
+  dev::DType dtype = dev::DType::kBF16;
+  BLayout b_layout = BLayout::kNK;
+  // Chunks per peer shard for `decomposed` (and the plan's splits). 0: the cost model picks.
+  int chunks = 0;
+  // Plan template: all-gather direct | ring | bidir; reduce-scatter direct | ring; all-reduce
+  // one-shot | two-shot | ring. Empty: direct, direct, two-shot. The host plan executor runs
+  // any of them; the GPU decomposed method uses the direct shapes (docs/gemm_overlap.md).
+  std::string algo;
+  // Tile of the host `fused` executor (rows x cols of C); 0: 8 x 16.
+  int64_t tile_rows = 0, tile_cols = 0;
+  // Host plan executor: worker teams taking transfers and tiles (decomposed: always 1 + 1,
+  // one "copy stream" and one "compute stream").
+  int host_transfer_workers = 2, host_tile_workers = 2;
+  // Tuning cache (JSON) that `auto` reads: empty: $WEFT_TUNE_CACHE, else
+  // $XDG_CACHE_HOME/weft/gemm_overlap.json or ~/.cache/weft/gemm_overlap.json; "-": none.
+  std::string tune_cache;
+};
+
+struct GemmRunOptions {
+  GemmMethod method = GemmMethod::kAuto;
+  // Record every chunk's and tile's start and end into trace() (host clock on the host
+  // backend; CUDA events on GPUs, which synchronises the stream at the end of the call:
+  // not for graph capture). Each traced call replaces the previous call's events.
+  bool trace = false;
+  void* stream = nullptr;  // cudaStream_t on the nccl backend (nullptr: the default stream)
+};
+
+// What `auto` decided and why.
+struct AutoChoice {
+  GemmMethod method = GemmMethod::kBaseline;
+  int chunks = 1;
+  std::string source;  // "tuning cache <path>", "cost model", "host backend default"
+  // Cost-model predictions in us (0: not predicted): baseline, decomposed (at `chunks`), fused.
+  double predicted_baseline_us = 0, predicted_decomposed_us = 0, predicted_fused_us = 0;
+};
+
+class GemmOverlap {
+ public:
+  // Collective. Throws InvalidArgument naming the shape when it cannot run: a dimension < 1,
+  // M (ag_gemm, gemm_rs) or K (gemm_rs, gemm_ar) not divisible by the world size, K per rank
+  // not a multiple of 8, a dtype other than bf16/f16, chunks < 0, an unknown algo.
+  GemmOverlap(Backend& backend, const GemmOverlapConfig& config);
+  ~GemmOverlap();
+  GemmOverlap(const GemmOverlap&) = delete;
+  GemmOverlap& operator=(const GemmOverlap&) = delete;
+
+  // One call. a, b, c are this rank's (device pointers on nccl, host pointers on host), each
+  // 16-byte aligned, of the shapes above; c must not overlap a or b. Returns with the work
+  // enqueued on `stream` (GPU) or done (host). Throws InvalidArgument for null or misaligned
+  // pointers, and Error("fused method not built yet") for `fused` on GPUs while the fused
+  // kernel is the stub.
+  void run(const void* a, const void* b, void* c, const GemmRunOptions& opt = {});
+  // The local GEMM alone, no communication (the overlap ceiling in benchmarks): ag_gemm
+  // multiplies whatever the baseline's gathered A holds; gemm_rs/gemm_ar write A_r * B_r
+  // into c (gemm_rs: into internal scratch, c untouched).
+  void run_gemm_only(const void* a, const void* b, void* c, void* stream = nullptr);
+
+  // Methods this build and backend can run (fused only when fused_available() on GPUs).
+  std::vector<GemmMethod> available_methods() const;
+  const AutoChoice& auto_choice() const;
+  // Stores a measured choice for this shape in the tuning cache (rank 0 writes; collective
+  // only in that every rank should pass the same values). No-op without a cache path.
+  void store_tuning(GemmMethod method, int chunks, double us) const;
+
+  const GemmOverlapConfig& config() const;
+  int chunks() const;  // chunks decomposed runs with (resolved from 0)
+  // Per-rank shapes: A_r rows x cols, the B rows x cols as stored, C rows x cols.
+  int64_t a_rows() const;
+  int64_t a_cols() const;
+  int64_t b_rows() const;
+  int64_t b_cols() const;
+  int64_t c_rows() const;
+  int64_t c_cols() const;
+  // The tuning-cache key of this shape: op|device|world|MxKxN|dtype|layout.
+  std::string tuning_key() const;
+
+  // Events of the last traced call on this rank.
+  const std::vector<TraceEvent>& trace() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace weft::ops

@@ -1,0 +1,327 @@
+#include "weft/bench/gemm_overlap_bench.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "weft/bench/devapi_bench.hpp"
+#include "weft/core/error.hpp"
+#include "weft/ops/gemm_overlap.hpp"
+#include "weft/ops/trace.hpp"
+
+#ifdef WEFT_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "weft/core/cuda_check.hpp"
+#include "weft/kernels/runtime_kernels.hpp"
+#endif
+
+namespace weft::bench {
+namespace {
+
+using ops::GemmMethod;
+
+struct Dims {
+  int64_t m, k, n;
+};
+
+Dims parse_shape(const std::string& s) {
+  Dims d{};
+  char x1 = 0, x2 = 0;
+  long long m = 0, k = 0, n = 0;
+  char tail = 0;
+  const int got = std::sscanf(s.c_str(), "%lld%c%lld%c%lld%c", &m, &x1, &k, &x2, &n, &tail);
+  WEFT_REQUIRE(got == 5 && x1 == 'x' && x2 == 'x' && m > 0 && k > 0 && n > 0,
+               fmt::format("shape '{}': expected MxKxN, e.g. 8192x8192x14336", s));
+  d.m = m;
+  d.k = k;
+  d.n = n;
+  return d;
+}
+
+// Small integers: exact in bf16, never all zero.
+std::vector<uint16_t> pattern(size_t n, int salt) {
+  std::vector<uint16_t> v(n);
+  for (size_t i = 0; i < n; ++i)
+    v[i] =
+        dev::from_float<dev::bf16_t>(static_cast<float>(static_cast<int>((i * 7 + static_cast<size_t>(salt)) % 5) - 2))
+            .bits;
+  return v;
+}
+
+double max_over_ranks(Backend& b, double v) {
+  std::vector<double> all(static_cast<size_t>(b.size()));
+  b.bootstrap().allgather(&v, sizeof v, all.data());
+  return *std::max_element(all.begin(), all.end());
+}
+
+}  // namespace
+
+OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt) {
+  const ops::GemmOp kind = ops::parse_gemm_op(opt.op);
+  const bool gpu = b.kind() == BackendKind::kNccl;
+  const int world = b.size();
+  std::vector<std::string> shapes = opt.shapes;
+  if (shapes.empty()) {
+    if (gpu)
+      shapes = {"8192x8192x14336", "4096x8192x8192", "16384x8192x3584", "2048x4096x4096"};
+    else
+      shapes = opt.quick ? std::vector<std::string>{"64x64x48"} : std::vector<std::string>{"64x64x48", "96x128x64"};
+    // The host shapes must divide the world: round M and K up to multiples of 8 x world.
+    if (!gpu)
+      for (auto& s : shapes) {
+        Dims d = parse_shape(s);
+        const int64_t q = 8 * world;
+        d.m = (d.m + q - 1) / q * q;
+        d.k = (d.k + q - 1) / q * q;
+        s = fmt::format("{}x{}x{}", d.m, d.k, d.n);
+      }
+  }
+  OverlapBenchResult res;
+  res.op = opt.op;
+  res.device = b.device_name();
+  res.backend = to_string(b.kind());
+  res.world = world;
+  res.timing = gpu ? "CUDA graphs of several calls, GPUs lined up by a device barrier before each replay, median of "
+                     "replays, slowest rank; inputs not rotated (they stay in L2 only for the smallest shapes)"
+                   : "host backend: eager calls, wall clock, median of 3, slowest rank (CPU numbers)";
+  [[maybe_unused]] const auto bar = b.heap().alloc_barrier("bench.gemm_overlap.bar");
+
+  for (const std::string& shape : shapes) {
+    const Dims d = parse_shape(shape);
+    ops::GemmOverlapConfig cfg;
+    cfg.op = kind;
+    cfg.m = d.m;
+    cfg.k = d.k;
+    cfg.n = d.n;
+    cfg.dtype = dev::DType::kBF16;
+    cfg.b_layout = ops::BLayout::kNK;
+    cfg.chunks = opt.chunks;
+    ops::GemmOverlap op(b, cfg);
+    const size_t na = static_cast<size_t>(op.a_rows() * op.a_cols()),
+                 nb = static_cast<size_t>(op.b_rows() * op.b_cols()),
+                 nc = static_cast<size_t>(op.c_rows() * op.c_cols());
+    const auto ha = pattern(na, b.rank()), hb = pattern(nb, 3 + b.rank());
+    void *a = nullptr, *w = nullptr, *c = nullptr;
+    std::vector<uint16_t> host_a, host_b, host_c;
+#ifdef WEFT_HAVE_CUDA
+    cudaStream_t stream = nullptr;
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+#endif
+    if (gpu) {
+#ifdef WEFT_HAVE_CUDA
+      WEFT_CUDA_CHECK(cudaMalloc(&a, na * 2));
+      WEFT_CUDA_CHECK(cudaMalloc(&w, nb * 2));
+      WEFT_CUDA_CHECK(cudaMalloc(&c, nc * 2));
+      WEFT_CUDA_CHECK(cudaMemcpy(a, ha.data(), na * 2, cudaMemcpyHostToDevice));
+      WEFT_CUDA_CHECK(cudaMemcpy(w, hb.data(), nb * 2, cudaMemcpyHostToDevice));
+      WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      WEFT_CUDA_CHECK(cudaEventCreate(&e0));
+      WEFT_CUDA_CHECK(cudaEventCreate(&e1));
+#endif
+    } else {
+      host_a.resize(na + 8);
+      host_b.resize(nb + 8);
+      host_c.resize(nc + 8);
+      auto align = [](std::vector<uint16_t>& v) {
+        return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(v.data()) + 15) & ~uintptr_t{15});
+      };
+      a = align(host_a);
+      w = align(host_b);
+      c = align(host_c);
+      std::memcpy(a, ha.data(), na * 2);
+      std::memcpy(w, hb.data(), nb * 2);
+    }
+    void* s = nullptr;
+#ifdef WEFT_HAVE_CUDA
+    s = stream;
+#endif
+    const double flops = 2.0 * static_cast<double>(op.config().m) * static_cast<double>(op.config().n) *
+                         static_cast<double>(op.a_cols());
+    const ops::AutoChoice& ac = op.auto_choice();
+    [[maybe_unused]] const double predicted = std::max(ac.predicted_baseline_us, 1.0);
+    // Times `call` (a whole op call); returns the slowest rank's median in us, or a note.
+    auto timed = [&](const std::function<void()>& call, std::string& note) -> double {
+      double mine = 0;
+      bool ok = true;
+      try {
+        call();  // the first call of a method: allocations, outside any capture
+      } catch (const TimeoutError&) {
+        throw;
+      } catch (const Error& e) {
+        ok = false;
+        note = e.what();
+      }
+      // Every rank fails alike (shape or build), or none does.
+      if (!ok) return 0;
+      std::vector<double> us;
+      if (gpu) {
+#ifdef WEFT_HAVE_CUDA
+        WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+        b.synchronize();
+        b.barrier();
+        const int per_graph = predicted < 300 ? 10 : predicted < 3000 ? 3 : 2;
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        WEFT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        for (int i = 0; i < per_graph; ++i) call();
+        WEFT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+        WEFT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        WEFT_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // warm-up
+        WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+        const int reps = opt.quick ? 3 : 10;
+        for (int r = 0; r < reps; ++r) {
+          WEFT_CUDA_CHECK(kernels::device_barrier(b.ctx(), bar, stream));
+          WEFT_CUDA_CHECK(kernels::device_sleep(200000, stream));
+          WEFT_CUDA_CHECK(cudaEventRecord(e0, stream));
+          WEFT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+          WEFT_CUDA_CHECK(cudaEventRecord(e1, stream));
+          WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+          float ms = 0;
+          WEFT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+          us.push_back(ms * 1e3 / per_graph);
+        }
+        WEFT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+        WEFT_CUDA_CHECK(cudaGraphDestroy(graph));
+        b.synchronize();
+#endif
+      } else {
+        for (int r = 0; r < 3; ++r) {
+          b.barrier();
+          const auto t0 = std::chrono::steady_clock::now();
+          call();
+          us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+        }
+      }
+      mine = median(us);
+      return max_over_ranks(b, mine);
+    };
+    std::map<std::string, double> measured;
+    auto add = [&](const std::string& method, double us, int chunks, std::string note) {
+      OverlapPoint p{opt.op, d.m, d.k, d.n, method, us, us > 0 ? flops / (us * 1e6) : 0, chunks, std::move(note)};
+      if (us > 0) measured[method] = us;
+      if (opt.progress)
+        opt.progress(fmt::format("{} {} {}: {}", opt.op, shape, method,
+                                 us > 0 ? fmt::format("{:.1f} us", us) : "did not run (" + p.note + ")"));
+      res.points.push_back(std::move(p));
+    };
+    auto run_method = [&](GemmMethod m) {
+      std::string note;
+      const double us = timed([&] { op.run(a, w, c, {.method = m, .stream = s}); }, note);
+      if (m == GemmMethod::kAuto)
+        note = fmt::format("chose {} (chunks {}) from {}", ops::to_string(op.auto_choice().method), op.chunks(),
+                           op.auto_choice().source);
+      add(ops::to_string(m), us, m == GemmMethod::kDecomposed || m == GemmMethod::kAuto ? op.chunks() : 0, note);
+    };
+    run_method(GemmMethod::kBaseline);
+    {
+      std::string note;
+      add("gemm_only", timed([&] { op.run_gemm_only(a, w, c, s); }, note), 0, note);
+    }
+    run_method(GemmMethod::kDecomposed);
+    run_method(GemmMethod::kFused);
+    run_method(GemmMethod::kAuto);
+
+    if (opt.tune && b.rank() == 0) {
+      std::string best;
+      for (const char* m : {"baseline", "decomposed", "fused"})
+        if (measured.count(m) && (best.empty() || measured[m] < measured[best])) best = m;
+      if (!best.empty()) op.store_tuning(ops::parse_gemm_method(best), op.chunks(), measured[best]);
+    }
+    if (!opt.trace_dir.empty()) {
+      for (GemmMethod m : {GemmMethod::kBaseline, GemmMethod::kDecomposed, GemmMethod::kFused}) {
+        if (!measured.count(ops::to_string(m))) continue;
+        op.run(a, w, c, {.method = m, .trace = true, .stream = s});
+        const auto all = ops::gather_trace(b, op.trace());
+        if (b.rank() == 0) {
+          std::filesystem::create_directories(opt.trace_dir);
+          const std::string path = fmt::format("{}/{}-{}-{}-{}-{}r.json", opt.trace_dir, opt.op, shape,
+                                               ops::to_string(m), res.backend, world);
+          const nlohmann::json meta{{"op", opt.op},          {"shape", shape},       {"method", ops::to_string(m)},
+                                    {"chunks", op.chunks()}, {"device", res.device}, {"world", world}};
+          ops::write_chrome_trace(path, all, meta);
+          res.traces.push_back(path);
+          if (opt.progress)
+            opt.progress(fmt::format("trace {}:\n{}", path,
+                                     ops::format_trace_summary(ops::summarize_trace(ops::to_chrome_trace(all, meta)))));
+        }
+      }
+    }
+#ifdef WEFT_HAVE_CUDA
+    if (gpu) {
+      WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+      WEFT_CUDA_CHECK(cudaEventDestroy(e0));
+      WEFT_CUDA_CHECK(cudaEventDestroy(e1));
+      WEFT_CUDA_CHECK(cudaStreamDestroy(stream));
+      WEFT_CUDA_CHECK(cudaFree(a));
+      WEFT_CUDA_CHECK(cudaFree(w));
+      WEFT_CUDA_CHECK(cudaFree(c));
+    }
+#endif
+    b.barrier();
+  }
+  return res;
+}
+
+nlohmann::json to_json(const OverlapBenchResult& r) {
+  nlohmann::json pts = nlohmann::json::array();
+  for (const auto& p : r.points)
+    pts.push_back({{"op", p.op},
+                   {"m", p.m},
+                   {"k", p.k},
+                   {"n", p.n},
+                   {"method", p.method},
+                   {"median_us", p.median_us},
+                   {"tflops_per_rank", p.tflops},
+                   {"chunks", p.chunks},
+                   {"note", p.note}});
+  return {{"bench", r.op},    {"device", r.device}, {"backend", r.backend}, {"world", r.world},  {"dtype", "bf16"},
+          {"b_layout", "nk"}, {"timing", r.timing}, {"points", pts},        {"traces", r.traces}};
+}
+
+std::string to_table(const OverlapBenchResult& r) {
+  std::string out = fmt::format("{} on {} ({} backend, {} ranks), bf16, W[N,K]; times in us per call (median)\n", r.op,
+                                r.device, r.backend, r.world);
+  out += fmt::format("{:<18} {:>10} {:>10} {:>12} {:>10} {:>10} {:>16} {:>10} {:>10}\n", "MxKxN", "baseline",
+                     "gemm only", "decomposed", "fused", "auto", "auto chose", "best/base", "gemm/best");
+  for (size_t i = 0; i < r.points.size();) {
+    size_t j = i;
+    std::map<std::string, const OverlapPoint*> t;
+    for (; j < r.points.size() && r.points[j].m == r.points[i].m && r.points[j].k == r.points[i].k &&
+           r.points[j].n == r.points[i].n;
+         ++j)
+      t[r.points[j].method] = &r.points[j];
+    auto us = [&](const char* k) { return t.count(k) ? t[k]->median_us : 0.0; };
+    auto cell = [&](const char* k) { return us(k) > 0 ? fmt::format("{:.1f}", us(k)) : std::string("-"); };
+    double best = 0;
+    for (const char* m : {"decomposed", "fused"})
+      if (us(m) > 0 && (best == 0 || us(m) < best)) best = us(m);
+    std::string chose = "-";
+    if (t.count("auto")) {
+      const std::string& n = t["auto"]->note;
+      chose = n.rfind("chose ", 0) == 0 ? n.substr(6, n.find(" (") - 6) : n;
+    }
+    const std::string dec = us("decomposed") > 0 && t.count("decomposed")
+                                ? fmt::format("{} ({})", cell("decomposed"), t["decomposed"]->chunks)
+                                : "-";
+    out += fmt::format("{:<18} {:>10} {:>10} {:>12} {:>10} {:>10} {:>16} {:>10} {:>10}\n",
+                       fmt::format("{}x{}x{}", r.points[i].m, r.points[i].k, r.points[i].n), cell("baseline"),
+                       cell("gemm_only"), dec, cell("fused"), cell("auto"), chose,
+                       best > 0 && us("baseline") > 0 ? fmt::format("{:.2f}", best / us("baseline")) : "-",
+                       best > 0 && us("gemm_only") > 0 ? fmt::format("{:.2f}", us("gemm_only") / best) : "-");
+    i = j;
+  }
+  out +=
+      "decomposed: time (chunks per shard); best/base < 1: weft beats the baseline; gemm/best = 1: communication "
+      "fully hidden\n";
+  for (const auto& p : r.points)
+    if (p.median_us == 0 && !p.note.empty())
+      out += fmt::format("note: {} {}x{}x{}: {}\n", p.method, p.m, p.k, p.n, p.note);
+  return out;
+}
+
+}  // namespace weft::bench

@@ -1,0 +1,126 @@
+#include "weft/device/api.hpp"
+#include "weft/kernels/gemm_overlap_kernels.hpp"
+
+namespace weft::kernels {
+namespace {
+
+__global__ void epoch_bump_kernel(dev::DeviceCtx c, uint64_t epoch_off) {
+  uint64_t* e = c.local<uint64_t>(epoch_off);
+  *e = *e + 1;
+  __threadfence();
+}
+
+__global__ void signal_kernel(dev::DeviceCtx c, OverlapSignals sig) {
+  // The copy before this kernel has completed; the sc fence orders its data (and anything
+  // else this GPU wrote) before the release adds at system scope.
+  dev::quiet();
+  for (int i = 0; i < sig.count; ++i) dev::signal_add(c, sig.peer[i], sig.off[i], sig.inc[i]);
+}
+
+__global__ void wait_kernel(dev::DeviceCtx c, uint64_t epoch_off, OverlapWaits w) {
+  const uint64_t e = *c.local<volatile uint64_t>(epoch_off);
+  for (int i = 0; i < w.count; ++i) dev::wait_ge(c, w.off[i], e * static_cast<uint64_t>(w.threshold[i]), w.from[i]);
+  dev::fence_acq_rel();
+}
+
+template <class T>
+__global__ void reduce_kernel(const T* slots, uint64_t stride, int nslots, T* out, uint64_t n) {
+  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    float acc = 0.f;
+    for (int s = 0; s < nslots; ++s) acc += dev::to_float(slots[s * stride + i]);
+    out[i] = dev::from_float<T>(acc);
+  }
+}
+
+// Eight 16-bit elements per thread when slots, stride, out and n allow 16-byte vectors.
+template <class T>
+__global__ void reduce_kernel_vec(const uint4* slots, uint64_t stride_vec, int nslots, uint4* out, uint64_t nvec) {
+  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < nvec;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int s = 0; s < nslots; ++s) {
+      const uint4 v = slots[s * stride_vec + i];
+      const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[k] += dev::to_float(e[k]);
+    }
+    uint4 r;
+    T* o = reinterpret_cast<T*>(&r);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) o[k] = dev::from_float<T>(acc[k]);
+    out[i] = r;
+  }
+}
+
+__global__ void copy_kernel(char* dst, size_t dpitch, const char* src, size_t spitch, size_t width, size_t rows,
+                            bool vec) {
+  const size_t unit = vec ? 16 : 1, per_row = width / unit, total = per_row * rows;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t r = i / per_row, c = (i % per_row) * unit;
+    if (vec)
+      *reinterpret_cast<uint4*>(dst + r * dpitch + c) = *reinterpret_cast<const uint4*>(src + r * spitch + c);
+    else
+      dst[r * dpitch + c] = src[r * spitch + c];
+  }
+}
+
+template <class T>
+cudaError_t reduce_typed(const void* slots, uint64_t stride, int nslots, void* out, uint64_t n, cudaStream_t s) {
+  const int threads = 256;
+  const bool vec = (reinterpret_cast<uintptr_t>(slots) % 16 == 0) && (reinterpret_cast<uintptr_t>(out) % 16 == 0) &&
+                   stride % 8 == 0 && n % 8 == 0;
+  const uint64_t items = vec ? n / 8 : n;
+  const uint64_t want = (items + threads - 1) / threads;
+  const int blocks = static_cast<int>(want < 1 ? 1 : want > 1056 ? 1056 : want);
+  if (vec)
+    reduce_kernel_vec<T><<<blocks, threads, 0, s>>>(static_cast<const uint4*>(slots), stride / 8, nslots,
+                                                    static_cast<uint4*>(out), n / 8);
+  else
+    reduce_kernel<T><<<blocks, threads, 0, s>>>(static_cast<const T*>(slots), stride, nslots, static_cast<T*>(out), n);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t overlap_epoch_bump(const dev::DeviceCtx& c, uint64_t epoch_off, cudaStream_t s) {
+  epoch_bump_kernel<<<1, 1, 0, s>>>(c, epoch_off);
+  return cudaGetLastError();
+}
+
+cudaError_t overlap_signal(const dev::DeviceCtx& c, const OverlapSignals& sig, cudaStream_t s) {
+  signal_kernel<<<1, 1, 0, s>>>(c, sig);
+  return cudaGetLastError();
+}
+
+cudaError_t overlap_wait(const dev::DeviceCtx& c, uint64_t epoch_off, const OverlapWaits& w, cudaStream_t s) {
+  wait_kernel<<<1, 1, 0, s>>>(c, epoch_off, w);
+  return cudaGetLastError();
+}
+
+cudaError_t overlap_copy(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, int ctas,
+                         cudaStream_t s) {
+  if (width == 0 || rows == 0) return cudaSuccess;
+  const bool vec = reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                   dpitch % 16 == 0 && spitch % 16 == 0 && width % 16 == 0;
+  const int grid = ctas < 1 ? 1 : ctas;
+  copy_kernel<<<grid, 512, 0, s>>>(static_cast<char*>(dst), dpitch, static_cast<const char*>(src), spitch, width, rows,
+                                   vec);
+  return cudaGetLastError();
+}
+
+cudaError_t overlap_reduce(const void* slots, uint64_t slot_stride, int nslots, void* out, uint64_t n, dev::DType t,
+                           cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  switch (t) {
+    case dev::DType::kBF16:
+      return reduce_typed<dev::bf16_t>(slots, slot_stride, nslots, out, n, s);
+    case dev::DType::kF16:
+      return reduce_typed<dev::f16_t>(slots, slot_stride, nslots, out, n, s);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace weft::kernels

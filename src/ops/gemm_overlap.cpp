@@ -1,0 +1,1125 @@
+#include "weft/ops/gemm_overlap.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "gemm_overlap_plan.hpp"
+#include "weft/core/error.hpp"
+#include "weft/ops/collectives.hpp"
+#include "weft/ops/gemm_overlap_fused.hpp"
+#include "weft/plan/cost.hpp"
+#include "weft/plan/plan.hpp"
+
+#ifdef WEFT_HAVE_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include "weft/core/cuda_check.hpp"
+#include "weft/kernels/gemm_overlap_kernels.hpp"
+#include "weft/kernels/runtime_kernels.hpp"
+
+#define WEFT_CUBLAS_CHECK(call)                                                                                    \
+  do {                                                                                                             \
+    cublasStatus_t weft_s_ = (call);                                                                               \
+    if (weft_s_ != CUBLAS_STATUS_SUCCESS)                                                                          \
+      ::weft::throw_error(                                                                                         \
+          __FILE__, __LINE__,                                                                                      \
+          fmt::format("{} failed: {} ({})", #call, cublasGetStatusName(weft_s_), cublasGetStatusString(weft_s_))); \
+  } while (0)
+#endif
+
+namespace weft::ops {
+
+const char* to_string(GemmOp op) {
+  switch (op) {
+    case GemmOp::kAgGemm:
+      return "ag_gemm";
+    case GemmOp::kGemmRs:
+      return "gemm_rs";
+    case GemmOp::kGemmAr:
+      return "gemm_ar";
+  }
+  return "?";
+}
+
+const char* to_string(GemmMethod m) {
+  switch (m) {
+    case GemmMethod::kAuto:
+      return "auto";
+    case GemmMethod::kBaseline:
+      return "baseline";
+    case GemmMethod::kDecomposed:
+      return "decomposed";
+    case GemmMethod::kFused:
+      return "fused";
+  }
+  return "?";
+}
+
+const char* to_string(BLayout l) { return l == BLayout::kNK ? "nk" : "kn"; }
+
+GemmOp parse_gemm_op(const std::string& s) {
+  for (GemmOp op : {GemmOp::kAgGemm, GemmOp::kGemmRs, GemmOp::kGemmAr})
+    if (s == to_string(op)) return op;
+  throw_invalid(__FILE__, __LINE__, fmt::format("unknown GEMM op '{}': expected ag_gemm, gemm_rs or gemm_ar", s));
+}
+
+GemmMethod parse_gemm_method(const std::string& s) {
+  for (GemmMethod m : {GemmMethod::kAuto, GemmMethod::kBaseline, GemmMethod::kDecomposed, GemmMethod::kFused})
+    if (s == to_string(m)) return m;
+  throw_invalid(__FILE__, __LINE__,
+                fmt::format("unknown method '{}': expected auto, baseline, decomposed or fused", s));
+}
+
+BLayout parse_b_layout(const std::string& s) {
+  if (s == "nk") return BLayout::kNK;
+  if (s == "kn") return BLayout::kKN;
+  throw_invalid(__FILE__, __LINE__, fmt::format("unknown B layout '{}': expected nk (W[N,K]) or kn (B[K,N])", s));
+}
+
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::string cache_path(const GemmOverlapConfig& c) {
+  if (c.tune_cache == "-") return "";
+  if (!c.tune_cache.empty()) return c.tune_cache;
+  if (const char* e = std::getenv("WEFT_TUNE_CACHE")) return std::string(e) == "-" ? "" : e;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/weft/gemm_overlap.json";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/weft/gemm_overlap.json";
+  return "";
+}
+
+nlohmann::json read_cache(const std::string& path) {
+  std::ifstream f(path);
+  if (!f.good()) return nlohmann::json::object();
+  try {
+    auto j = nlohmann::json::parse(f);
+    return j.is_object() ? j : nlohmann::json::object();
+  } catch (const std::exception&) {
+    return nlohmann::json::object();  // a broken cache is ignored (and rewritten by the next store)
+  }
+}
+
+plan::DeviceConstants device_constants() {
+  if (const char* p = std::getenv("WEFT_DEVICE_CONSTANTS")) return plan::load_device_constants(p);
+  if (std::ifstream("bench/constants/h200x2.json").good())
+    return plan::load_device_constants("bench/constants/h200x2.json");
+  return plan::h200_constants();
+}
+
+double link_of(const plan::DeviceConstants& d, plan::Engine e) {
+  auto it = d.link_gbps.find(e);
+  if (it != d.link_gbps.end()) return it->second;
+  return d.link_gbps.empty() ? 300.0 : d.link_gbps.begin()->second;
+}
+
+}  // namespace
+
+// ---- the cost model of `auto` --------------------------------------------------------------
+// Deliberately small and written out (docs/gemm_overlap.md): one GEMM at the measured rate
+// plus a fixed launch cost; copies at the copy engine's bandwidth; NCCL at 0.66x of it (the
+// measured all-gather, 262 of 395 GB/s); a flag latency per chunk; the decomposed pipelines
+// are stepped through piece by piece.
+namespace {
+
+struct Cost {
+  double tflops, link_ce, nccl, hbm, lat_us;
+  static constexpr double kGemmLaunchUs = 4.0, kCopyUs = 2.0, kNcclUs = 12.0, kWaitUs = 2.0;
+  double gemm(double rows, double n, double k) const { return 2 * rows * n * k / (tflops * 1e6) + kGemmLaunchUs; }
+  double copy(double bytes) const { return bytes / (link_ce * 1e3) + kCopyUs; }
+  double coll(double bytes) const { return bytes / (nccl * 1e3) + kNcclUs; }
+};
+
+struct Shape {
+  GemmOp op;
+  int w;
+  double m, n, k, kl, eb;
+};
+
+double predict_baseline(const Cost& c, const Shape& s) {
+  if (s.w == 1) return c.gemm(s.m, s.n, s.kl);
+  const double f = (s.w - 1.0) / s.w;
+  switch (s.op) {
+    case GemmOp::kAgGemm:
+      return c.coll(f * s.m * s.k * s.eb) + c.gemm(s.m, s.n, s.k);
+    case GemmOp::kGemmRs:
+      return c.gemm(s.m, s.n, s.kl) + c.coll(f * s.m * s.n * s.eb);
+    case GemmOp::kGemmAr:
+      return c.gemm(s.m, s.n, s.kl) + c.coll(2 * f * s.m * s.n * s.eb);
+  }
+  return 0;
+}
+
+double predict_decomposed(const Cost& c, const Shape& s, int chunks) {
+  const double w = s.w, ml = s.m / w, piece = ml / chunks;
+  if (s.op == GemmOp::kAgGemm) {
+    // Own shard first; then (w-1)*chunks pieces, each arriving after the copies before it.
+    double t = c.gemm(ml, s.n, s.k);
+    const double cp = c.copy(piece * s.k * s.eb);
+    for (int i = 0; i < (s.w - 1) * chunks; ++i)
+      t = std::max(t, (i + 1) * cp + c.lat_us + Cost::kWaitUs) + c.gemm(piece, s.n, s.k);
+    return t;
+  }
+  if (s.op == GemmOp::kGemmRs) {
+    double t = 0, copy_end = 0;
+    const double cp = c.copy(piece * s.n * s.eb);
+    for (int i = 0; i < (s.w - 1) * chunks; ++i) {
+      t += c.gemm(piece, s.n, s.kl);
+      copy_end = std::max(copy_end, t) + cp;
+    }
+    t += c.gemm(ml, s.n, s.kl);
+    return std::max(t, copy_end + c.lat_us) + (w + 1) * ml * s.n * s.eb / (c.hbm * 1e3) + Cost::kGemmLaunchUs;
+  }
+  // gemm_ar: chunk GEMMs, each followed by weft's all-reduce of its rows on the other stream.
+  const double rows = s.m / chunks, f = (w - 1) / w;
+  double t = 0, ar_end = 0;
+  for (int i = 0; i < chunks; ++i) {
+    t += c.gemm(rows, s.n, s.kl);
+    ar_end = std::max(ar_end, t) + 2 * f * rows * s.n * s.eb / (c.link_ce * 0.8e3) + 8.0;
+  }
+  return s.w == 1 ? t : ar_end;
+}
+
+double predict_fused(const Cost& c, const Shape& s) {
+  // Comm fully hidden except the first chunk, at ~95% of the library GEMM's rate.
+  const double w = s.w, f = (w - 1) / w;
+  const double gemm = 2 * s.m * s.n * s.kl / (c.tflops * 1e6) / 0.95;
+  const double bytes = s.op == GemmOp::kAgGemm ? f * s.m * s.k * s.eb : s.m * s.n * s.eb * f;
+  return std::max(gemm, bytes / (c.link_ce * 1e3)) + 10.0;
+}
+
+}  // namespace
+
+// ---- state -----------------------------------------------------------------------------
+
+#ifdef WEFT_HAVE_CUDA
+namespace {
+struct TimedEvent {
+  cudaEvent_t start = nullptr, end = nullptr;
+  TraceEvent meta;
+};
+}  // namespace
+#endif
+
+struct GemmOverlap::Impl {
+  Backend& b;
+  GemmOverlapConfig cfg;
+  int world = 1, rank = 0;
+  size_t eb = 2;
+  int64_t k_local = 0, m_shard = 0;  // m_shard: rows of A_r (ag_gemm) or of C_r (gemm_rs)
+  int64_t a_rows = 0, a_cols = 0, b_rows = 0, b_cols = 0, c_rows = 0, c_cols = 0;
+  int chunks = 1;
+  AutoChoice autoc;
+  std::string cache;
+  std::vector<TraceEvent> trace;
+  Collectives coll;
+  bool fused_gpu = false;
+
+  // host backend
+  std::unique_ptr<detail::HostGemmExec> host_dec, host_fused;
+  std::vector<unsigned char> host_scratch;
+
+#ifdef WEFT_HAVE_CUDA
+  cublasHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  void* scratch = nullptr;    // baseline: gathered A (ag_gemm) or the partial product (gemm_rs)
+  cudaStream_t cs = nullptr;  // copy / communication stream of `decomposed`
+  cudaEvent_t ev_fork = nullptr, ev_join = nullptr, ev_base = nullptr;
+  std::vector<cudaEvent_t> ev_piece;
+  uint64_t epoch_off = 0;
+  dev::BarrierHandle barrier{};
+  // decomposed ag_gemm: the plan's tables and tensors
+  detail::OpPlan ag;
+  std::vector<uint64_t> ag_tensor_off;
+  dev::SignalSlab ag_signals{};
+  // decomposed gemm_rs: staging [world][m_shard x N] and one signal per (source, chunk)
+  uint64_t rs_stage = 0;
+  dev::SignalSlab rs_signals{};
+  std::vector<std::pair<int64_t, int64_t>> pieces;  // chunk row ranges
+  // fused
+  detail::OpPlan fp;
+  std::vector<uint64_t> f_tensor_off;
+  dev::SignalSlab f_signals{}, f_counters{};
+  dev::BarrierHandle f_barrier{};
+  uint64_t f_epoch_off = 0;
+  void* f_tables = nullptr;
+  fused::FusedArgs f_args{};
+  int64_t f_epoch = 0;
+  fused::TraceRecord* f_trace = nullptr;
+  uint32_t* f_trace_count = nullptr;
+  uint32_t f_trace_capacity = 0;
+  // Transfers by SM copy kernels instead of the copy engine: WEFT_OVERLAP_ENGINE=sm, or after
+  // the copy engine refused a pointer.
+  bool sm_copies = false;
+  // tracing
+  std::vector<TimedEvent> timed;
+  size_t timed_used = 0;
+#endif
+
+  Impl(Backend& backend, const GemmOverlapConfig& c) : b(backend), cfg(c), coll(backend) {}
+  ~Impl();
+
+  void validate();
+  void decide(const std::vector<GemmMethod>& avail);
+  void setup_host();
+  std::vector<GemmMethod> available() const;
+  GemmMethod resolve(GemmMethod m) const;
+  void check_ptr(const void* p, const char* what, uint64_t bytes) const;
+  void run_host(GemmMethod m, const void* a, const void* bp, void* c, bool tracing);
+  void host_baseline(const void* a, const void* bp, void* c, bool tracing);
+#ifdef WEFT_HAVE_CUDA
+  void setup_gpu();
+  void gemm(cudaStream_t s, const void* a, const void* bp, void* c, int64_t rows, int64_t k, int64_t c0, int64_t cols);
+  void run_gpu(GemmMethod m, const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
+  void gpu_baseline(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
+  void gpu_decomposed(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
+  void gpu_fused(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
+  void begin(cudaStream_t s, bool tracing);
+  size_t mark(cudaStream_t s, TraceKind kind, int64_t id, int lane, const char* lane_name, std::string name,
+              bool tracing);
+  void mark_end(size_t i, cudaStream_t s, bool tracing);
+  void collect(cudaStream_t s);
+  void wait_list(cudaStream_t s, const std::vector<std::tuple<int, uint64_t, int64_t>>& waits);
+  void copy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, cudaStream_t s);
+  const char* engine_name() const { return sm_copies ? "SM copy" : "copy engine"; }
+#endif
+};
+
+void GemmOverlap::Impl::validate() {
+  const auto& c = cfg;
+  const char* op = to_string(c.op);
+  WEFT_REQUIRE(
+      c.m >= 1 && c.n >= 1 && c.k >= 1,
+      fmt::format("{}: shape M x K x N = {} x {} x {} (every dimension must be at least 1)", op, c.m, c.k, c.n));
+  WEFT_REQUIRE(c.dtype == dev::DType::kBF16 || c.dtype == dev::DType::kF16,
+               fmt::format("{}: dtype {} (GEMM ops take bf16 or f16 inputs)", op, dev::dtype_name(c.dtype)));
+  WEFT_REQUIRE(c.chunks >= 0 && c.chunks <= 256, fmt::format("{}: {} chunks (need 0 (auto) .. 256)", op, c.chunks));
+  WEFT_REQUIRE(c.tile_rows >= 0 && c.tile_cols >= 0,
+               fmt::format("{}: tile {} x {} (need >= 0; 0: default)", op, c.tile_rows, c.tile_cols));
+  WEFT_REQUIRE(c.host_transfer_workers >= 1 && c.host_tile_workers >= 1,
+               fmt::format("{}: {} transfer and {} tile workers (need >= 1 each)", op, c.host_transfer_workers,
+                           c.host_tile_workers));
+  detail::check_algo(c.op, c.algo);
+  world = b.size();
+  rank = b.rank();
+  eb = dev::dtype_size(c.dtype);
+  const std::string shape = fmt::format("M x K x N = {} x {} x {}", c.m, c.k, c.n);
+  if (c.op == GemmOp::kAgGemm || c.op == GemmOp::kGemmRs)
+    WEFT_REQUIRE(
+        c.m % world == 0,
+        fmt::format(
+            "{}: {}: M = {} does not divide among {} ranks ({}; pad M to a multiple of {})", op, shape, c.m, world,
+            c.op == GemmOp::kAgGemm ? "each rank holds M/world rows of A" : "each rank receives M/world rows of C",
+            world));
+  if (c.op != GemmOp::kAgGemm)
+    WEFT_REQUIRE(c.k % world == 0,
+                 fmt::format("{}: {}: K = {} does not divide among {} ranks (A and B are sharded along K; pad K to a "
+                             "multiple of {})",
+                             op, shape, c.k, world, world));
+  k_local = c.op == GemmOp::kAgGemm ? c.k : c.k / world;
+  WEFT_REQUIRE(k_local % 8 == 0,
+               fmt::format("{}: {} on {} ranks: K per rank = {} is not a multiple of 8 (rows of A must be 16-byte "
+                           "aligned)",
+                           op, shape, world, k_local));
+  m_shard = c.op == GemmOp::kGemmAr ? ceil_div(c.m, world) : c.m / world;
+  a_rows = c.op == GemmOp::kAgGemm ? c.m / world : c.m;
+  a_cols = k_local;
+  b_rows = c.b_layout == BLayout::kNK ? c.n : k_local;
+  b_cols = c.b_layout == BLayout::kNK ? k_local : c.n;
+  c_rows = c.op == GemmOp::kGemmRs ? c.m / world : c.m;
+  c_cols = c.n;
+}
+
+std::vector<GemmMethod> GemmOverlap::Impl::available() const {
+  std::vector<GemmMethod> v{GemmMethod::kBaseline, GemmMethod::kDecomposed};
+  if (b.kind() == BackendKind::kHost || fused_gpu) v.push_back(GemmMethod::kFused);
+  return v;
+}
+
+void GemmOverlap::Impl::decide(const std::vector<GemmMethod>& avail) {
+  const Shape s{cfg.op, world, double(cfg.m), double(cfg.n), double(cfg.k), double(k_local), double(eb)};
+  const bool gpu = b.kind() == BackendKind::kNccl;
+  // Cost model (GPU): the best chunk count for decomposed, and each method's prediction.
+  int model_chunks = 2;
+  if (gpu) {
+    const plan::DeviceConstants d = device_constants();
+    const double ce = link_of(d, plan::Engine::kCopyEngine);
+    const Cost c{d.gemm_tflops, ce, 0.66 * ce, d.hbm_gbps, d.signal_latency_us};
+    double best = 1e300;
+    for (int ch : {1, 2, 4, 8}) {
+      if (ch > m_shard) break;
+      const double t = predict_decomposed(c, s, ch);
+      if (t < best) {
+        best = t;
+        model_chunks = ch;
+      }
+    }
+    autoc.predicted_baseline_us = predict_baseline(c, s);
+    autoc.predicted_decomposed_us = predict_decomposed(c, s, cfg.chunks > 0 ? cfg.chunks : model_chunks);
+    if (fused_gpu) autoc.predicted_fused_us = predict_fused(c, s);
+  }
+  // Tuning cache: rank 0 reads it and tells everyone, so every rank decides alike.
+  cache = cache_path(cfg);
+  struct {
+    int32_t method;
+    int32_t chunks;
+  } wire{-1, 0};
+  if (rank == 0 && !cache.empty()) {
+    const nlohmann::json j = read_cache(cache);
+    // The key needs the device name: built like GemmOverlap::tuning_key().
+    const std::string key = fmt::format("{}|{}|w{}|{}x{}x{}|{}|{}", to_string(cfg.op), b.device_name(), world, cfg.m,
+                                        cfg.k, cfg.n, dev::dtype_name(cfg.dtype), to_string(cfg.b_layout));
+    if (j.contains(key) && j[key].is_object()) {
+      try {
+        const GemmMethod m = parse_gemm_method(j[key].value("method", std::string("?")));
+        wire.method = static_cast<int32_t>(m);
+        wire.chunks = j[key].value("chunks", 0);
+      } catch (const InvalidArgument&) {
+      }
+    }
+  }
+  b.bootstrap().broadcast(&wire, sizeof wire, 0);
+  const bool cached =
+      wire.method >= 0 && std::find(avail.begin(), avail.end(), static_cast<GemmMethod>(wire.method)) != avail.end();
+  chunks = cfg.chunks > 0 ? cfg.chunks : cached && wire.chunks > 0 ? wire.chunks : gpu ? model_chunks : 2;
+  chunks = static_cast<int>(std::clamp<int64_t>(chunks, 1, std::max<int64_t>(1, m_shard)));
+  autoc.chunks = chunks;
+  if (cached) {
+    autoc.method = static_cast<GemmMethod>(wire.method);
+    autoc.source = "tuning cache " + cache;
+  } else if (!gpu) {
+    autoc.method = GemmMethod::kDecomposed;
+    autoc.source = "host backend default (the plan executor)";
+  } else {
+    autoc.method = GemmMethod::kBaseline;
+    double best = autoc.predicted_baseline_us;
+    if (world > 1 && autoc.predicted_decomposed_us < best) {
+      autoc.method = GemmMethod::kDecomposed;
+      best = autoc.predicted_decomposed_us;
+    }
+    if (fused_gpu && autoc.predicted_fused_us > 0 && autoc.predicted_fused_us < best) autoc.method = GemmMethod::kFused;
+    autoc.source = "cost model";
+  }
+}
+
+void GemmOverlap::Impl::setup_host() {
+  const int64_t shard_rows = cfg.op == GemmOp::kGemmAr ? ceil_div(cfg.m, world) : cfg.m / world;
+  auto make = [&](bool decomposed) {
+    detail::OpPlanParams p;
+    p.op = cfg.op;
+    p.world = world;
+    p.m = cfg.m;
+    p.n = cfg.n;
+    p.k_local = k_local;
+    p.chunks = chunks;
+    p.algo = cfg.algo;
+    p.elem_bytes = static_cast<int>(eb);
+    // decomposed: one "GEMM" per chunk of rows (all of N), one transfer team (the copy
+    // stream) and one tile team (the compute stream); fused: small tiles, several teams.
+    p.engine = decomposed ? plan::Engine::kCopyEngine : plan::Engine::kSm;
+    p.tile_rows = decomposed ? ceil_div(shard_rows, chunks) : (cfg.tile_rows ? cfg.tile_rows : 8);
+    p.tile_cols = decomposed ? cfg.n : (cfg.tile_cols ? cfg.tile_cols : 16);
+    p.transfer_workers = decomposed ? 1 : cfg.host_transfer_workers;
+    p.tile_workers = decomposed ? 1 : cfg.host_tile_workers;
+    return std::make_unique<detail::HostGemmExec>(
+        b, detail::build_op_plan(p), cfg.dtype, cfg.b_layout, k_local, p.transfer_workers, p.tile_workers,
+        fmt::format("{}.{}.{}x{}x{}", to_string(cfg.op), decomposed ? "decomposed" : "fused", cfg.m, cfg.k, cfg.n));
+  };
+  host_dec = make(true);
+  host_fused = make(false);
+}
+
+GemmMethod GemmOverlap::Impl::resolve(GemmMethod m) const { return m == GemmMethod::kAuto ? autoc.method : m; }
+
+void GemmOverlap::Impl::check_ptr(const void* p, const char* what, uint64_t bytes) const {
+  WEFT_REQUIRE(p != nullptr, fmt::format("{}: {} is a null pointer", to_string(cfg.op), what));
+  WEFT_REQUIRE(reinterpret_cast<uintptr_t>(p) % 16 == 0,
+               fmt::format("{}: {} pointer {} is not 16-byte aligned ({} bytes)", to_string(cfg.op), what, p, bytes));
+}
+
+// ---- host backend ------------------------------------------------------------------------
+
+void GemmOverlap::Impl::host_baseline(const void* a, const void* bp, void* c, bool tracing) {
+  const dev::DType t = cfg.dtype;
+  TraceEvent g{rank, TraceKind::kTile, 0, 0, "compute", "gemm", 0, 0};
+  TraceEvent x{rank, TraceKind::kChunk, 0, 1, "communication", "", 0, 0};
+  if (cfg.op == GemmOp::kAgGemm) {
+    host_scratch.resize(static_cast<size_t>(cfg.m * k_local) * eb);
+    x.name = "all_gather (reference)";
+    x.start_ns = now_ns();
+    coll.baseline_all_gather(a, host_scratch.data(), static_cast<uint64_t>(a_rows * k_local), t);
+    x.end_ns = g.start_ns = now_ns();
+    detail::host_gemm(t, cfg.b_layout, host_scratch.data(), bp, c, k_local, cfg.n, 0, cfg.m, 0, cfg.n);
+    g.end_ns = now_ns();
+  } else {
+    void* partial = c;
+    if (cfg.op == GemmOp::kGemmRs) {
+      host_scratch.resize(static_cast<size_t>(cfg.m * cfg.n) * eb);
+      partial = host_scratch.data();
+    }
+    g.start_ns = now_ns();
+    detail::host_gemm(t, cfg.b_layout, a, bp, partial, k_local, cfg.n, 0, cfg.m, 0, cfg.n);
+    g.end_ns = x.start_ns = now_ns();
+    if (cfg.op == GemmOp::kGemmRs) {
+      x.name = "reduce_scatter (reference)";
+      coll.reduce_scatter(partial, c, static_cast<uint64_t>(c_rows * cfg.n), t, Method::kBaseline);
+    } else {
+      x.name = "all_reduce (reference)";
+      coll.all_reduce(c, c, static_cast<uint64_t>(cfg.m * cfg.n), t, Method::kBaseline);
+    }
+    x.end_ns = now_ns();
+  }
+  if (tracing) {
+    trace.push_back(g);
+    trace.push_back(x);
+  }
+}
+
+void GemmOverlap::Impl::run_host(GemmMethod m, const void* a, const void* bp, void* c, bool tracing) {
+  switch (m) {
+    case GemmMethod::kBaseline:
+      return host_baseline(a, bp, c, tracing);
+    case GemmMethod::kDecomposed:
+      return host_dec->run(a, bp, c, tracing ? &trace : nullptr);
+    case GemmMethod::kFused:
+      return host_fused->run(a, bp, c, tracing ? &trace : nullptr);
+    case GemmMethod::kAuto:
+      break;
+  }
+  throw_error(__FILE__, __LINE__, "auto was not resolved");
+}
+
+// ---- GPU backend -------------------------------------------------------------------------
+
+#ifdef WEFT_HAVE_CUDA
+namespace {
+cudaDataType_t cuda_type(dev::DType t) { return t == dev::DType::kF16 ? CUDA_R_16F : CUDA_R_16BF; }
+ncclDataType_t nccl_type(dev::DType t) { return t == dev::DType::kF16 ? ncclFloat16 : ncclBfloat16; }
+char* at(const void* p, uint64_t bytes) { return static_cast<char*>(const_cast<void*>(p)) + bytes; }
+}  // namespace
+
+void GemmOverlap::Impl::setup_gpu() {
+  WEFT_CUBLAS_CHECK(cublasCreate(&handle));
+  const size_t ws = 32ull << 20;  // set explicitly: cuBLAS in CUDA graphs needs a user workspace
+  WEFT_CUDA_CHECK(cudaMalloc(&workspace, ws));
+  WEFT_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace, ws));
+  WEFT_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
+  const size_t scratch_bytes = cfg.op == GemmOp::kAgGemm   ? static_cast<size_t>(cfg.m * k_local) * eb
+                               : cfg.op == GemmOp::kGemmRs ? static_cast<size_t>(cfg.m * cfg.n) * eb
+                                                           : 0;
+  if (scratch_bytes) WEFT_CUDA_CHECK(cudaMalloc(&scratch, scratch_bytes));
+  WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork, cudaEventDisableTiming));
+  WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
+  WEFT_CUDA_CHECK(cudaEventCreate(&ev_base));
+  if (const char* e = std::getenv("WEFT_OVERLAP_ENGINE")) {
+    WEFT_REQUIRE(std::string(e) == "sm" || std::string(e) == "copy_engine",
+                 fmt::format("WEFT_OVERLAP_ENGINE={}: expected sm or copy_engine", e));
+    sm_copies = std::string(e) == "sm";
+  }
+  SymmetricHeap& heap = b.heap();
+  const std::string tag = fmt::format("{}.{}x{}x{}", to_string(cfg.op), cfg.m, cfg.k, cfg.n);
+  epoch_off = heap.alloc_bytes(8, tag + ".epoch");
+  barrier = heap.alloc_barrier(tag + ".barrier");
+  const int64_t rows = cfg.op == GemmOp::kGemmAr ? cfg.m : m_shard;
+  pieces = plan::split_range(0, rows, chunks);
+  if (cfg.op == GemmOp::kAgGemm) {
+    // decomposed: the all-gather plan's tables, one GEMM per chunk of rows (all of N).
+    detail::OpPlanParams p;
+    p.op = cfg.op;
+    p.world = world;
+    p.m = cfg.m;
+    p.n = cfg.n;
+    p.k_local = k_local;
+    p.chunks = chunks;
+    p.algo = cfg.algo;
+    p.engine = plan::Engine::kCopyEngine;
+    p.elem_bytes = static_cast<int>(eb);
+    p.tile_rows = ceil_div(m_shard, chunks);
+    p.tile_cols = cfg.n;
+    ag = detail::build_op_plan(p);
+    for (const auto& d : ag.lowered.ranks[static_cast<size_t>(rank)].transfers)
+      WEFT_REQUIRE(static_cast<plan::Kind>(d.kind) != plan::Kind::kReduce,
+                   fmt::format("ag_gemm decomposed: plan {} has a reduce transfer", ag.plan.name));
+    for (size_t t = 0; t < ag.plan.tensors.size(); ++t) {
+      const plan::Tensor& x = ag.plan.tensors[t];
+      // The input tensor is the user's A_r (read in place): nothing to allocate.
+      ag_tensor_off.push_back(
+          static_cast<int>(t) == ag.input
+              ? 0
+              : heap.alloc_bytes(static_cast<size_t>(x.rows * x.cols * x.elem_bytes), tag + ".decomposed." + x.name));
+    }
+    ag_signals = heap.alloc_signals(static_cast<uint32_t>(ag.max_signals), tag + ".decomposed.signals");
+  } else if (cfg.op == GemmOp::kGemmRs) {
+    rs_stage = heap.alloc_bytes(static_cast<size_t>(world) * m_shard * cfg.n * eb, tag + ".decomposed.staging");
+    rs_signals = heap.alloc_signals(static_cast<uint32_t>(world * chunks), tag + ".decomposed.signals");
+    ev_piece.resize(static_cast<size_t>(std::max(1, world - 1) * chunks));
+  } else {
+    ev_piece.resize(pieces.size());
+  }
+  for (auto& e : ev_piece) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+
+  if (fused_gpu) {
+    detail::OpPlanParams p;
+    p.op = cfg.op;
+    p.world = world;
+    p.m = cfg.m;
+    p.n = cfg.n;
+    p.k_local = k_local;
+    p.chunks = chunks;
+    p.algo = cfg.algo;
+    p.engine = plan::Engine::kSm;
+    p.elem_bytes = static_cast<int>(eb);
+    p.tile_rows = cfg.tile_rows ? cfg.tile_rows : 128;
+    p.tile_cols = cfg.tile_cols ? cfg.tile_cols : 128;
+    fp = detail::build_op_plan(p);
+    for (const plan::Tensor& x : fp.plan.tensors)
+      f_tensor_off.push_back(
+          heap.alloc_bytes(static_cast<size_t>(x.rows * x.cols * x.elem_bytes), tag + ".fused." + x.name));
+    f_signals = heap.alloc_signals(static_cast<uint32_t>(fp.max_signals), tag + ".fused.signals");
+    // The plan's tile counters, plus what the GPU fused kernel keeps beside them: its reduce
+    // chain's counters (<= one per 128-row block and owner) and two slots per rank.
+    const int fused_extra = static_cast<int>((cfg.m + 127) / 128) + 4 * world;
+    f_counters = heap.alloc_signals(static_cast<uint32_t>(std::max(1, world * fp.tiles_m) + fused_extra),
+                                    tag + ".fused.counters");
+    f_barrier = heap.alloc_barrier(tag + ".fused.barrier");
+    f_epoch_off = heap.alloc_bytes(8, tag + ".fused.epoch");
+    // Upload this rank's tables into one device block.
+    const plan::LoweredRank& lr = fp.lowered.ranks[static_cast<size_t>(rank)];
+    const detail::RankExtra& ex = fp.extra[static_cast<size_t>(rank)];
+    std::vector<fused::TensorDesc> td;
+    for (size_t t = 0; t < fp.plan.tensors.size(); ++t) {
+      const auto& x = fp.plan.tensors[t];
+      td.push_back({f_tensor_off[t], x.rows, x.cols, x.elem_bytes, 0});
+    }
+    std::vector<char> blob;
+    std::vector<size_t> offs;
+    auto put = [&](const void* p, size_t bytes) {
+      const size_t o = (blob.size() + 15) & ~size_t{15};
+      blob.resize(o + bytes);
+      if (bytes) std::memcpy(blob.data() + o, p, bytes);
+      offs.push_back(o);
+    };
+    auto vput = [&](const auto& v) { put(v.data(), v.size() * sizeof(v[0])); };
+    vput(lr.tiles);
+    vput(lr.tile_waits);
+    vput(lr.transfers);
+    vput(lr.transfer_waits);
+    vput(ex.tt_begin);
+    vput(ex.tt_waits);
+    vput(ex.notify_begin);
+    vput(ex.notify_ranks);
+    vput(ex.producer);
+    vput(ex.final_waits);
+    vput(td);
+    WEFT_CUDA_CHECK(cudaMalloc(&f_tables, std::max<size_t>(blob.size(), 16)));
+    WEFT_CUDA_CHECK(cudaMemcpy(f_tables, blob.data(), blob.size(), cudaMemcpyHostToDevice));
+    auto dp = [&](int i) { return static_cast<char*>(f_tables) + offs[static_cast<size_t>(i)]; };
+    fused::FusedArgs& A = f_args;
+    A.op = static_cast<fused::Op>(static_cast<int32_t>(cfg.op));
+    A.dtype = cfg.dtype;
+    A.b_layout = cfg.b_layout == BLayout::kNK ? 0 : 1;
+    A.m = cfg.m;
+    A.n = cfg.n;
+    A.k = cfg.k;
+    A.k_local = k_local;
+    A.tiles = reinterpret_cast<const plan::TileEntry*>(dp(0));
+    A.num_tiles = static_cast<int32_t>(lr.tiles.size());
+    A.tile_waits = reinterpret_cast<const plan::WaitEntry*>(dp(1));
+    A.transfers = reinterpret_cast<const plan::TransferDesc*>(dp(2));
+    A.num_transfers = static_cast<int32_t>(lr.transfers.size());
+    A.transfer_waits = reinterpret_cast<const plan::WaitEntry*>(dp(3));
+    A.tt_begin = reinterpret_cast<const int32_t*>(dp(4));
+    A.transfer_tile_waits = reinterpret_cast<const fused::TransferTileWait*>(dp(5));
+    A.notify_begin = reinterpret_cast<const int32_t*>(dp(6));
+    A.notify_ranks = reinterpret_cast<const int32_t*>(dp(7));
+    A.signal_producer = reinterpret_cast<const int32_t*>(dp(8));
+    A.final_waits = reinterpret_cast<const plan::WaitEntry*>(dp(9));
+    A.num_final_waits = static_cast<int32_t>(ex.final_waits.size());
+    A.tensors = reinterpret_cast<const fused::TensorDesc*>(dp(10));
+    A.num_tensors = static_cast<int32_t>(td.size());
+    A.input_tensor = fp.input;
+    A.gemm_tensor = fp.gemm;
+    A.output_tensor = fp.output;
+    A.tile_rows = fp.schedule.tile_rows;
+    A.tile_cols = fp.schedule.tile_cols;
+    A.tiles_m = fp.tiles_m;
+    A.tiles_n = fp.tiles_n;
+    A.signals = f_signals;
+    A.counters = f_counters;
+    A.barrier = f_barrier;
+    A.epoch_off = f_epoch_off;
+    f_trace_capacity = static_cast<uint32_t>(lr.tiles.size() + lr.transfers.size() + 64);
+    WEFT_CUDA_CHECK(cudaMalloc(&f_trace, f_trace_capacity * sizeof(fused::TraceRecord)));
+    WEFT_CUDA_CHECK(cudaMalloc(&f_trace_count, sizeof(uint32_t)));
+  }
+}
+
+// C[rows x cols] (ldc = N, starting at column c0) = A[rows x k] (lda = k) * op(B) columns
+// [c0, c0 + cols): row-major through cuBLAS's column-major view (C^T = op(B)^T A^T).
+void GemmOverlap::Impl::gemm(cudaStream_t s, const void* a, const void* bp, void* c, int64_t rows, int64_t k,
+                             int64_t c0, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return;
+  WEFT_CUBLAS_CHECK(cublasSetStream(handle, s));
+  const float alpha = 1.f, beta = 0.f;
+  const cudaDataType_t t = cuda_type(cfg.dtype);
+  const bool nk = cfg.b_layout == BLayout::kNK;
+  const void* bptr = nk ? at(bp, static_cast<uint64_t>(c0 * k) * eb) : at(bp, static_cast<uint64_t>(c0) * eb);
+  WEFT_CUBLAS_CHECK(cublasGemmEx(
+      handle, nk ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(cols), static_cast<int>(rows),
+      static_cast<int>(k), &alpha, bptr, t, static_cast<int>(nk ? k : cfg.n), a, t, static_cast<int>(k), &beta,
+      at(c, static_cast<uint64_t>(c0) * eb), t, static_cast<int>(cfg.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void GemmOverlap::Impl::begin(cudaStream_t s, bool tracing) {
+  if (!tracing) return;
+  timed_used = 0;
+  // Line the ranks up so every rank's t = 0 is the same moment (within a flag latency).
+  WEFT_CUDA_CHECK(kernels::device_barrier(b.ctx(), barrier, s));
+  WEFT_CUDA_CHECK(cudaEventRecord(ev_base, s));
+}
+
+size_t GemmOverlap::Impl::mark(cudaStream_t s, TraceKind kind, int64_t id, int lane, const char* lane_name,
+                               std::string name, bool tracing) {
+  if (!tracing) return 0;
+  if (timed_used == timed.size()) {
+    TimedEvent e;
+    WEFT_CUDA_CHECK(cudaEventCreate(&e.start));
+    WEFT_CUDA_CHECK(cudaEventCreate(&e.end));
+    timed.push_back(e);
+  }
+  TimedEvent& e = timed[timed_used];
+  e.meta = TraceEvent{rank, kind, id, lane, lane_name, std::move(name), 0, 0};
+  WEFT_CUDA_CHECK(cudaEventRecord(e.start, s));
+  return timed_used++;
+}
+
+void GemmOverlap::Impl::mark_end(size_t i, cudaStream_t s, bool tracing) {
+  if (tracing) WEFT_CUDA_CHECK(cudaEventRecord(timed[i].end, s));
+}
+
+void GemmOverlap::Impl::collect(cudaStream_t s) {
+  WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
+  b.synchronize();
+  for (size_t i = 0; i < timed_used; ++i) {
+    float t0 = 0, t1 = 0;
+    WEFT_CUDA_CHECK(cudaEventElapsedTime(&t0, ev_base, timed[i].start));
+    WEFT_CUDA_CHECK(cudaEventElapsedTime(&t1, ev_base, timed[i].end));
+    TraceEvent e = timed[i].meta;
+    e.start_ns = static_cast<int64_t>(static_cast<double>(t0) * 1e6);
+    e.end_ns = static_cast<int64_t>(static_cast<double>(t1) * 1e6);
+    trace.push_back(std::move(e));
+  }
+}
+
+void GemmOverlap::Impl::wait_list(cudaStream_t s, const std::vector<std::tuple<int, uint64_t, int64_t>>& waits) {
+  for (size_t i = 0; i < waits.size(); i += kernels::kOverlapListMax) {
+    kernels::OverlapWaits w{};
+    for (size_t j = i; j < waits.size() && j < i + kernels::kOverlapListMax; ++j, ++w.count) {
+      w.from[w.count] = std::get<0>(waits[j]);
+      w.off[w.count] = std::get<1>(waits[j]);
+      w.threshold[w.count] = std::get<2>(waits[j]);
+    }
+    WEFT_CUDA_CHECK(kernels::overlap_wait(b.ctx(), epoch_off, w, s));
+  }
+}
+
+void GemmOverlap::Impl::copy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows,
+                               cudaStream_t s) {
+  if (!sm_copies) {
+    const cudaError_t e = cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, s);
+    if (e == cudaSuccess) return;
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (e != cudaErrorInvalidValue || cudaStreamIsCapturing(s, &st) != cudaSuccess || st != cudaStreamCaptureStatusNone)
+      WEFT_CUDA_CHECK(e);
+    (void)cudaGetLastError();
+    std::fprintf(stderr, "weft: rank %d: the copy engine refused a peer pointer (%s); %s uses SM copies from now on\n",
+                 rank, cudaGetErrorString(e), to_string(cfg.op));
+    sm_copies = true;
+  }
+  WEFT_CUDA_CHECK(kernels::overlap_copy(dst, dpitch, src, spitch, width, rows, 16, s));
+}
+
+void GemmOverlap::Impl::gpu_baseline(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
+  auto comm = static_cast<ncclComm_t>(b.nccl_comm());
+  const ncclDataType_t nt = nccl_type(cfg.dtype);
+  if (cfg.op == GemmOp::kAgGemm) {
+    size_t x = mark(s, TraceKind::kChunk, 0, 1, "nccl", "ncclAllGather", tracing);
+    WEFT_NCCL_CHECK(ncclAllGather(a, scratch, static_cast<size_t>(a_rows * k_local), nt, comm, s));
+    mark_end(x, s, tracing);
+    x = mark(s, TraceKind::kTile, 0, 0, "compute stream", "cublas gemm", tracing);
+    gemm(s, scratch, bp, c, cfg.m, k_local, 0, cfg.n);
+    mark_end(x, s, tracing);
+    return;
+  }
+  void* partial = cfg.op == GemmOp::kGemmRs ? scratch : c;
+  size_t x = mark(s, TraceKind::kTile, 0, 0, "compute stream", "cublas gemm", tracing);
+  gemm(s, a, bp, partial, cfg.m, k_local, 0, cfg.n);
+  mark_end(x, s, tracing);
+  x = mark(s, TraceKind::kChunk, 0, 1, "nccl", cfg.op == GemmOp::kGemmRs ? "ncclReduceScatter" : "ncclAllReduce",
+           tracing);
+  if (cfg.op == GemmOp::kGemmRs)
+    WEFT_NCCL_CHECK(ncclReduceScatter(partial, c, static_cast<size_t>(c_rows * cfg.n), nt, ncclSum, comm, s));
+  else
+    WEFT_NCCL_CHECK(ncclAllReduce(c, c, static_cast<size_t>(cfg.m * cfg.n), nt, ncclSum, comm, s));
+  mark_end(x, s, tracing);
+}
+
+void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
+  const dev::DeviceCtx& ctx = b.ctx();
+  const int64_t N = cfg.n;
+  WEFT_CUDA_CHECK(kernels::overlap_epoch_bump(ctx, epoch_off, s));
+  WEFT_CUDA_CHECK(cudaEventRecord(ev_fork, s));
+  WEFT_CUDA_CHECK(cudaStreamWaitEvent(cs, ev_fork, 0));
+
+  if (cfg.op == GemmOp::kGemmAr) {
+    // GEMM of chunk j on the compute stream, weft's all-reduce of its rows on the other.
+    for (size_t j = 0; j < pieces.size(); ++j) {
+      const auto [r0, r1] = pieces[j];
+      size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(j), 0, "compute stream",
+                      fmt::format("gemm rows [{},{})", r0, r1), tracing);
+      gemm(s, at(a, static_cast<uint64_t>(r0 * k_local) * eb), bp, at(c, static_cast<uint64_t>(r0 * N) * eb), r1 - r0,
+           k_local, 0, N);
+      mark_end(x, s, tracing);
+      WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[j], s));
+      WEFT_CUDA_CHECK(cudaStreamWaitEvent(cs, ev_piece[j], 0));
+      if (world > 1) {
+        x = mark(cs, TraceKind::kChunk, static_cast<int64_t>(j), 1, "all_reduce stream",
+                 fmt::format("all_reduce rows [{},{})", r0, r1), tracing);
+        void* rows = at(c, static_cast<uint64_t>(r0 * N) * eb);
+        coll.all_reduce(rows, rows, static_cast<uint64_t>((r1 - r0) * N), cfg.dtype, Method::kAuto, cs);
+        mark_end(x, cs, tracing);
+      }
+    }
+  } else {
+    // The epoch guard: peers write into this rank's symmetric buffers only after every rank
+    // has finished reading them for the previous call (this stream waited for ev_fork,
+    // which follows that call's last GEMM or reduce on the compute stream).
+    if (world > 1) WEFT_CUDA_CHECK(kernels::device_barrier(ctx, barrier, cs));
+    if (cfg.op == GemmOp::kAgGemm) {
+      const plan::LoweredRank& lr = ag.lowered.ranks[static_cast<size_t>(rank)];
+      const detail::RankExtra& ex = ag.extra[static_cast<size_t>(rank)];
+      auto ptr = [&](int r, int32_t t, int64_t row, int64_t col) -> char* {
+        const plan::Tensor& x = ag.plan.tensors[static_cast<size_t>(t)];
+        const uint64_t o = static_cast<uint64_t>(row * x.cols + col) * eb;
+        if (t == ag.input) {
+          WEFT_CHECK(r == rank, fmt::format("ag_gemm decomposed: a transfer reads rank {}'s input in place", r));
+          return at(a, o);
+        }
+        // Device work uses the window's addresses, this rank's own included (architecture.md).
+        return ctx.peer_base[r] + ag_tensor_off[static_cast<size_t>(t)] + o;
+      };
+      // Transfers in the plan's issue order on the copy stream: memcpy, then a signal kernel.
+      for (size_t i = 0; i < lr.transfers.size(); ++i) {
+        const plan::TransferDesc& d = lr.transfers[i];
+        std::vector<std::tuple<int, uint64_t, int64_t>> waits;
+        for (int32_t j = d.wait_begin; j < d.wait_begin + d.wait_count; ++j) {
+          const plan::WaitEntry& w = lr.transfer_waits[static_cast<size_t>(j)];
+          waits.emplace_back(ex.producer[static_cast<size_t>(w.signal)], ag_signals.at(static_cast<uint32_t>(w.signal)),
+                             w.threshold);
+        }
+        wait_list(cs, waits);
+        const plan::Tensor& st = ag.plan.tensors[static_cast<size_t>(d.src_tensor)];
+        const plan::Tensor& dt = ag.plan.tensors[static_cast<size_t>(d.dst_tensor)];
+        size_t x = mark(cs, TraceKind::kChunk, d.chunk, 1, engine_name(),
+                        fmt::format("chunk {} {} {}->{}", d.chunk, plan::to_string(static_cast<plan::Kind>(d.kind)),
+                                    d.src_rank, d.dst_rank),
+                        tracing);
+        copy2d(ptr(d.dst_rank, d.dst_tensor, d.dst_row, d.dst_col), static_cast<size_t>(dt.cols) * eb,
+               ptr(d.src_rank, d.src_tensor, d.src_row, d.src_col), static_cast<size_t>(st.cols) * eb,
+               static_cast<size_t>(d.cols) * eb, static_cast<size_t>(d.rows), cs);
+        mark_end(x, cs, tracing);
+        if (d.signal_rank >= 0) {
+          kernels::OverlapSignals sig{};
+          sig.count = 1;
+          sig.peer[0] = d.signal_rank;
+          sig.off[0] = ag_signals.at(static_cast<uint32_t>(d.signal));
+          sig.inc[0] = static_cast<uint64_t>(d.increment);
+          WEFT_CUDA_CHECK(kernels::overlap_signal(ctx, sig, cs));
+        }
+      }
+      // Tiles (chunks of rows x all of N) in arrival order on the compute stream.
+      const char* gathered = ctx.peer_base[rank] + ag_tensor_off[static_cast<size_t>(ag.gemm)];
+      for (size_t i = 0; i < lr.tiles.size(); ++i) {
+        const plan::TileEntry& t = lr.tiles[i];
+        std::vector<std::tuple<int, uint64_t, int64_t>> waits;
+        for (int32_t j = t.wait_begin; j < t.wait_begin + t.wait_count; ++j) {
+          const plan::WaitEntry& w = lr.tile_waits[static_cast<size_t>(j)];
+          waits.emplace_back(ex.producer[static_cast<size_t>(w.signal)], ag_signals.at(static_cast<uint32_t>(w.signal)),
+                             w.threshold);
+        }
+        wait_list(s, waits);
+        const int64_t r0 = int64_t{t.m} * ag.schedule.tile_rows, r1 = std::min(cfg.m, r0 + ag.schedule.tile_rows);
+        const int64_t c0 = int64_t{t.n} * ag.schedule.tile_cols, c1 = std::min(N, c0 + ag.schedule.tile_cols);
+        size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(i), 0, "compute stream",
+                        fmt::format("gemm rows [{},{})", r0, r1), tracing);
+        gemm(s, gathered + static_cast<uint64_t>(r0 * k_local) * eb, bp, at(c, static_cast<uint64_t>(r0 * N) * eb),
+             r1 - r0, k_local, c0, c1 - c0);
+        mark_end(x, s, tracing);
+      }
+    } else {
+      // gemm_rs: partial products for the other ranks first (rotated by rank), each chunk
+      // copied into its owner's staging slot `rank` as soon as it is computed; then this
+      // rank's own block, straight into its own slot; then the owner sums the slots.
+      char* stage_local = ctx.peer_base[rank] + rs_stage;
+      const uint64_t slot_bytes = static_cast<uint64_t>(m_shard * N) * eb;
+      size_t ev = 0;
+      for (int d = 1; d < world; ++d) {
+        const int p = (rank + d) % world;
+        for (size_t j = 0; j < pieces.size(); ++j, ++ev) {
+          const auto [r0, r1] = pieces[j];
+          const int64_t g0 = p * m_shard + r0;
+          size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev), 0, "compute stream",
+                          fmt::format("gemm rows [{},{}) for rank {}", g0, g0 + (r1 - r0), p), tracing);
+          gemm(s, at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp, at(scratch, static_cast<uint64_t>(g0 * N) * eb),
+               r1 - r0, k_local, 0, N);
+          mark_end(x, s, tracing);
+          WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[ev], s));
+          WEFT_CUDA_CHECK(cudaStreamWaitEvent(cs, ev_piece[ev], 0));
+          x = mark(cs, TraceKind::kChunk, static_cast<int64_t>(ev), 1, engine_name(),
+                   fmt::format("partial rows [{},{}) -> rank {}", g0, g0 + (r1 - r0), p), tracing);
+          const size_t bytes = static_cast<size_t>((r1 - r0) * N) * eb;
+          copy2d(ctx.peer_base[p] + rs_stage + slot_bytes * static_cast<uint64_t>(rank) +
+                     static_cast<uint64_t>(r0 * N) * eb,
+                 bytes, at(scratch, static_cast<uint64_t>(g0 * N) * eb), bytes, bytes, 1, cs);
+          mark_end(x, cs, tracing);
+          kernels::OverlapSignals sig{};
+          sig.count = 1;
+          sig.peer[0] = p;
+          sig.off[0] = rs_signals.at(static_cast<uint32_t>(rank * chunks + static_cast<int>(j)));
+          sig.inc[0] = 1;
+          WEFT_CUDA_CHECK(kernels::overlap_signal(ctx, sig, cs));
+        }
+      }
+      const int64_t g0 = rank * m_shard;
+      size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev), 0, "compute stream",
+                      fmt::format("gemm rows [{},{}) (own)", g0, g0 + m_shard), tracing);
+      gemm(s, at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp,
+           stage_local + slot_bytes * static_cast<uint64_t>(rank), m_shard, k_local, 0, N);
+      mark_end(x, s, tracing);
+      for (size_t j = 0; j < pieces.size(); ++j) {
+        const auto [r0, r1] = pieces[j];
+        std::vector<std::tuple<int, uint64_t, int64_t>> waits;
+        for (int q = 0; q < world; ++q)
+          if (q != rank)
+            waits.emplace_back(q, rs_signals.at(static_cast<uint32_t>(q * chunks + static_cast<int>(j))), 1);
+        wait_list(s, waits);
+        x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev + 1 + j), 0, "compute stream",
+                 fmt::format("reduce rows [{},{})", r0, r1), tracing);
+        WEFT_CUDA_CHECK(kernels::overlap_reduce(
+            stage_local + static_cast<uint64_t>(r0 * N) * eb, static_cast<uint64_t>(m_shard * N), world,
+            at(c, static_cast<uint64_t>(r0 * N) * eb), static_cast<uint64_t>((r1 - r0) * N), cfg.dtype, s));
+        mark_end(x, s, tracing);
+      }
+    }
+  }
+  WEFT_CUDA_CHECK(cudaEventRecord(ev_join, cs));
+  WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_join, 0));
+}
+
+void GemmOverlap::Impl::gpu_fused(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
+  fused::FusedArgs A = f_args;
+  A.a = a;
+  A.b = bp;
+  A.c = c;
+  A.epoch = ++f_epoch;
+  A.ctx = b.ctx();
+  A.stream = s;
+  A.trace = nullptr;
+  A.trace_count = nullptr;
+  A.trace_capacity = 0;
+  if (tracing) {
+    WEFT_CUDA_CHECK(cudaMemsetAsync(f_trace_count, 0, sizeof(uint32_t), s));
+    A.trace = f_trace;
+    A.trace_count = f_trace_count;
+    A.trace_capacity = f_trace_capacity;
+  }
+  try {
+    fused::run_fused(A);
+  } catch (...) {
+    --f_epoch;  // nothing was enqueued
+    throw;
+  }
+  if (tracing) {
+    WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
+    b.synchronize();
+    uint32_t n = 0;
+    WEFT_CUDA_CHECK(cudaMemcpy(&n, f_trace_count, sizeof n, cudaMemcpyDeviceToHost));
+    n = std::min(n, f_trace_capacity);
+    std::vector<fused::TraceRecord> rec(n);
+    if (n) WEFT_CUDA_CHECK(cudaMemcpy(rec.data(), f_trace, n * sizeof(fused::TraceRecord), cudaMemcpyDeviceToHost));
+    for (const auto& r : rec)
+      trace.push_back(TraceEvent{rank, r.kind == 0 ? TraceKind::kTile : TraceKind::kChunk, r.id, r.lane,
+                                 fmt::format("SM {}", r.lane),
+                                 fmt::format("{} {}", r.kind == 0 ? "tile" : "chunk", r.id),
+                                 static_cast<int64_t>(r.start_ns), static_cast<int64_t>(r.end_ns)});
+  }
+}
+
+void GemmOverlap::Impl::run_gpu(GemmMethod m, const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
+  if (m == GemmMethod::kFused) {
+    if (!fused_gpu) fused::run_fused(fused::FusedArgs{});  // the stub's error, whatever it says
+    return gpu_fused(a, bp, c, s, tracing);
+  }
+  begin(s, tracing);
+  if (m == GemmMethod::kBaseline)
+    gpu_baseline(a, bp, c, s, tracing);
+  else
+    gpu_decomposed(a, bp, c, s, tracing);
+  if (tracing) collect(s);
+}
+#endif
+
+GemmOverlap::Impl::~Impl() {
+#ifdef WEFT_HAVE_CUDA
+  for (auto& e : timed) {
+    cudaEventDestroy(e.start);
+    cudaEventDestroy(e.end);
+  }
+  for (auto& e : ev_piece) cudaEventDestroy(e);
+  if (ev_fork) cudaEventDestroy(ev_fork);
+  if (ev_join) cudaEventDestroy(ev_join);
+  if (ev_base) cudaEventDestroy(ev_base);
+  if (cs) cudaStreamDestroy(cs);
+  if (handle) cublasDestroy(handle);
+  if (workspace) cudaFree(workspace);
+  if (scratch) cudaFree(scratch);
+  if (f_tables) cudaFree(f_tables);
+  if (f_trace) cudaFree(f_trace);
+  if (f_trace_count) cudaFree(f_trace_count);
+#endif
+}
+
+// ---- GemmOverlap -------------------------------------------------------------------------
+
+GemmOverlap::GemmOverlap(Backend& backend, const GemmOverlapConfig& config)
+    : impl_(std::make_unique<Impl>(backend, config)) {
+  Impl& I = *impl_;
+  I.validate();
+#ifdef WEFT_HAVE_CUDA
+  if (backend.kind() == BackendKind::kNccl)
+    I.fused_gpu =
+        fused::fused_available() && fused::fused_supports(static_cast<fused::Op>(static_cast<int32_t>(config.op)));
+#endif
+  I.decide(I.available());
+  if (backend.kind() == BackendKind::kHost) {
+    I.setup_host();
+  } else {
+#ifdef WEFT_HAVE_CUDA
+    I.setup_gpu();
+#else
+    throw_error(__FILE__, __LINE__, "the nccl backend needs a CUDA build");
+#endif
+  }
+}
+
+GemmOverlap::~GemmOverlap() = default;
+
+void GemmOverlap::run(const void* a, const void* b, void* c, const GemmRunOptions& opt) {
+  Impl& I = *impl_;
+  const uint64_t a_bytes = static_cast<uint64_t>(I.a_rows * I.a_cols) * I.eb;
+  const uint64_t b_bytes = static_cast<uint64_t>(I.b_rows * I.b_cols) * I.eb;
+  const uint64_t c_bytes = static_cast<uint64_t>(I.c_rows * I.c_cols) * I.eb;
+  I.check_ptr(a, "A", a_bytes);
+  I.check_ptr(b, "B", b_bytes);
+  I.check_ptr(c, "C", c_bytes);
+  auto overlaps = [](const void* x, uint64_t nx, const void* y, uint64_t ny) {
+    const auto p = reinterpret_cast<uintptr_t>(x), q = reinterpret_cast<uintptr_t>(y);
+    return p < q + ny && q < p + nx;
+  };
+  WEFT_REQUIRE(!overlaps(c, c_bytes, a, a_bytes) && !overlaps(c, c_bytes, b, b_bytes),
+               fmt::format("{}: C overlaps A or B (C is written while they are read)", to_string(I.cfg.op)));
+  const GemmMethod m = I.resolve(opt.method);
+  if (opt.trace) I.trace.clear();
+  if (I.b.kind() == BackendKind::kHost) return I.run_host(m, a, b, c, opt.trace);
+#ifdef WEFT_HAVE_CUDA
+  I.run_gpu(m, a, b, c, static_cast<cudaStream_t>(opt.stream), opt.trace);
+#endif
+}
+
+void GemmOverlap::run_gemm_only(const void* a, const void* b, void* c, void* stream) {
+  Impl& I = *impl_;
+  I.check_ptr(a, "A", 0);
+  I.check_ptr(b, "B", 0);
+  I.check_ptr(c, "C", 0);
+  if (I.b.kind() == BackendKind::kHost) {
+    const int64_t rows = I.cfg.m;
+    if (I.cfg.op == GemmOp::kAgGemm) {
+      I.host_scratch.resize(static_cast<size_t>(rows * I.k_local) * I.eb);
+      detail::host_gemm(I.cfg.dtype, I.cfg.b_layout, I.host_scratch.data(), b, c, I.k_local, I.cfg.n, 0, rows, 0,
+                        I.cfg.n);
+    } else {
+      void* out = c;
+      if (I.cfg.op == GemmOp::kGemmRs) {
+        I.host_scratch.resize(static_cast<size_t>(rows * I.cfg.n) * I.eb);
+        out = I.host_scratch.data();
+      }
+      detail::host_gemm(I.cfg.dtype, I.cfg.b_layout, a, b, out, I.k_local, I.cfg.n, 0, rows, 0, I.cfg.n);
+    }
+    return;
+  }
+#ifdef WEFT_HAVE_CUDA
+  auto s = static_cast<cudaStream_t>(stream);
+  if (I.cfg.op == GemmOp::kAgGemm)
+    I.gemm(s, I.scratch, b, c, I.cfg.m, I.k_local, 0, I.cfg.n);
+  else
+    I.gemm(s, a, b, I.cfg.op == GemmOp::kGemmRs ? I.scratch : c, I.cfg.m, I.k_local, 0, I.cfg.n);
+#else
+  (void)stream;
+#endif
+}
+
+std::vector<GemmMethod> GemmOverlap::available_methods() const { return impl_->available(); }
+const AutoChoice& GemmOverlap::auto_choice() const { return impl_->autoc; }
+const GemmOverlapConfig& GemmOverlap::config() const { return impl_->cfg; }
+int GemmOverlap::chunks() const { return impl_->chunks; }
+int64_t GemmOverlap::a_rows() const { return impl_->a_rows; }
+int64_t GemmOverlap::a_cols() const { return impl_->a_cols; }
+int64_t GemmOverlap::b_rows() const { return impl_->b_rows; }
+int64_t GemmOverlap::b_cols() const { return impl_->b_cols; }
+int64_t GemmOverlap::c_rows() const { return impl_->c_rows; }
+int64_t GemmOverlap::c_cols() const { return impl_->c_cols; }
+const std::vector<TraceEvent>& GemmOverlap::trace() const { return impl_->trace; }
+
+std::string GemmOverlap::tuning_key() const {
+  const auto& c = impl_->cfg;
+  return fmt::format("{}|{}|w{}|{}x{}x{}|{}|{}", to_string(c.op), impl_->b.device_name(), impl_->world, c.m, c.k, c.n,
+                     dev::dtype_name(c.dtype), to_string(c.b_layout));
+}
+
+void GemmOverlap::store_tuning(GemmMethod method, int chunks, double us) const {
+  const Impl& I = *impl_;
+  if (I.rank != 0 || I.cache.empty()) return;
+  WEFT_REQUIRE(method != GemmMethod::kAuto, "store_tuning: store a concrete method, not auto");
+  nlohmann::json j = read_cache(I.cache);
+  j[tuning_key()] = {{"method", to_string(method)}, {"chunks", chunks}, {"us", us}};
+  std::error_code ec;
+  const auto dir = std::filesystem::path(I.cache).parent_path();
+  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+  const std::string tmp = fmt::format("{}.tmp.{}", I.cache, ::getpid());
+  {
+    std::ofstream f(tmp);
+    WEFT_REQUIRE(f.good(), fmt::format("cannot write the tuning cache '{}'", tmp));
+    f << j.dump(2) << "\n";
+  }
+  std::filesystem::rename(tmp, I.cache, ec);
+  WEFT_REQUIRE(!ec, fmt::format("cannot write the tuning cache '{}': {}", I.cache, ec.message()));
+}
+
+}  // namespace weft::ops

@@ -1,0 +1,521 @@
+// The fused method of ops::GemmOverlap on GPUs (include/weft/ops/gemm_overlap_fused.hpp):
+// weft's persistent GEMM (kernels/gemm.hpp) with in-kernel waits and notifies, ordered by
+// the plan; data moved by the copy engine, signalled by stream memory operations (no SM is
+// taken from the GEMM, no kernel launch can wait behind it).
+//
+// ag_gemm: the plan's transfers (this rank's pushes of A_r chunks into every rank's gathered
+//   A) run on a side stream as cudaMemcpyAsync (copy engine), each followed by a 64-bit
+//   stream write of its signal's new value on the receiving rank. The GEMM takes 128-row
+//   blocks in the plan's arrival order (own shard first); before loading a block it waits for
+//   the plan's signals of those rows. Epoch guard: before pushing call e into rank p, the side
+//   stream waits until p wrote "done with call e-1" into this rank's slot (p writes it after
+//   its GEMM of e-1).
+// gemm_rs: a reduce-scatter fused into the GEMM's epilogue as a chain: at step i this rank
+//   computes the rows owned by rank o = (r + i + 1) % W (128-row blocks; a block straddling two
+//   owners is computed for each, its stores clipped to the owner's rows); step 0 stores its partial tiles
+//   straight into o's output (TMA store to a peer), later steps wait for the previous
+//   contributor's notify of the same row block and reduce-add (TMA reduce-add) into it, the
+//   last step (o = r) ends the chain on this rank. Then output -> C.
+// gemm_ar: gemm_rs's chain, then each rank's reduced rows are pushed to every rank's C
+//   (copy engine) and signalled.
+#include "weft/ops/gemm_overlap_fused.hpp"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "weft/core/cuda_check.hpp"
+#include "weft/core/error.hpp"
+#include "weft/kernels/gemm.hpp"
+#include "weft/plan/plan.hpp"
+
+namespace weft::ops::fused {
+namespace {
+
+struct DriverOps {
+  PFN_cuStreamWriteValue64_v11070 write = nullptr;
+  PFN_cuStreamWaitValue64_v11070 wait = nullptr;
+};
+
+const DriverOps& driver_ops() {
+  static DriverOps ops = [] {
+    DriverOps d;
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &f, 11070, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      d.write = reinterpret_cast<PFN_cuStreamWriteValue64_v11070>(f);
+    f = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &f, 11070, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      d.wait = reinterpret_cast<PFN_cuStreamWaitValue64_v11070>(f);
+    return d;
+  }();
+  return ops;
+}
+
+void write_value(cudaStream_t s, const void* addr, uint64_t v) {
+  const CUresult r = driver_ops().write(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), v,
+                                        CU_STREAM_WRITE_VALUE_DEFAULT);
+  if (r != CUDA_SUCCESS) throw Error(fmt::format("cuStreamWriteValue64 failed: CUresult {}", static_cast<int>(r)));
+}
+void wait_value(cudaStream_t s, const void* addr, uint64_t v) {
+  const CUresult r = driver_ops().wait(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), v,
+                                       CU_STREAM_WAIT_VALUE_GEQ);
+  if (r != CUDA_SUCCESS) throw Error(fmt::format("cuStreamWaitValue64 failed: CUresult {}", static_cast<int>(r)));
+}
+
+template <class T>
+std::vector<T> fetch(const T* dev, size_t n) {
+  std::vector<T> h(n);
+  if (n) WEFT_CUDA_CHECK(cudaMemcpy(h.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+template <class T>
+T* upload(const std::vector<T>& h) {
+  T* d = nullptr;
+  WEFT_CUDA_CHECK(cudaMalloc(&d, std::max<size_t>(h.size(), 1) * sizeof(T)));
+  if (!h.empty()) WEFT_CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+// Host copy of the plan rows an op needs, and the GEMM's per-position tables (device).
+struct State {
+  cudaStream_t side = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  std::vector<cudaEvent_t> chunk_ev;  // start/end per transfer (tracing)
+  cudaEvent_t gemm_ev = nullptr;      // just before the GEMM (tracing: CUDA-event to globaltimer anchor)
+  std::vector<plan::TransferDesc> transfers;
+  std::vector<TensorDesc> tensors;
+  std::vector<uint64_t> signal_total;  // per transfer: increments to its signal per epoch, up to and including it
+  std::vector<uint64_t> signal_epoch_total;
+  // GEMM tables
+  int positions = 0;
+  int32_t* order = nullptr;
+  int32_t* wait_begin = nullptr;
+  int32_t* wait_idx = nullptr;
+  uint64_t* wait_val = nullptr;  // per entry: threshold per epoch (the kernel scales it by the call)
+  std::vector<uint64_t> wait_per_epoch;
+  int32_t* wait_peer = nullptr;
+  int8_t* dest = nullptr;
+  int32_t* notify_idx = nullptr;
+  int32_t* notify_rank = nullptr;
+  uint64_t* trace = nullptr;
+  std::vector<int32_t> pos_m;  // M-block of each position (tracing ids)
+  int64_t last_epoch = 0;
+
+  State() = default;
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+  ~State() {
+    for (void* p : {static_cast<void*>(order), static_cast<void*>(wait_begin), static_cast<void*>(wait_idx),
+                    static_cast<void*>(wait_val), static_cast<void*>(wait_peer), static_cast<void*>(dest),
+                    static_cast<void*>(notify_idx), static_cast<void*>(notify_rank), static_cast<void*>(trace)})
+      if (p) cudaFree(p);
+    for (cudaEvent_t e : chunk_ev) cudaEventDestroy(e);
+    for (cudaEvent_t e : {fork, join, gemm_ev})
+      if (e) cudaEventDestroy(e);
+    if (side) cudaStreamDestroy(side);
+  }
+};
+
+std::mutex g_mu;
+// Keyed by everything that identifies one op instance: an op destroyed and a new one
+// created may get the same table pointer from cudaMalloc, never the same whole key with the
+// same heap offsets unless it is the same shape on the same state.
+using StateKey = std::tuple<const void*, const void*, int, int64_t, int64_t, int64_t, uint64_t, uint64_t, int>;
+std::map<StateKey, std::unique_ptr<State>> g_states;
+
+uint64_t slot_off(const FusedArgs& A, int idx) { return A.counters.at(static_cast<uint32_t>(idx)); }
+
+// Positions over row blocks `blocks` (in that order) and every N-block: groups of 8
+// consecutive row blocks, N-blocks outer, row blocks inner, so a wave of CTAs shares B tiles
+// in L2 (as the plain GEMM's raster does).
+template <class F>
+void grouped(const std::vector<int>& blocks, int tiles_n, F&& emit) {
+  constexpr size_t kGroup = 8;
+  for (size_t g = 0; g < blocks.size(); g += kGroup)
+    for (int nb = 0; nb < tiles_n; ++nb)
+      for (size_t i = g; i < std::min(blocks.size(), g + kGroup); ++i) emit(blocks[i], nb, i);
+}
+
+int gemm_ctas() {
+  // One SM stays free for what the copy streams may run as kernels (a copy the driver does
+  // with a kernel could not start while every SM holds a waiting GEMM CTA).
+  int dev = 0, n = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+  return std::max(1, n - 1);
+}
+
+// ---- ag_gemm ---------------------------------------------------------------------------
+void build_ag(const FusedArgs& A, State& st) {
+  const int world = A.ctx.world;
+  const int tiles_m = kernels::gemm_tiles_m(static_cast<int>(A.m));
+  const int tiles_n = kernels::gemm_tiles_n(static_cast<int>(A.n));
+  WEFT_REQUIRE(
+      A.tile_rows == kernels::kGemmTileM,
+      fmt::format("fused ag_gemm: the plan's tile rows ({}) must be the GEMM's {}", A.tile_rows, kernels::kGemmTileM));
+  WEFT_REQUIRE(static_cast<int64_t>(A.counters.count) >= world,
+               fmt::format("fused ag_gemm: {} counters, need {} (one done-slot per rank)", A.counters.count, world));
+  st.transfers = fetch(A.transfers, static_cast<size_t>(A.num_transfers));
+  for (const auto& t : st.transfers) {
+    WEFT_REQUIRE(t.wait_count == 0 && (t.kind == static_cast<int32_t>(plan::Kind::kPush) ||
+                                       t.kind == static_cast<int32_t>(plan::Kind::kCopy)),
+                 fmt::format("fused ag_gemm runs push/copy transfers without waits (direct all-gather); chunk {} "
+                             "is not one",
+                             t.chunk));
+    WEFT_REQUIRE(t.src_rank == A.ctx.rank,
+                 fmt::format("fused ag_gemm: chunk {} is read from rank {}", t.chunk, t.src_rank));
+  }
+  // Per-epoch totals of each signal this rank bumps (it must be the signal's only producer:
+  // the direct all-gather gives every chunk its own signal).
+  std::map<std::pair<int, int>, uint64_t> total;
+  for (const auto& t : st.transfers)
+    if (t.signal >= 0) {
+      total[{t.signal_rank, t.signal}] += static_cast<uint64_t>(t.increment);
+      st.signal_total.push_back(total[{t.signal_rank, t.signal}]);
+    } else {
+      st.signal_total.push_back(0);
+    }
+  for (const auto& t : st.transfers)
+    st.signal_epoch_total.push_back(t.signal >= 0 ? total[{t.signal_rank, t.signal}] : 0);
+  // GEMM order: M-blocks in the order the plan's tiles first name them; per block, the union
+  // of its tiles' waits (highest threshold per signal).
+  const auto tiles = fetch(A.tiles, static_cast<size_t>(A.num_tiles));
+  int32_t max_wait = 0;
+  for (const auto& t : tiles) max_wait = std::max(max_wait, t.wait_begin + t.wait_count);
+  const auto waits = fetch(A.tile_waits, static_cast<size_t>(max_wait));
+  const int32_t nsig = static_cast<int32_t>(A.signals.count);
+  const auto producer = fetch(A.signal_producer, static_cast<size_t>(nsig));
+  std::vector<int> seen(tiles_m, 0);
+  std::vector<std::map<int32_t, int64_t>> block_waits(tiles_m);
+  std::vector<int> block_order;
+  for (const auto& t : tiles) {
+    WEFT_REQUIRE(t.m >= 0 && t.m < tiles_m, fmt::format("fused ag_gemm: tile row block {} out of range", t.m));
+    if (!seen[t.m]) {
+      seen[t.m] = 1;
+      block_order.push_back(t.m);
+    }
+    for (int i = t.wait_begin; i < t.wait_begin + t.wait_count; ++i) {
+      auto& th = block_waits[t.m][waits[i].signal];
+      th = std::max(th, waits[i].threshold);
+    }
+  }
+  WEFT_REQUIRE(static_cast<int>(block_order.size()) == tiles_m, "fused ag_gemm: the plan's tiles miss row blocks");
+  std::vector<int32_t> order, wbegin{0}, widx, wpeer;
+  grouped(block_order, tiles_n, [&](int mb, int nb, size_t) {
+    order.push_back(mb * tiles_n + nb);
+    st.pos_m.push_back(mb);
+    for (auto [sig, th] : block_waits[mb]) {
+      widx.push_back(sig);
+      st.wait_per_epoch.push_back(static_cast<uint64_t>(th));
+      wpeer.push_back(sig < nsig ? producer[sig] : -1);
+    }
+    wbegin.push_back(static_cast<int32_t>(widx.size()));
+  });
+  st.positions = static_cast<int>(order.size());
+  st.order = upload(order);
+  st.wait_begin = upload(wbegin);
+  st.wait_idx = upload(widx);
+  st.wait_peer = upload(wpeer);
+  st.wait_val = upload(st.wait_per_epoch);
+  st.trace = upload(std::vector<uint64_t>(3 * order.size(), 0));
+}
+
+void run_ag(const FusedArgs& A, State& st, cudaStream_t s) {
+  const int me = A.ctx.rank, world = A.ctx.world;
+  const int64_t e = A.epoch;
+  const size_t eb = A.dtype == dev::DType::kF32 ? 4 : 2;
+  // Side stream: pushes, after each peer is done with the previous call.
+  WEFT_CUDA_CHECK(cudaEventRecord(st.fork, s));
+  WEFT_CUDA_CHECK(cudaStreamWaitEvent(st.side, st.fork, 0));
+  if (e > 1)
+    for (int p = 0; p < world; ++p)
+      if (p != me) wait_value(st.side, A.ctx.ptr<uint64_t>(me, slot_off(A, p)), static_cast<uint64_t>(e - 1));
+  const TensorDesc& in = st.tensors[static_cast<size_t>(A.input_tensor)];
+  // This rank's own rows are copied on the main stream before the GEMM (a device-local copy
+  // may run as a kernel: it must not wait behind the GEMM's CTAs); peers' on the side stream.
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t i = 0; i < st.transfers.size(); ++i) {
+      const auto& t = st.transfers[i];
+      if ((t.dst_rank == me) != (pass == 0)) continue;
+      cudaStream_t q = pass == 0 ? s : st.side;
+      const TensorDesc& dt = st.tensors[static_cast<size_t>(t.dst_tensor)];
+      WEFT_REQUIRE(t.cols == dt.cols && t.src_col == 0 && t.dst_col == 0,
+                   fmt::format("fused ag_gemm: chunk {} is not whole rows", t.chunk));
+      const char* src = t.src_tensor == A.input_tensor
+                            ? static_cast<const char*>(A.a) + static_cast<size_t>(t.src_row * in.cols) * eb
+                            : A.ctx.ptr<const char>(me, st.tensors[static_cast<size_t>(t.src_tensor)].offset) +
+                                  static_cast<size_t>(t.src_row * in.cols) * eb;
+      char* dst = A.ctx.ptr<char>(t.dst_rank, dt.offset) + static_cast<size_t>(t.dst_row * dt.cols) * eb;
+      if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.chunk_ev[2 * i], q));
+      WEFT_CUDA_CHECK(
+          cudaMemcpyAsync(dst, src, static_cast<size_t>(t.rows * t.cols) * eb, cudaMemcpyDeviceToDevice, q));
+      if (t.signal >= 0)
+        write_value(q, A.ctx.ptr<uint64_t>(t.signal_rank, A.signals.at(static_cast<uint32_t>(t.signal))),
+                    static_cast<uint64_t>(e - 1) * st.signal_epoch_total[i] + st.signal_total[i]);
+      if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.chunk_ev[2 * i + 1], q));
+    }
+  WEFT_CUDA_CHECK(cudaEventRecord(st.join, st.side));
+  // The GEMM on the gathered A, waiting per row block.
+  const TensorDesc& ga = st.tensors[static_cast<size_t>(A.gemm_tensor)];
+  kernels::GemmArgs g;
+  g.m = static_cast<int>(A.m);
+  g.n = static_cast<int>(A.n);
+  g.k = static_cast<int>(A.k_local);
+  g.type = A.dtype == dev::DType::kBF16 ? kernels::GemmType::kBF16 : kernels::GemmType::kF16;
+  g.b_layout = A.b_layout == 0 ? kernels::GemmBLayout::kNK : kernels::GemmBLayout::kKN;
+  g.a = A.ctx.ptr<const char>(me, ga.offset);
+  g.lda = ga.cols;
+  g.b = A.b;
+  g.ldb = A.b_layout == 0 ? A.k_local : A.n;
+  g.c[0] = A.c;
+  g.ldc = A.n;
+  g.cluster_m = 1;
+  g.ctas = gemm_ctas();
+  kernels::GemmHooks h;
+  h.ctx = A.ctx;
+  h.order = st.order;
+  h.wait_begin = st.wait_begin;
+  h.wait_idx = st.wait_idx;
+  h.wait_val = st.wait_val;
+  h.wait_peer = st.wait_peer;
+  h.wait_off = A.signals.offset;
+  h.wait_scale = static_cast<uint64_t>(e);
+  h.trace = A.trace ? st.trace : nullptr;
+  if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.gemm_ev, s));
+  const char* why = nullptr;
+  const cudaError_t err = kernels::gemm(g, h, s, &why);
+  if (err == cudaErrorInvalidValue && why) throw InvalidArgument(fmt::format("fused ag_gemm: {}", why));
+  WEFT_CUDA_CHECK(err);
+  // Done with this call's gathered A: tell every peer (their next call's pushes wait on it).
+  for (int p = 0; p < world; ++p)
+    if (p != me) write_value(s, A.ctx.ptr<uint64_t>(p, slot_off(A, me)), static_cast<uint64_t>(e));
+  WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, st.join, 0));
+}
+
+// ---- gemm_rs / gemm_ar: the reduce chain in the epilogue ----------------------------------
+// Counters of the chain: per owner o, one per 128-row block meeting o's rows (a block that
+// straddles two owners is computed once for each, its stores clipped to the owner's rows),
+// then `world` done-slots and `world` ready-slots.
+struct Chain {
+  std::vector<int> first_block, blocks, base;  // per owner
+  int total = 0;
+};
+Chain chain_of(const FusedArgs& A) {
+  const int world = A.ctx.world;
+  const int64_t ms = A.m / world;
+  Chain c;
+  for (int o = 0; o < world; ++o) {
+    const int64_t r0 = o * ms, r1 = (o + 1) * ms;
+    const int f = static_cast<int>(r0 / kernels::kGemmTileM);
+    const int l = static_cast<int>((r1 - 1) / kernels::kGemmTileM);
+    c.first_block.push_back(f);
+    c.blocks.push_back(ms > 0 ? l - f + 1 : 0);
+    c.base.push_back(c.total);
+    c.total += c.blocks.back();
+  }
+  return c;
+}
+
+void build_rs(const FusedArgs& A, State& st) {
+  const int me = A.ctx.rank, world = A.ctx.world;
+  WEFT_REQUIRE(world <= kernels::kGemmMaxDests, fmt::format("fused gemm_rs: at most {} ranks", kernels::kGemmMaxDests));
+  WEFT_REQUIRE(A.m % world == 0, fmt::format("fused gemm_rs: M = {} is not a multiple of {} ranks", A.m, world));
+  const int tiles_n = kernels::gemm_tiles_n(static_cast<int>(A.n));
+  const Chain ch = chain_of(A);
+  const int need = ch.total + 2 * world;
+  WEFT_REQUIRE(static_cast<int64_t>(A.counters.count) >= need,
+               fmt::format("fused gemm_rs: {} counters, need {}", A.counters.count, need));
+  std::vector<int32_t> order, wbegin{0}, widx, wpeer, nidx, nrank;
+  std::vector<int8_t> dest;
+  for (int i = 0; i < world; ++i) {
+    const int o = (me + i + 1) % world;
+    std::vector<int> blocks(static_cast<size_t>(ch.blocks[o]));
+    for (int b = 0; b < ch.blocks[o]; ++b) blocks[b] = ch.first_block[o] + b;
+    grouped(blocks, tiles_n, [&](int mb, int nb, size_t b) {
+      const int counter = ch.base[o] + static_cast<int>(b);
+      order.push_back(mb * tiles_n + nb);
+      st.pos_m.push_back(mb);
+      dest.push_back(static_cast<int8_t>(o | (i > 0 ? kernels::kGemmDestReduce : 0)));
+      if (i > 0) {  // after the previous contributor's whole row block
+        widx.push_back(counter);
+        st.wait_per_epoch.push_back(static_cast<uint64_t>(kernels::kGemmNotifyPerTile * tiles_n));
+        wpeer.push_back((me + 1) % world);
+      }
+      wbegin.push_back(static_cast<int32_t>(widx.size()));
+      nidx.push_back(i < world - 1 ? counter : -1);
+      nrank.push_back((me - 1 + world) % world);
+    });
+  }
+  st.positions = static_cast<int>(order.size());
+  st.order = upload(order);
+  st.wait_begin = upload(wbegin);
+  st.wait_idx = upload(widx);
+  st.wait_peer = upload(wpeer);
+  st.wait_val = upload(st.wait_per_epoch);
+  st.dest = upload(dest);
+  st.notify_idx = upload(nidx);
+  st.notify_rank = upload(nrank);
+  st.trace = upload(std::vector<uint64_t>(3 * order.size(), 0));
+}
+
+void run_rs(const FusedArgs& A, State& st, cudaStream_t s) {
+  const int me = A.ctx.rank, world = A.ctx.world;
+  const int64_t e = A.epoch, m_shard = A.m / world;
+  const size_t eb = 2;
+  const bool ar = A.op == Op::kGemmAr;
+  // Epoch guard: every owner has copied its output of call e-1 out before this call writes it.
+  const int done_base = chain_of(A).total;  // counters [.., + world): "rank p finished call e"
+  if (e > 1)
+    for (int p = 0; p < world; ++p)
+      if (p != me) wait_value(s, A.ctx.ptr<uint64_t>(me, slot_off(A, done_base + p)), static_cast<uint64_t>(e - 1));
+  const TensorDesc& out = st.tensors[static_cast<size_t>(A.output_tensor)];
+  kernels::GemmArgs g;
+  g.m = static_cast<int>(A.m);
+  g.n = static_cast<int>(A.n);
+  g.k = static_cast<int>(A.k_local);
+  g.type = A.dtype == dev::DType::kBF16 ? kernels::GemmType::kBF16 : kernels::GemmType::kF16;
+  g.b_layout = A.b_layout == 0 ? kernels::GemmBLayout::kNK : kernels::GemmBLayout::kKN;
+  g.a = A.a;
+  g.lda = A.k_local;
+  g.b = A.b;
+  g.ldb = A.b_layout == 0 ? A.k_local : A.n;
+  g.ldc = A.n;
+  g.num_dests = world;
+  for (int o = 0; o < world; ++o) {
+    // gemm_rs: the output is [M/W x N], owner o's rows; gemm_ar: [M x N], o's rows inside it.
+    g.c[o] = A.ctx.ptr<char>(o, out.offset) + (ar ? static_cast<size_t>(o * m_shard * A.n) * eb : 0);
+    g.c_row0[o] = o * m_shard;
+    g.c_rows[o] = m_shard;
+  }
+  g.cluster_m = 1;
+  g.ctas = gemm_ctas();
+  kernels::GemmHooks h;
+  h.ctx = A.ctx;
+  h.order = st.order;
+  h.wait_begin = st.wait_begin;
+  h.wait_idx = st.wait_idx;
+  h.wait_val = st.wait_val;
+  h.wait_peer = st.wait_peer;
+  h.wait_off = A.counters.offset;
+  h.wait_scale = static_cast<uint64_t>(e);
+  h.dest = st.dest;
+  h.notify_idx = st.notify_idx;
+  h.notify_rank = st.notify_rank;
+  h.notify_off = A.counters.offset;
+  h.trace = A.trace ? st.trace : nullptr;
+  if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.gemm_ev, s));
+  const char* why = nullptr;
+  const cudaError_t err = kernels::gemm(g, h, s, &why);
+  if (err == cudaErrorInvalidValue && why) throw InvalidArgument(fmt::format("fused gemm_rs: {}", why));
+  WEFT_CUDA_CHECK(err);
+  char* mine = static_cast<char*>(g.c[me]);
+  const size_t shard_bytes = static_cast<size_t>(m_shard * A.n) * eb;
+  if (A.op == Op::kGemmRs) {
+    WEFT_CUDA_CHECK(cudaMemcpyAsync(A.c, mine, shard_bytes, cudaMemcpyDeviceToDevice, s));
+  } else {
+    // gemm_ar: this rank's reduced rows go to the same rows of every rank's output (copy
+    // engine), then each rank copies its whole output to C once every rank's rows are in.
+    WEFT_REQUIRE(out.rows == A.m && out.cols == A.n, "fused gemm_ar: the plan's output is not [M x N]");
+    const int ready_base = done_base + world;  // counters [.., + world): "rank p's rows are in your C"
+    for (int p = 0; p < world; ++p) {
+      if (p == me) continue;
+      WEFT_CUDA_CHECK(cudaMemcpyAsync(A.ctx.ptr<char>(p, out.offset) + static_cast<size_t>(me) * shard_bytes, mine,
+                                      shard_bytes, cudaMemcpyDeviceToDevice, s));
+      write_value(s, A.ctx.ptr<uint64_t>(p, slot_off(A, ready_base + me)), static_cast<uint64_t>(e));
+    }
+    for (int p = 0; p < world; ++p)
+      if (p != me) wait_value(s, A.ctx.ptr<uint64_t>(me, slot_off(A, ready_base + p)), static_cast<uint64_t>(e));
+    WEFT_CUDA_CHECK(cudaMemcpyAsync(A.c, A.ctx.ptr<char>(me, out.offset), static_cast<size_t>(A.m * A.n) * eb,
+                                    cudaMemcpyDeviceToDevice, s));
+  }
+  for (int p = 0; p < world; ++p)
+    if (p != me) write_value(s, A.ctx.ptr<uint64_t>(p, slot_off(A, done_base + me)), static_cast<uint64_t>(e));
+}
+
+// Converts the GEMM's per-position globaltimer stamps and the side stream's CUDA events into
+// TraceRecords (events are placed on the globaltimer axis through the GEMM launch event and
+// the first tile's start: an offset, good to a few microseconds).
+void collect_trace(const FusedArgs& A, State& st, cudaStream_t s) {
+  WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
+  const auto tr = fetch(st.trace, 3 * static_cast<size_t>(st.positions));
+  std::vector<TraceRecord> recs;
+  uint64_t first = ~0ull;
+  for (int p = 0; p < st.positions; ++p) {
+    if (!tr[3 * p]) continue;
+    first = std::min(first, tr[3 * p]);
+    recs.push_back({0, static_cast<int32_t>(tr[3 * p + 2]), p, tr[3 * p], tr[3 * p + 1]});
+  }
+  for (size_t i = 0; i < st.transfers.size() && first != ~0ull; ++i) {
+    float t0 = 0, t1 = 0;
+    if (cudaEventElapsedTime(&t0, st.gemm_ev, st.chunk_ev[2 * i]) != cudaSuccess ||
+        cudaEventElapsedTime(&t1, st.gemm_ev, st.chunk_ev[2 * i + 1]) != cudaSuccess)
+      continue;
+    const auto at = [&](float ms) {
+      return static_cast<uint64_t>(static_cast<int64_t>(first) + static_cast<int64_t>(ms * 1e6));
+    };
+    recs.push_back({1, -1, st.transfers[i].chunk, at(t0), at(t1)});
+  }
+  const uint32_t n = static_cast<uint32_t>(std::min<size_t>(recs.size(), A.trace_capacity));
+  WEFT_CUDA_CHECK(cudaMemcpy(A.trace, recs.data(), n * sizeof(TraceRecord), cudaMemcpyHostToDevice));
+  WEFT_CUDA_CHECK(cudaMemcpy(A.trace_count, &n, sizeof n, cudaMemcpyHostToDevice));
+}
+
+}  // namespace
+
+bool fused_available() {
+  return kernels::gemm_sm90_available() && driver_ops().write != nullptr && driver_ops().wait != nullptr;
+}
+
+// gemm_rs / gemm_ar: the reduce chain below is built and runs, but it is NOT offered: on 2
+// H200s it gave wrong sums for a 10 x 13 output (gemm_overlap_gpu_test, 2026-11-22; cause not
+// found yet) and was slower than `decomposed` on every ANCHORS shape (docs/gemm_overlap.md).
+bool fused_supports(Op op) { return op == Op::kAgGemm; }
+
+void run_fused(const FusedArgs& A) {
+  if (!fused_available()) throw Error("fused method: needs an sm_90 GPU and stream memory operations");
+  if (!fused_supports(A.op))
+    throw Error("fused method: gemm_rs and gemm_ar are disabled (wrong sums seen on 2 GPUs; docs/gemm_overlap.md)");
+  WEFT_REQUIRE(A.dtype == dev::DType::kBF16 || A.dtype == dev::DType::kF16, "fused method: bf16 or f16 only");
+  auto s = static_cast<cudaStream_t>(A.stream);
+  std::lock_guard<std::mutex> lock(g_mu);
+  const StateKey key{A.tiles, A.tensors,        static_cast<int>(A.op), A.m,       A.n,
+                     A.k,     A.signals.offset, A.counters.offset,      A.ctx.rank};
+  auto& slot = g_states[key];
+  if (slot && A.epoch == 1) slot.reset();  // a new op at the same addresses: rebuild
+  if (!slot) {
+    auto st = std::make_unique<State>();
+    st->tensors = fetch(A.tensors, static_cast<size_t>(A.num_tensors));
+    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&st->side, cudaStreamNonBlocking));
+    WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&st->fork, cudaEventDisableTiming));
+    WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&st->join, cudaEventDisableTiming));
+    WEFT_CUDA_CHECK(cudaEventCreate(&st->gemm_ev));
+    if (A.op == Op::kAgGemm)
+      build_ag(A, *st);
+    else
+      build_rs(A, *st);
+    st->chunk_ev.resize(2 * st->transfers.size());
+    for (auto& ev : st->chunk_ev) WEFT_CUDA_CHECK(cudaEventCreate(&ev));
+    slot = std::move(st);
+  }
+  State& st = *slot;
+  if (A.op == Op::kAgGemm)
+    run_ag(A, st, s);
+  else
+    run_rs(A, st, s);
+  st.last_epoch = A.epoch;
+  if (A.trace) collect_trace(A, st, s);
+}
+
+}  // namespace weft::ops::fused

@@ -1,0 +1,15 @@
+// The fused method's hook (include/weft/ops/gemm_overlap_fused.hpp) in builds WITHOUT CUDA:
+// the fused method needs weft's sm_90a GEMM, so it is unavailable here (the host backend's
+// `fused` runs the plan executor instead; see src/ops/gemm_overlap.cpp). CUDA builds link
+// src/ops/gemm_overlap_fused.cpp.
+#include "weft/core/error.hpp"
+#include "weft/ops/gemm_overlap_fused.hpp"
+
+namespace weft::ops::fused {
+
+bool fused_available() { return false; }
+bool fused_supports(Op) { return false; }
+
+void run_fused(const FusedArgs&) { throw Error("fused method on GPUs: this build has no CUDA"); }
+
+}  // namespace weft::ops::fused

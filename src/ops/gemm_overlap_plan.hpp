@@ -1,0 +1,100 @@
+// Private to src/ops: the plans of the GEMM ops (from the plan compiler's templates), the
+// tables the plan format cannot express yet (transfers that wait for tiles, tiles that notify
+// peers, waits before the output is read), and the host backend's executor of those tables.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "weft/device/barrier.hpp"
+#include "weft/device/signal.hpp"
+#include "weft/ops/gemm_overlap.hpp"
+#include "weft/ops/gemm_overlap_fused.hpp"
+#include "weft/plan/plan.hpp"
+#include "weft/plan/schedule.hpp"
+#include "weft/runtime/backend.hpp"
+
+namespace weft::ops::detail {
+
+struct OpPlanParams {
+  GemmOp op = GemmOp::kAgGemm;
+  int world = 1;
+  int64_t m = 0, n = 0, k_local = 0;  // global M, N; this rank's GEMM depth
+  int chunks = 1;                     // the plan's splits
+  std::string algo;                   // empty: the op's default
+  plan::Engine engine = plan::Engine::kSm;
+  int elem_bytes = 2;
+  int64_t tile_rows = 1, tile_cols = 1;
+  int transfer_workers = 1, tile_workers = 1;  // verified with these resident workers
+};
+
+// Tables beside the lowered ones, per rank.
+struct RankExtra {
+  std::vector<int32_t> tt_begin;                  // transfers + 1 offsets
+  std::vector<fused::TransferTileWait> tt_waits;  // a transfer reading the GEMM's output waits for its tiles
+  std::vector<int32_t> notify_begin;              // tiles_m + 1 offsets
+  std::vector<int32_t> notify_ranks;              // peers a tile of row block m notifies
+  std::vector<plan::WaitEntry> final_waits;       // signals guarding writes into the output tensor here
+  std::vector<int32_t> producer;                  // per lowered signal: the rank that bumps it (-1: several)
+};
+
+struct OpPlan {
+  GemmOp op = GemmOp::kAgGemm;
+  plan::CommPlan plan;
+  plan::TileSchedule schedule;
+  plan::Lowered lowered;
+  int input = -1, gemm = -1, output = -1;  // plan tensors
+  int tiles_m = 0, tiles_n = 0;
+  int32_t max_signals = 1;
+  std::vector<RankExtra> extra;
+};
+
+// The plan template's name for the op (the default when algo is empty). Throws
+// InvalidArgument for an unknown algo.
+std::string default_algo(GemmOp op);
+void check_algo(GemmOp op, const std::string& algo);
+
+// Builds, verifies (verify + verify_schedule with the given workers) and lowers the op's plan
+// and tile schedule; ag_gemm tiles are ordered by chunk arrival, gemm_rs / gemm_ar tiles by
+// when transfers need their rows (order_by_demand).
+OpPlan build_op_plan(const OpPlanParams& p);
+
+// Stable sort of each rank's tiles by the earliest transfer (any rank's) that reads their rows
+// of the schedule's tensor on that rank: (longest dependency chain before it, queue position).
+void order_by_demand(plan::TileSchedule& s, const plan::CommPlan& plan);
+
+// C rows [r0, r1) x cols [c0, c1) = A * op(B) with fp32 accumulation in k order, stored as T.
+// A [.. x k] row-major (lda = k); B W [n x k] (kNK) or B [k x n] (kKN); C ldc = n.
+void host_gemm(dev::DType t, BLayout layout, const void* a, const void* b, void* c, int64_t k, int64_t n, int64_t r0,
+               int64_t r1, int64_t c0, int64_t c1, int me = 0, int threads = 1);
+
+// The host backend executing an OpPlan's tables (docs/gemm_overlap.md).
+class HostGemmExec {
+ public:
+  HostGemmExec(Backend& backend, OpPlan plan, dev::DType dtype, BLayout layout, int64_t k_local, int transfer_workers,
+               int tile_workers, const std::string& tag);
+  // a: A_r; b: this rank's B; c: C. Appends events to *trace when it is not null.
+  void run(const void* a, const void* b, void* c, std::vector<TraceEvent>* trace);
+  const OpPlan& op_plan() const { return p_; }
+
+ private:
+  void run_transfer(const dev::DeviceCtx& c, const plan::TransferDesc& d, int32_t index, int64_t epoch) const;
+  void run_tile(const dev::DeviceCtx& c, const plan::TileEntry& t, int64_t epoch, const void* a, const void* b,
+                void* out) const;
+
+  Backend& b_;
+  OpPlan p_;
+  dev::DType dtype_;
+  BLayout layout_;
+  int64_t k_local_;
+  int transfer_workers_, tile_workers_;
+  int rank_;
+  bool remote_input_reads_ = false;
+  std::vector<uint64_t> tensor_off_;
+  dev::SignalSlab signals_{}, counters_{};
+  dev::BarrierHandle barrier_{};
+  int64_t epoch_ = 0;
+  bool broken_ = false;
+};
+
+}  // namespace weft::ops::detail

@@ -1,0 +1,288 @@
+// GEMM + communication ops on the nccl backend (issue 6): every method against a CPU
+// reference on small-integer data (exact with fp32 accumulation), on 1 GPU and on every GPU,
+// both B layouts, bf16 and f16, odd shapes; calls captured in a CUDA graph and replayed with
+// fresh inputs; traced calls; the fused method (when fused_available()) in every check.
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "rank_harness.hpp"
+#include "weft/core/cuda_check.hpp"
+#include "weft/ops/gemm_overlap.hpp"
+#include "weft/ops/gemm_overlap_fused.hpp"
+#include "weft/ops/trace.hpp"
+
+using namespace weft;
+using namespace weft::ops;
+using namespace weft::testing;
+
+namespace {
+
+int gpus() {
+  static int n = count_gpus_forked();
+  return n;
+}
+
+std::vector<RankResult> run_gpu(int n, const std::function<void()>& fn) {
+  LaunchOptions opt;
+  opt.nranks = n;
+  int64_t timeout_ms = 20000;
+  if (const char* t = std::getenv("WEFT_TEST_TIMEOUT_MS")) timeout_ms = std::max<int64_t>(timeout_ms, std::atoll(t));
+  opt.extra_env = {
+      {"WEFT_BACKEND", "nccl"}, {"WEFT_GPU_HEAP_MIB", "1024"}, {"WEFT_TIMEOUT_MS", std::to_string(timeout_ms)}};
+  opt.grace_ms = timeout_ms + 10000;
+  opt.deadline_ms = 600000;
+  opt.quiet = true;
+  return run_ranks(fn, opt);
+}
+
+// |A| <= 1; B is nonzero only where (k + j) % 4 == 0 and |B| <= 2, so |C| <= 2 * ceil(K/4)
+// <= 256 for K <= 512: every partial and total is an integer bf16 holds, whatever the order
+// (cuBLAS, NCCL and weft's reductions all give the same bits).
+float a_glob(int64_t g, int64_t k, int64_t e) { return static_cast<float>((g * 7 + k * 3 + e * 5) % 3 - 1); }
+float b_glob(int64_t k, int64_t j, int64_t e, int owner) {
+  if ((k + j) % 4 != 0) return 0.f;
+  return static_cast<float>((k * 5 + j * 3 + e + owner * 2) % 5 - 2);
+}
+uint16_t encode(float v, dev::DType t) {
+  return t == dev::DType::kBF16 ? dev::from_float<dev::bf16_t>(v).bits : dev::from_float<dev::f16_t>(v).bits;
+}
+float decode(uint16_t v, dev::DType t) {
+  return t == dev::DType::kBF16 ? dev::to_float(dev::bf16_t{v}) : dev::to_float(dev::f16_t{v});
+}
+
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit DevBuf(size_t n) : bytes(n) { WEFT_CUDA_CHECK(cudaMalloc(&p, n + 16)); }
+  ~DevBuf() { cudaFree(p); }
+};
+
+struct Host {
+  std::vector<uint16_t> a, b;
+};
+
+Host inputs(const GemmOverlap& op, int rank, int64_t e) {
+  const auto& c = op.config();
+  const int64_t kl = op.a_cols();
+  Host h;
+  h.a.resize(static_cast<size_t>(op.a_rows() * kl));
+  h.b.resize(static_cast<size_t>(op.b_rows() * op.b_cols()));
+  for (int64_t i = 0; i < op.a_rows(); ++i)
+    for (int64_t k = 0; k < kl; ++k) {
+      const int64_t g = c.op == GemmOp::kAgGemm ? rank * op.a_rows() + i : i;
+      const int64_t kg = c.op == GemmOp::kAgGemm ? k : rank * kl + k;
+      h.a[static_cast<size_t>(i * kl + k)] = encode(a_glob(g, kg, e), c.dtype);
+    }
+  const int owner = c.op == GemmOp::kAgGemm ? rank : 0;
+  for (int64_t k = 0; k < kl; ++k)
+    for (int64_t j = 0; j < c.n; ++j) {
+      const int64_t kg = c.op == GemmOp::kAgGemm ? k : rank * kl + k;
+      const uint16_t v = encode(b_glob(kg, j, e, owner), c.dtype);
+      if (c.b_layout == BLayout::kNK)
+        h.b[static_cast<size_t>(j * kl + k)] = v;
+      else
+        h.b[static_cast<size_t>(k * c.n + j)] = v;
+    }
+  return h;
+}
+
+void check(const GemmOverlap& op, const std::vector<uint16_t>& got, int rank, int world, int64_t e,
+           const std::string& what) {
+  const auto& c = op.config();
+  const int64_t row0 = c.op == GemmOp::kGemmRs ? rank * (c.m / world) : 0;
+  const int owner = c.op == GemmOp::kAgGemm ? rank : 0;
+  int bad = 0;
+  std::string first;
+  for (int64_t i = 0; i < op.c_rows(); ++i)
+    for (int64_t j = 0; j < c.n; ++j) {
+      float want = 0;
+      for (int64_t k = (4 - j % 4) % 4; k < c.k; k += 4) want += a_glob(row0 + i, k, e) * b_glob(k, j, e, owner);
+      const float have = decode(got[static_cast<size_t>(i * c.n + j)], c.dtype);
+      if (have != want && bad++ < 5) first += fmt::format(" C[{}][{}] = {} (expected {})", i, j, have, want);
+    }
+  WEFT_CHECK(bad == 0, fmt::format("{} rank {} call {}: {} mismatches:{}", what, rank, e, bad, first));
+}
+
+struct Shape {
+  GemmOp op;
+  int64_t m, k, n;
+};
+
+GemmOverlapConfig config(const Shape& s, dev::DType t, BLayout l, int chunks) {
+  GemmOverlapConfig c;
+  c.op = s.op;
+  c.m = s.m;
+  c.k = s.k;
+  c.n = s.n;
+  c.dtype = t;
+  c.b_layout = l;
+  c.chunks = chunks;
+  c.tune_cache.assign(1, '-');
+  return c;
+}
+
+// Every method of one op, `calls` eager calls each with fresh inputs, checked exactly.
+int run_all_methods(Backend& b, const GemmOverlapConfig& cfg, int calls, cudaStream_t s) {
+  GemmOverlap op(b, cfg);
+  const int rank = b.rank(), world = b.size();
+  DevBuf a(static_cast<size_t>(op.a_rows() * op.a_cols()) * 2), w(static_cast<size_t>(op.b_rows() * op.b_cols()) * 2),
+      c(static_cast<size_t>(op.c_rows() * op.c_cols()) * 2);
+  std::vector<uint16_t> out(static_cast<size_t>(op.c_rows() * op.c_cols()));
+  std::vector<GemmMethod> methods{GemmMethod::kBaseline, GemmMethod::kDecomposed, GemmMethod::kAuto};
+  const auto avail = op.available_methods();
+  if (std::find(avail.begin(), avail.end(), GemmMethod::kFused) != avail.end()) methods.push_back(GemmMethod::kFused);
+  int checks = 0;
+  int64_t e = 0;
+  for (GemmMethod m : methods)
+    for (int call = 0; call < calls; ++call) {
+      ++e;
+      const Host h = inputs(op, rank, e);
+      WEFT_CUDA_CHECK(cudaMemcpy(a.p, h.a.data(), h.a.size() * 2, cudaMemcpyHostToDevice));
+      WEFT_CUDA_CHECK(cudaMemcpy(w.p, h.b.data(), h.b.size() * 2, cudaMemcpyHostToDevice));
+      WEFT_CUDA_CHECK(cudaMemset(c.p, 0xFF, c.bytes));  // NaN
+      WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+      op.run(a.p, w.p, c.p, {.method = m, .stream = s});
+      WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
+      b.synchronize();
+      WEFT_CUDA_CHECK(cudaMemcpy(out.data(), c.p, c.bytes, cudaMemcpyDeviceToHost));
+      check(op, out, rank, world, e,
+            fmt::format("{} {} {} {} world {} chunks {}", to_string(cfg.op), to_string(m), dev::dtype_name(cfg.dtype),
+                        to_string(cfg.b_layout), world, op.chunks()));
+      ++checks;
+    }
+  return checks;
+}
+
+}  // namespace
+
+class GemmOverlapGpu : public ::testing::TestWithParam<int> {};
+
+TEST_P(GemmOverlapGpu, EveryMethodIsExact) {
+  const int n = GetParam() == 0 ? gpus() : GetParam();
+  if (gpus() < 1 || n > gpus()) GTEST_SKIP() << "needs " << n << " GPU(s)";
+  expect_all_ok(run_gpu(n, [] {
+    auto b = make_backend();
+    const int w = b->size();
+    cudaStream_t s;
+    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    int checks = 0;
+    // Odd shapes (rows per shard not a multiple of the chunks, N odd), then larger ones.
+    const std::vector<Shape> shapes{{GemmOp::kAgGemm, 5 * w, 24, 13},     {GemmOp::kGemmRs, 5 * w, 16 * w, 13},
+                                    {GemmOp::kGemmAr, 11, 8 * w, 7},      {GemmOp::kAgGemm, 384 * w, 256, 392},
+                                    {GemmOp::kGemmRs, 384 * w, 256, 392}, {GemmOp::kGemmAr, 768, 256, 392}};
+    for (const Shape& sh : shapes) {
+      checks += run_all_methods(*b, config(sh, dev::DType::kBF16, BLayout::kNK, 2), 2, s);
+      checks += run_all_methods(*b, config(sh, dev::DType::kBF16, BLayout::kKN, 3), 1, s);
+      checks += run_all_methods(*b, config(sh, dev::DType::kF16, BLayout::kNK, 4), 1, s);
+    }
+    if (b->rank() == 0) std::printf("[gpu] gemm_overlap: %d ranks, %d exact checks passed\n", w, checks);
+    WEFT_CUDA_CHECK(cudaStreamDestroy(s));
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpus, GemmOverlapGpu, ::testing::Values(1, 0));
+
+// Captured once, replayed many times with fresh inputs: the device-side epoch advances inside
+// the graph (decomposed waits), and every replay is exact.
+TEST(GemmOverlapGpuGraph, ReplaysStayExact) {
+  if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
+  expect_all_ok(run_gpu(gpus(), [] {
+    auto b = make_backend();
+    const int w = b->size(), rank = b->rank();
+    cudaStream_t s;
+    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (const Shape& sh : {Shape{GemmOp::kAgGemm, 256 * w, 128, 264}, Shape{GemmOp::kGemmRs, 256 * w, 128 * w, 264},
+                            Shape{GemmOp::kGemmAr, 320, 64 * w, 136}})
+      for (GemmMethod m : {GemmMethod::kBaseline, GemmMethod::kDecomposed}) {
+        GemmOverlap op(*b, config(sh, dev::DType::kBF16, BLayout::kNK, 2));
+        DevBuf a(static_cast<size_t>(op.a_rows() * op.a_cols()) * 2),
+            wt(static_cast<size_t>(op.b_rows() * op.b_cols()) * 2),
+            c(static_cast<size_t>(op.c_rows() * op.c_cols()) * 2);
+        auto load = [&](int64_t e) {
+          const Host h = inputs(op, rank, e);
+          WEFT_CUDA_CHECK(cudaMemcpy(a.p, h.a.data(), h.a.size() * 2, cudaMemcpyHostToDevice));
+          WEFT_CUDA_CHECK(cudaMemcpy(wt.p, h.b.data(), h.b.size() * 2, cudaMemcpyHostToDevice));
+          WEFT_CUDA_CHECK(cudaMemset(c.p, 0xFF, c.bytes));
+          WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+        };
+        load(0);
+        op.run(a.p, wt.p, c.p, {.method = m, .stream = s});  // first call: outside the capture
+        WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
+        b->barrier();
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        WEFT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        op.run(a.p, wt.p, c.p, {.method = m, .stream = s});
+        WEFT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+        WEFT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        std::vector<uint16_t> out(static_cast<size_t>(op.c_rows() * op.c_cols()));
+        for (int64_t e = 1; e <= 10; ++e) {
+          load(e);
+          b->barrier();  // every rank's input is in place before anyone replays
+          WEFT_CUDA_CHECK(cudaGraphLaunch(exec, s));
+          WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
+          b->synchronize();
+          WEFT_CUDA_CHECK(cudaMemcpy(out.data(), c.p, c.bytes, cudaMemcpyDeviceToHost));
+          check(op, out, rank, w, e, fmt::format("graph {} {}", to_string(sh.op), to_string(m)));
+          b->barrier();  // nobody refills inputs a peer's replay may still read (baseline all-gather)
+        }
+        WEFT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+        WEFT_CUDA_CHECK(cudaGraphDestroy(graph));
+      }
+    WEFT_CUDA_CHECK(cudaStreamDestroy(s));
+  }));
+}
+
+// A traced call of decomposed (and fused, when available): chunks on the copy engine, GEMMs
+// on the compute stream, and a summary; an unavailable fused method refuses with an Error.
+TEST(GemmOverlapGpuTrace, DecomposedCallIsTraced) {
+  if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
+  expect_all_ok(run_gpu(gpus(), [] {
+    auto b = make_backend();
+    const int w = b->size();
+    cudaStream_t s;
+    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (GemmOp o : {GemmOp::kAgGemm, GemmOp::kGemmRs, GemmOp::kGemmAr}) {
+      const Shape sh{o, 1024 * w, 512 * w, 1024};
+      GemmOverlap op(*b, config(sh, dev::DType::kBF16, BLayout::kNK, 4));
+      DevBuf a(static_cast<size_t>(op.a_rows() * op.a_cols()) * 2),
+          wt(static_cast<size_t>(op.b_rows() * op.b_cols()) * 2), c(static_cast<size_t>(op.c_rows() * op.c_cols()) * 2);
+      WEFT_CUDA_CHECK(cudaMemset(a.p, 0, a.bytes));
+      WEFT_CUDA_CHECK(cudaMemset(wt.p, 0, wt.bytes));
+      op.run(a.p, wt.p, c.p, {.method = GemmMethod::kDecomposed, .stream = s});
+      op.run(a.p, wt.p, c.p, {.method = GemmMethod::kDecomposed, .trace = true, .stream = s});
+      int tiles = 0, chunks = 0;
+      for (const auto& e : op.trace()) (e.kind == TraceKind::kTile ? tiles : chunks) += 1;
+      WEFT_CHECK(tiles > 0 && (w == 1 || chunks > 0),
+                 fmt::format("{}: {} tiles, {} chunks", to_string(o), tiles, chunks));
+      const auto all = gather_trace(*b, op.trace());
+      const auto sum = summarize_trace(to_chrome_trace(all));
+      if (b->rank() == 0)
+        std::printf("[gpu] %s decomposed trace:\n%s", to_string(o), format_trace_summary(sum).c_str());
+      const auto avail = op.available_methods();
+      if (std::find(avail.begin(), avail.end(), GemmMethod::kFused) != avail.end()) {
+        op.run(a.p, wt.p, c.p, {.method = GemmMethod::kFused, .stream = s});
+        op.run(a.p, wt.p, c.p, {.method = GemmMethod::kFused, .trace = true, .stream = s});
+        const auto fall = gather_trace(*b, op.trace());
+        WEFT_CHECK(!fall.empty(), fmt::format("{}: the fused call recorded no events", to_string(o)));
+        if (b->rank() == 0)
+          std::printf("[gpu] %s fused trace:\n%s", to_string(o),
+                      format_trace_summary(summarize_trace(to_chrome_trace(fall))).c_str());
+      } else {
+        std::string msg;
+        try {
+          op.run(a.p, wt.p, c.p, {.method = GemmMethod::kFused, .stream = s});
+        } catch (const Error& e) {
+          msg = e.what();
+        }
+        WEFT_CHECK(!msg.empty(), "the fused method ran although the op does not offer it");
+      }
+    }
+    WEFT_CUDA_CHECK(cudaStreamDestroy(s));
+  }));
+}

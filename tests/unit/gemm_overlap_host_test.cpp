@@ -1,0 +1,389 @@
+// GEMM + communication ops on the host backend (issue 6), world sizes 1, 2, 3, 4, 8:
+// ag_gemm, gemm_rs and gemm_ar, every method (baseline, decomposed, fused, auto), both B
+// layouts, bf16 and f16, every plan template, shapes that divide no tile or chunk evenly,
+// two calls in a row with fresh inputs, compared bit for bit with a plain reference; shapes
+// and pointers that must be refused; traces and their summary; the tuning cache; a rank that
+// skips a call.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "rank_harness.hpp"
+#include "weft/core/error.hpp"
+#include "weft/ops/gemm_overlap.hpp"
+#include "weft/ops/gemm_overlap_fused.hpp"
+#include "weft/ops/trace.hpp"
+#include "weft/runtime/backend.hpp"
+
+using namespace weft;
+using namespace weft::ops;
+using namespace weft::testing;
+
+namespace {
+
+// Small integers: |A| <= 1, |B| <= 2. Every product sum of these shapes (K <= 128) stays
+// within +-256, where bf16 holds every integer, so each rounding (a partial product, every
+// add of a reduction) is exact and any order of the adds gives the same bits. A depends on
+// the global row and column and the call; B on its global row, column, call and, for
+// ag_gemm (where every rank has its own B), the rank.
+float a_glob(int64_t g, int64_t k, int64_t e) { return static_cast<float>((g * 7 + k * 3 + e * 5) % 3 - 1); }
+float b_glob(int64_t k, int64_t j, int64_t e, int owner) {
+  return static_cast<float>((k * 5 + j * 3 + e + owner * 2) % 5 - 2);
+}
+
+uint16_t encode(float v, dev::DType t) {
+  return t == dev::DType::kBF16 ? dev::from_float<dev::bf16_t>(v).bits : dev::from_float<dev::f16_t>(v).bits;
+}
+float decode(uint16_t v, dev::DType t) {
+  return t == dev::DType::kBF16 ? dev::to_float(dev::bf16_t{v}) : dev::to_float(dev::f16_t{v});
+}
+
+// 16-byte aligned host buffers of 16-bit elements.
+struct Buf {
+  std::vector<uint16_t> v;
+  explicit Buf(size_t n) : v(n + 8) {}
+  uint16_t* p() { return reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(v.data()) + 15) & ~uintptr_t{15}); }
+};
+
+struct Inputs {
+  Buf a, b;
+  Inputs(size_t na, size_t nb) : a(na), b(nb) {}
+};
+
+// This rank's A_r and B for call e.
+void fill(const GemmOverlap& op, Inputs& in, int rank, int world, int64_t e) {
+  const auto& c = op.config();
+  const int64_t kl = op.a_cols();
+  for (int64_t i = 0; i < op.a_rows(); ++i)
+    for (int64_t k = 0; k < kl; ++k) {
+      const int64_t g = c.op == GemmOp::kAgGemm ? rank * op.a_rows() + i : i;
+      const int64_t kg = c.op == GemmOp::kAgGemm ? k : rank * kl + k;
+      in.a.p()[i * kl + k] = encode(a_glob(g, kg, e), c.dtype);
+    }
+  const int owner = c.op == GemmOp::kAgGemm ? rank : 0;
+  for (int64_t k = 0; k < kl; ++k)
+    for (int64_t j = 0; j < c.n; ++j) {
+      const int64_t kg = c.op == GemmOp::kAgGemm ? k : rank * kl + k;
+      const float v = b_glob(kg, j, e, owner);
+      if (c.b_layout == BLayout::kNK)
+        in.b.p()[j * kl + k] = encode(v, c.dtype);
+      else
+        in.b.p()[k * c.n + j] = encode(v, c.dtype);
+    }
+  (void)world;
+}
+
+// Checks C against the plain reference: C = A * B over the global K (for gemm_rs, this
+// rank's rows of it).
+void check(const GemmOverlap& op, const uint16_t* got, int rank, int world, int64_t e, const std::string& what) {
+  const auto& c = op.config();
+  const int64_t row0 = c.op == GemmOp::kGemmRs ? rank * (c.m / world) : 0;
+  const int owner = c.op == GemmOp::kAgGemm ? rank : 0;
+  for (int64_t i = 0; i < op.c_rows(); ++i)
+    for (int64_t j = 0; j < c.n; ++j) {
+      float want = 0;
+      for (int64_t k = 0; k < c.k; ++k) want += a_glob(row0 + i, k, e) * b_glob(k, j, e, owner);
+      const float have = decode(got[i * c.n + j], c.dtype);
+      WEFT_CHECK(have == want,
+                 fmt::format("{} rank {} call {}: C[{}][{}] = {}, expected {}", what, rank, e, i, j, have, want));
+    }
+}
+
+struct Shape {
+  GemmOp op;
+  int64_t m, k, n;
+};
+
+// Shapes that divide no tile (8 x 16 on the host) or chunk evenly.
+std::vector<Shape> shapes_for(int w) {
+  return {{GemmOp::kAgGemm, 5 * w, 24, 13}, {GemmOp::kGemmRs, 5 * w, 16 * w, 13}, {GemmOp::kGemmAr, 11, 8 * w, 7}};
+}
+
+std::vector<std::string> algos_for(GemmOp op) {
+  if (op == GemmOp::kAgGemm) return {"direct", "ring", "bidir"};
+  if (op == GemmOp::kGemmRs) return {"direct", "ring"};
+  return {"two-shot", "one-shot", "ring"};
+}
+
+// Runs `calls` calls of each method on one op, each checked exactly.
+int run_methods(Backend& b, const GemmOverlapConfig& cfg, const std::vector<GemmMethod>& methods, int calls) {
+  GemmOverlap op(b, cfg);
+  const int rank = b.rank(), world = b.size();
+  Inputs in(static_cast<size_t>(op.a_rows() * op.a_cols()), static_cast<size_t>(op.b_rows() * op.b_cols()));
+  Buf out(static_cast<size_t>(op.c_rows() * op.c_cols()));
+  int checks = 0;
+  int64_t e = 0;
+  for (GemmMethod m : methods)
+    for (int call = 0; call < calls; ++call) {
+      ++e;
+      fill(op, in, rank, world, e);
+      std::fill(out.v.begin(), out.v.end(), uint16_t{0x7FC1});  // NaN in bf16 and f16
+      op.run(in.a.p(), in.b.p(), out.p(), {.method = m});
+      check(op, out.p(), rank, world, e,
+            fmt::format("{} {} {} {} algo {} world {} chunks {}", to_string(cfg.op), to_string(m),
+                        dev::dtype_name(cfg.dtype), to_string(cfg.b_layout), cfg.algo.empty() ? "default" : cfg.algo,
+                        world, op.chunks()));
+      ++checks;
+    }
+  return checks;
+}
+
+GemmOverlapConfig config(const Shape& s, dev::DType t = dev::DType::kBF16, BLayout l = BLayout::kNK, int chunks = 2,
+                         std::string algo = "") {
+  GemmOverlapConfig c;
+  c.op = s.op;
+  c.m = s.m;
+  c.k = s.k;
+  c.n = s.n;
+  c.dtype = t;
+  c.b_layout = l;
+  c.chunks = chunks;
+  c.algo = std::move(algo);
+  c.tune_cache.assign(1, '-');  // no cache (assign: GCC 12 flags operator= of a literal with -Wrestrict)
+  return c;
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+}  // namespace
+
+class GemmOverlapHost : public ::testing::TestWithParam<int> {};
+
+TEST_P(GemmOverlapHost, EveryOpMethodLayoutAndDtypeIsExact) {
+  const int world = GetParam();
+  expect_all_ok(run_host_ranks(world, [world] {
+    auto b = make_backend();
+    const std::vector<GemmMethod> all{GemmMethod::kBaseline, GemmMethod::kDecomposed, GemmMethod::kFused,
+                                      GemmMethod::kAuto};
+    int checks = 0;
+    for (const Shape& s : shapes_for(world)) {
+      checks += run_methods(*b, config(s, dev::DType::kBF16, BLayout::kNK), all, 2);
+      checks += run_methods(*b, config(s, dev::DType::kBF16, BLayout::kKN), all, 1);
+      checks += run_methods(*b, config(s, dev::DType::kF16, BLayout::kKN, 3), all, 1);
+    }
+    WEFT_CHECK(checks == 3 * 4 * 4, fmt::format("{} checks ran", checks));
+  }));
+}
+
+TEST_P(GemmOverlapHost, EveryPlanTemplateAndChunkCount) {
+  const int world = GetParam();
+  expect_all_ok(run_host_ranks(world, [world] {
+    auto b = make_backend();
+    for (const Shape& s : shapes_for(world))
+      for (const std::string& algo : algos_for(s.op))
+        for (int chunks : {1, 4, 9})  // 9 > rows per shard: clamped
+          run_methods(*b, config(s, dev::DType::kBF16, BLayout::kNK, chunks, algo),
+                      {GemmMethod::kDecomposed, GemmMethod::kFused}, 1);
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, GemmOverlapHost, ::testing::Values(1, 2, 3, 4, 8));
+
+// Shapes that do not divide the world, K per rank not a multiple of 8, other dtypes, bad
+// pointers: refused on every rank, with a message that names the shape and the world.
+TEST(GemmOverlapHostErrors, ShapesAndPointersAreRefusedClearly) {
+  expect_all_ok(run_host_ranks(3, [] {
+    auto b = make_backend();
+    auto expect = [&](const GemmOverlapConfig& c, const std::string& want) {
+      const std::string got = message_of([&] { GemmOverlap op(*b, c); });
+      WEFT_CHECK(got.find(want) != std::string::npos, fmt::format("expected '{}' in: {}", want, got));
+    };
+    expect(config({GemmOp::kAgGemm, 10, 16, 8}),
+           "ag_gemm: M x K x N = 10 x 16 x 8: M = 10 does not divide among 3 ranks");
+    expect(config({GemmOp::kGemmRs, 10, 48, 8}),
+           "gemm_rs: M x K x N = 10 x 48 x 8: M = 10 does not divide among 3 ranks");
+    expect(config({GemmOp::kGemmRs, 12, 40, 8}),
+           "gemm_rs: M x K x N = 12 x 40 x 8: K = 40 does not divide among 3 ranks");
+    expect(config({GemmOp::kGemmAr, 12, 36, 8}), "K per rank = 12 is not a multiple of 8");
+    expect(config({GemmOp::kAgGemm, 12, 12, 8}), "K per rank = 12 is not a multiple of 8");
+    expect(config({GemmOp::kAgGemm, 12, 16, 0}), "every dimension must be at least 1");
+    expect(config({GemmOp::kAgGemm, 12, 16, 8}, dev::DType::kF32), "dtype f32 (GEMM ops take bf16 or f16 inputs)");
+    expect(config({GemmOp::kGemmRs, 12, 48, 8}, dev::DType::kBF16, BLayout::kNK, 2, "bidir"),
+           "gemm_rs: unknown plan algo 'bidir' (expected direct, ring)");
+    expect(config({GemmOp::kAgGemm, 12, 16, 8}, dev::DType::kBF16, BLayout::kNK, -1), "-1 chunks");
+
+    GemmOverlap op(*b, config({GemmOp::kAgGemm, 12, 16, 8}));
+    Buf a(64), w(128), c(96);
+    std::string got = message_of([&] { op.run(a.p() + 1, w.p(), c.p()); });
+    WEFT_CHECK(got.find("A pointer") != std::string::npos && got.find("is not 16-byte aligned") != std::string::npos,
+               got);
+    got = message_of([&] { op.run(a.p(), nullptr, c.p()); });
+    WEFT_CHECK(got.find("B is a null pointer") != std::string::npos, got);
+    got = message_of([&] { op.run(a.p(), w.p(), a.p()); });
+    WEFT_CHECK(got.find("C overlaps A or B") != std::string::npos, got);
+    WEFT_CHECK(parse_gemm_method("decomposed") == GemmMethod::kDecomposed, "parse");
+    got = message_of([] { parse_gemm_method("chunked"); });
+    WEFT_CHECK(got.find("unknown method 'chunked'") != std::string::npos, got);
+    got = message_of([] { parse_gemm_op("gemm_a2a"); });
+    WEFT_CHECK(got.find("expected ag_gemm, gemm_rs or gemm_ar") != std::string::npos, got);
+  }));
+}
+
+// Host-only builds link the hook's stub: unavailable, and it says so when called.
+TEST(GemmOverlapFusedHook, StubRefusesClearly) {
+#ifdef WEFT_HAVE_CUDA
+  GTEST_SKIP() << "CUDA build: the fused kernel is linked (tests/gpu covers it)";
+#else
+  EXPECT_FALSE(fused::fused_available());
+  const std::string msg = message_of([] { fused::run_fused(fused::FusedArgs{}); });
+  EXPECT_TRUE(!msg.empty() && msg != "(no exception)") << msg;
+#endif
+}
+
+// `auto` reads the tuning cache (rank 0's copy, broadcast): a stored choice wins.
+TEST(GemmOverlapHostAuto, TuningCacheIsUsed) {
+  const std::string path = fmt::format("/tmp/weft-tune-test-{}.json", ::getpid());
+  std::filesystem::remove(path);
+  expect_all_ok(run_host_ranks(2, [path] {
+    auto b = make_backend();
+    GemmOverlapConfig c = config({GemmOp::kGemmRs, 10, 32, 9}, dev::DType::kBF16, BLayout::kNK, 0);
+    c.tune_cache = path;
+    {
+      GemmOverlap op(*b, c);
+      WEFT_CHECK(op.auto_choice().method == GemmMethod::kDecomposed, op.auto_choice().source);
+      WEFT_CHECK(op.auto_choice().source.find("host backend default") != std::string::npos, op.auto_choice().source);
+      op.store_tuning(GemmMethod::kBaseline, 3, 12.5);
+    }
+    b->barrier();
+    GemmOverlap op(*b, c);
+    WEFT_CHECK(op.auto_choice().method == GemmMethod::kBaseline && op.chunks() == 3,
+               fmt::format("auto: {} chunks {} from {}", to_string(op.auto_choice().method), op.chunks(),
+                           op.auto_choice().source));
+    WEFT_CHECK(op.auto_choice().source == "tuning cache " + path, op.auto_choice().source);
+    WEFT_CHECK(op.tuning_key().rfind("gemm_rs|", 0) == 0, op.tuning_key());
+    run_methods(*b, c, {GemmMethod::kAuto}, 1);
+  }));
+  std::filesystem::remove(path);
+}
+
+// A hand-made Chrome trace: comm [0,10) and [30,40), compute [5,35): 10 of 20 us hidden.
+TEST(GemmOverlapTrace, SummaryMeasuresHiddenCommunication) {
+  nlohmann::json t = {{"traceEvents",
+                       {{{"ph", "X"}, {"cat", "comm"}, {"pid", 0}, {"tid", 1}, {"ts", 0.0}, {"dur", 10.0}},
+                        {{"ph", "X"}, {"cat", "comm"}, {"pid", 0}, {"tid", 2}, {"ts", 30.0}, {"dur", 10.0}},
+                        {{"ph", "X"}, {"cat", "comm"}, {"pid", 0}, {"tid", 1}, {"ts", 32.0}, {"dur", 2.0}},
+                        {{"ph", "X"}, {"cat", "compute"}, {"pid", 0}, {"tid", 0}, {"ts", 5.0}, {"dur", 30.0}},
+                        {{"ph", "M"}, {"name", "thread_name"}, {"pid", 0}, {"tid", 0}}}}};
+  const auto s = summarize_trace(t);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_DOUBLE_EQ(s[0].comm_us, 20.0);
+  EXPECT_DOUBLE_EQ(s[0].compute_us, 30.0);
+  EXPECT_DOUBLE_EQ(s[0].overlap_us, 10.0);
+  EXPECT_DOUBLE_EQ(s[0].hidden, 0.5);
+  EXPECT_DOUBLE_EQ(s[0].span_us, 40.0);
+  EXPECT_NE(format_trace_summary(s).find("communication hidden behind computation: 50.0%"), std::string::npos);
+  EXPECT_THROW(summarize_trace(nlohmann::json::object()), InvalidArgument);
+}
+
+// Traced calls on two ranks: every transfer and tile of the plan appears once per call, on
+// lanes named after the workers; the gathered Chrome trace summarises; `weft trace` prints it.
+TEST(GemmOverlapTrace, HostRunsRecordEveryChunkAndTile) {
+  const std::string path = fmt::format("/tmp/weft-trace-test-{}.json", ::getpid());
+  expect_all_ok(run_host_ranks(2, [path] {
+    auto b = make_backend();
+    for (GemmOp o : {GemmOp::kAgGemm, GemmOp::kGemmRs, GemmOp::kGemmAr}) {
+      const Shape s = o == GemmOp::kAgGemm ? Shape{o, 16, 32, 24} : Shape{o, 16, 32, 24};
+      GemmOverlap op(*b, config(s, dev::DType::kBF16, BLayout::kNK, 2));
+      Inputs in(static_cast<size_t>(op.a_rows() * op.a_cols()), static_cast<size_t>(op.b_rows() * op.b_cols()));
+      Buf out(static_cast<size_t>(op.c_rows() * op.c_cols()));
+      for (GemmMethod m : {GemmMethod::kBaseline, GemmMethod::kDecomposed, GemmMethod::kFused}) {
+        fill(op, in, b->rank(), b->size(), 1);
+        op.run(in.a.p(), in.b.p(), out.p(), {.method = m, .trace = true});
+        int tiles = 0, chunks = 0;
+        for (const auto& e : op.trace()) {
+          WEFT_CHECK(e.end_ns >= e.start_ns && e.rank == b->rank() && !e.lane_name.empty(), e.name);
+          (e.kind == TraceKind::kTile ? tiles : chunks) += 1;
+        }
+        WEFT_CHECK(tiles > 0 && chunks > 0,
+                   fmt::format("{} {}: {} tiles, {} chunks", to_string(o), to_string(m), tiles, chunks));
+        if (m == GemmMethod::kDecomposed)  // one "GEMM" per chunk of rows: 2 chunks x 2 shards
+          WEFT_CHECK(tiles == 4, fmt::format("{}: {} tiles", to_string(o), tiles));
+        const auto all = gather_trace(*b, op.trace());
+        const auto j = to_chrome_trace(all, {{"op", to_string(o)}, {"method", to_string(m)}});
+        const auto sum = summarize_trace(j);
+        WEFT_CHECK(sum.size() == 2 && sum[0].comm_us > 0 && sum[0].compute_us > 0, format_trace_summary(sum));
+        if (b->rank() == 0 && o == GemmOp::kAgGemm && m == GemmMethod::kDecomposed) write_chrome_trace(path, all, {});
+      }
+    }
+  }));
+  const std::string cmd = fmt::format("{} trace {} 2>&1", WEFT_CLI_PATH, path);
+  FILE* f = popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, f)) out += buf;
+  EXPECT_EQ(pclose(f), 0) << out;
+  EXPECT_NE(out.find("communication hidden behind computation"), std::string::npos) << out;
+  EXPECT_NE(out.find("rank"), std::string::npos) << out;
+  std::filesystem::remove(path);
+}
+
+// A rank that skips the second call: the others end in a TimeoutError naming it, in time.
+TEST(GemmOverlapHostFaults, RankThatSkipsACallIsNamed) {
+  const int64_t timeout_ms = 800;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto res = run_host_ranks(
+      3,
+      [timeout_ms] {
+        auto b = make_backend();
+        GemmOverlap op(*b, config({GemmOp::kGemmRs, 6, 24, 5}));
+        Inputs in(static_cast<size_t>(op.a_rows() * op.a_cols()), static_cast<size_t>(op.b_rows() * op.b_cols()));
+        Buf out(static_cast<size_t>(op.c_rows() * op.c_cols()));
+        fill(op, in, b->rank(), 3, 1);
+        op.run(in.a.p(), in.b.p(), out.p(), {.method = GemmMethod::kDecomposed});
+        if (b->rank() == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms + 700));
+          return;
+        }
+        try {
+          op.run(in.a.p(), in.b.p(), out.p(), {.method = GemmMethod::kDecomposed});
+        } catch (const TimeoutError& e) {
+          throw Error(fmt::format("TimeoutError naming rank {}: {}", e.peer(), e.what()));
+        }
+      },
+      {}, timeout_ms);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, timeout_ms / 1000.0 + 5.0);
+  for (const auto& r : res) {
+    if (r.rank == 1) {
+      EXPECT_EQ(r.exit_code, 0) << r.message;
+      continue;
+    }
+    EXPECT_NE(r.message.find("TimeoutError naming rank 1"), std::string::npos) << r.message;
+  }
+}
+
+// `weft bench ag_gemm|gemm_rs|gemm_ar` runs on the host backend (CI has no GPU): every
+// column, JSON written, the table printed last.
+TEST(GemmOverlapCli, BenchRunsOnTheHostBackend) {
+  const std::string dir = fmt::format("/tmp/weft-gemm-bench-{}", ::getpid());
+  for (const char* op : {"ag_gemm", "gemm_rs", "gemm_ar"}) {
+    const std::string cmd =
+        fmt::format("WEFT_BACKEND=host WEFT_HOST_RANKS=3 WEFT_TUNE_CACHE=- {} bench {} --quick --out {} 2>&1",
+                    WEFT_CLI_PATH, op, dir);
+    FILE* f = popen(cmd.c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    std::string out;
+    char buf[512];
+    while (fgets(buf, sizeof buf, f)) out += buf;
+    EXPECT_EQ(pclose(f), 0) << out;
+    EXPECT_NE(out.find(fmt::format("{} on host", op)), std::string::npos) << out;
+    EXPECT_NE(out.find("gemm only"), std::string::npos) << out;
+    EXPECT_NE(out.find("wrote " + dir), std::string::npos) << out;
+  }
+  std::filesystem::remove_all(dir);
+}
