@@ -1,17 +1,24 @@
 #!/usr/bin/env python3
 """Compares the cost model with measured collectives (`weft bench collectives` JSON).
 
-For every point of weft's own methods (one-shot, two-shot, direct) it writes a plan that does
+For every point of weft's own methods (one-shot, two-shot, direct, ll) it writes a plan that does
 what the op does (src/ops/collectives.cpp, include/weft/kernels/collective_algos.hpp), has the
 C++ model predict it (`weft plan --file ... --ctas N [--entry-barrier]`, constants from
 bench/constants/), and prints a markdown table of predicted vs measured time. Nothing here
 computes a time: the numbers are the model's.
 
 Usage: tools/calibrate_collectives.py WEFT RESULTS.json [--constants F] [--kib-per-cta 32]
-           [--cap 64] [--one-shot-cap 32] [--check] [--keep-plans DIR] [--wide] [--fit]
-  WEFT: the built CLI (e.g. build-h1/weft). --kib-per-cta/--cap/--one-shot-cap: the CTA rule
-  of the build that was measured (today: one CTA per 32 KiB of the call, at most 64, one-shot
-  32; the first tuning, in the 4-rank file, was 256 KiB per CTA). --check: exit 1 when a point
+           [--cap 64] [--one-shot-cap 32] [--wide-cap 128] [--check] [--keep-plans DIR] [--wide] [--fit]
+       tools/calibrate_collectives.py WEFT --predict-world N [--wide-cap 128] [--constants F]
+  WEFT: the built CLI (e.g. build-h1/weft). --kib-per-cta/--cap/--one-shot-cap/--wide-cap: the
+  CTA rule of the build that was measured (ops::Collectives::ctas_for): one CTA per 32 KiB of
+  the call, at most 64, one-shot 32; from commit 5950c90 (the 20261122 files) all-gather,
+  all-to-all, reduce-scatter and two-shot take up to 128 from 32 MiB of call (--wide-cap 128;
+  default: --cap, the rule of the 20261121 files); the first tuning, in the 4-rank file, was
+  256 KiB per CTA. LL methods have one rule (no option): one CTA per 512 lines (8 data bytes a
+  line) of one peer's payload, 1..128. --predict-world N: no measurement; print the model's
+  time for every weft method at 8 KiB..256 MiB on N ranks (the sizes and methods the bench
+  runs: one-shot up to 4 MiB, ll up to 1 MiB). --check: exit 1 when a point
   is outside 25%. --fit: instead of the table, solve the two fitted constants from their one
   measurement each (launch_us: reduce-scatter 8 KiB; cta_reduce_gbps: one-shot all-reduce
   4 MiB), each with every other constant as it is in the constants file, and print them.
@@ -30,6 +37,18 @@ only dependencies, the rank's link and its HBM order the work):
                          -> p:out[block r].
   all-to-all direct      entry barrier; copy in[block r] -> out[block r], then push in[block
                          p] -> p:out[block r].
+  ll (all four)          no entry barrier, no signal chunk, no fence: push lines[payload p] ->
+                         p:stage[slot r], where `lines` (elem=4) is the payload as 16-byte
+                         lines of 8 data bytes, so the link carries 2 x the bytes; then the
+                         receiver copies its own payload (in[block r] -> out[block r]) and,
+                         after q's lines arrived, reduces (all-reduce, reduce-scatter:
+                         out += stage[slot q]) or copies (all-gather, all-to-all: stage[slot
+                         q] -> out[block q]) them. The flag rides in each line, so a line is
+                         usable one signal_latency_us after it is written: these plans are
+                         predicted with write_ack_us = 0 (a copy of the constants file with
+                         that one key changed; `weft plan` has no per-plan switch for it).
+                         Payload: the whole input (all-reduce, all-gather) or one block
+                         (reduce-scatter, all-to-all).
 Where the plan differs from the kernel (it cannot say more):
   - a plan reduce has one source (dst += src), so the kernel's one-pass sum of the world's
     slots becomes a copy of the rank's own part plus world-1 reduces. The copy has no
@@ -40,6 +59,11 @@ Where the plan differs from the kernel (it cannot say more):
     the plan reduces first, then pushes, so the model does not overlap the two.
   - all-gather/all-to-all push first and copy afterwards; the plan copies first, then pushes
     (the copy signals the rank itself, the push its peer): the same sum of times.
+  - ll: the staging is declared at the data's size (elem=2), so the receive side counts the
+    data it sums or copies, not the 2 x bytes of lines it reads (the kernel reads 2x lines +
+    1x own payload and writes 1x: 4x for a reduce, where the plan counts a 2x copy, which
+    overlaps the push, plus a 3x reduce). The kernel's per-thread batches of polls are not
+    modelled: a CTA's share of the lines streams at the per-CTA rates.
 """
 import argparse
 import json
@@ -154,19 +178,75 @@ def direct_exchange(w, s, all_to_all):
     return pl, w * rows, True
 
 
-# (bench collective, method) -> (plan builder, bytes the op's CTA count is computed from, CTA cap key)
-METHODS = {
-    ("reduce_scatter", "direct"): (reduce_scatter, lambda s, w: s, "cap"),
-    ("all_reduce", "one-shot"): (one_shot, lambda s, w: s, "one_shot_cap"),
-    ("all_reduce", "two-shot"): (two_shot, lambda s, w: s, "cap"),
-    ("all_gather", "direct"): (lambda w, s: direct_exchange(w, s, False), lambda s, w: w * s, "cap"),
-    ("all_to_all", "direct"): (lambda w, s: direct_exchange(w, s, True), lambda s, w: s, "cap"),
-}
+def ll(w, s, coll):
+    """The LL methods (ll_exchange): see the module docstring."""
+    reduce = coll in ("all_reduce", "reduce_scatter")
+    per_peer = coll in ("reduce_scatter", "all_to_all")  # a different block to every peer
+    rows = s // ROW // w if per_peer else s // ROW  # one peer's payload
+    nin = w * rows if per_peer else rows
+    pl = Plan(f"weft.{coll}.ll", w)
+    pl.tensor("in", nin, "input")
+    pl.tensors.append(f"tensor lines {nin}x{COLS} input elem={2 * ELEM}")  # 16-byte lines, 8 data bytes each
+    pl.tensor("stage", w * rows, "scratch")  # slot q: rows [q*rows, (q+1)*rows)
+    out_rows = rows if reduce else w * rows
+    pl.tensor("out", out_rows, "output", total=reduce)
+    pay = lambda r, p: (p * rows, (p + 1) * rows) if per_peer else (0, rows)
+    slot = lambda q: (q * rows, (q + 1) * rows)
+    push = {(r, p): pl.chunk(r, "push", (r, "lines") + pay(r, p), (p, "stage") + slot(r), p)
+            for r in range(w) for p in peers(r, w)}
+    for r in range(w):
+        arrived = {q: push[(q, r)] for q in peers(r, w)}
+        if reduce:
+            reduce_into_out(pl, r, w, (r, "in") + pay(r, r), slot, (0, rows), arrived)
+        else:
+            pl.chunk(r, "copy", (r, "in") + pay(r, r), (r, "out") + slot(r), r)
+            for q in peers(r, w):
+                pl.chunk(r, "copy", (r, "stage") + slot(q), (r, "out") + slot(q), r, [arrived[q]])
+    return pl, out_rows, False
 
 
 def ctas(call_bytes, per_cta, cap):
     """ops::Collectives::ctas_for: one CTA per `per_cta` bytes of the call, 1..cap."""
     return max(1, min(cap, -(-call_bytes // per_cta)))
+
+
+def ctas_ll(payload_bytes):
+    """ops::Collectives::ctas_for for LL: one CTA (512 threads) per 512 lines of 8 data bytes, 1..128."""
+    lines = -(-payload_bytes // 8)
+    return max(1, min(128, -(-lines // 512)))
+
+
+# (bench collective, method) -> (plan builder, CTA count for (size, world, caps), LL: no write ack).
+# Sizes are the bench's: bytes of each rank's input. The non-LL rule sees the call's bytes
+# (unit x elem in Collectives::instance: all-gather w x size, the others size); LL sees one
+# peer's payload (all-reduce, all-gather: size; reduce-scatter, all-to-all: size / w).
+def rule(call_bytes, cap, wide):
+    def n(s, w, c):
+        b = call_bytes(s, w)
+        return ctas(b, c["per_cta"], c["wide_cap"] if wide and b >= 32 << 20 else c[cap])
+    return n
+
+
+METHODS = {
+    ("reduce_scatter", "direct"): (reduce_scatter, rule(lambda s, w: s, "cap", True), False),
+    ("all_reduce", "one-shot"): (one_shot, rule(lambda s, w: s, "one_shot_cap", False), False),
+    ("all_reduce", "two-shot"): (two_shot, rule(lambda s, w: s, "cap", True), False),
+    ("all_gather", "direct"): (lambda w, s: direct_exchange(w, s, False), rule(lambda s, w: w * s, "cap", True), False),
+    ("all_to_all", "direct"): (lambda w, s: direct_exchange(w, s, True), rule(lambda s, w: s, "cap", True), False),
+    ("reduce_scatter", "ll"): (lambda w, s: ll(w, s, "reduce_scatter"), lambda s, w, c: ctas_ll(s // w), True),
+    ("all_reduce", "ll"): (lambda w, s: ll(w, s, "all_reduce"), lambda s, w, c: ctas_ll(s), True),
+    ("all_gather", "ll"): (lambda w, s: ll(w, s, "all_gather"), lambda s, w, c: ctas_ll(s), True),
+    ("all_to_all", "ll"): (lambda w, s: ll(w, s, "all_to_all"), lambda s, w, c: ctas_ll(s // w), True),
+}
+
+
+def no_ack_constants(path, plan_dir):
+    """A copy of the constants with write_ack_us = 0 (LL: the flag rides in the line, no fence)."""
+    c = json.load(open(path or default_constants()))
+    c["write_ack_us"] = 0
+    out = os.path.join(plan_dir, "constants-no-ack.json")
+    json.dump(c, open(out, "w"))
+    return out
 
 
 def predict(weft, plan_text, path, n, entry_barrier, tile, constants):
@@ -199,9 +279,9 @@ def fit(a, run, caps, plan_dir):
     def model(key, size, **override):
         c = dict(consts, **override)
         json.dump(c, open(path, "w"))
-        build, call_bytes, cap = METHODS[key]
+        build, n_ctas, _ = METHODS[key]
         pl, tile, barrier = build(world, size)
-        n = ctas(call_bytes(size, world), a.kib_per_cta << 10, caps[cap])
+        n = n_ctas(size, world, caps)
         return predict(a.weft, pl.text(), os.path.join(plan_dir, "fit.plan"), n, barrier, tile, path)
 
     rs, os_ = (("reduce_scatter", "direct"), 8 << 10), (("all_reduce", "one-shot"), 4 << 20)
@@ -221,6 +301,33 @@ def fit(a, run, caps, plan_dir):
     return 0
 
 
+def predict_world(a, caps, plan_dir):
+    """The model's time of every weft method on N ranks, the bench's sizes and methods."""
+    w = a.predict_world
+    no_ack = no_ack_constants(a.constants, plan_dir)
+    sizes = [8 << 10 << i for i in range(16)]  # 8 KiB .. 256 MiB
+    runs = lambda key, b: (key[1] != "one-shot" or b <= 4 << 20) and (key[1] != "ll" or b <= 1 << 20)
+    keys = sorted(METHODS, key=lambda k: (["all_reduce", "reduce_scatter", "all_gather", "all_to_all"].index(k[0]),
+                                          ["ll", "one-shot", "two-shot", "direct"].index(k[1])))
+    print(f"Predicted µs on {w} ranks (CTAs in brackets); size = each rank's input, bf16.")
+    print()
+    print("| size | " + " | ".join(f"{c} {m}" for c, m in keys) + " |")
+    print("|---" * (len(keys) + 1) + "|")
+    for b in sizes:
+        out = []
+        for key in keys:
+            if not runs(key, b):
+                out.append("-")
+                continue
+            build, n_ctas, is_ll = METHODS[key]
+            n = n_ctas(b, w, caps)
+            pl, tile, barrier = build(w, b)
+            path = os.path.join(plan_dir, f"{key[0]}.{key[1]}.{b}.plan")
+            out.append(f"{predict(a.weft, pl.text(), path, n, barrier, tile, no_ack if is_ll else a.constants):.1f} ({n})")
+        print(f"| {size_name(b)} | " + " | ".join(out) + " |")
+    return 0
+
+
 def size_name(b):
     return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
 
@@ -228,22 +335,36 @@ def size_name(b):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("weft")
-    ap.add_argument("results")
+    ap.add_argument("results", nargs="?", default="")
     ap.add_argument("--constants", default="", help="device constants (default: the CLI's, bench/constants/h200x2.json)")
     ap.add_argument("--kib-per-cta", type=int, default=32)
     ap.add_argument("--cap", type=int, default=64)
     ap.add_argument("--one-shot-cap", type=int, default=32)
+    ap.add_argument("--wide-cap", type=int, default=0,
+                    help="CTA cap of all-gather/all-to-all/reduce-scatter/two-shot from 32 MiB of call "
+                         "(0: --cap; the build of the 20261122 files: 128)")
+    ap.add_argument("--predict-world", type=int, default=0,
+                    help="no measurement: print the model's times for N ranks, 8 KiB..256 MiB")
     ap.add_argument("--check", action="store_true", help="exit 1 when a point is outside 25%%")
     ap.add_argument("--keep-plans", default="", help="write the generated plans into this folder")
     ap.add_argument("--wide", action="store_true",
                     help="one row per size, a column per method (measured / predicted (ratio), in us)")
     ap.add_argument("--fit", action="store_true", help="solve launch_us and cta_reduce_gbps from their measurements")
     a = ap.parse_args()
-    run = json.load(open(a.results))
-    world = run["world"]
-    caps = {"cap": a.cap, "one_shot_cap": a.one_shot_cap}
+    caps = {"cap": a.cap, "one_shot_cap": a.one_shot_cap, "wide_cap": a.wide_cap or a.cap,
+            "per_cta": a.kib_per_cta << 10}
     plan_dir = a.keep_plans or tempfile.mkdtemp(prefix="weft-calibrate-")
     os.makedirs(plan_dir, exist_ok=True)
+    if a.predict_world:
+        try:
+            return predict_world(a, caps, plan_dir)
+        finally:
+            if not a.keep_plans:
+                shutil.rmtree(plan_dir)
+    if not a.results:
+        ap.error("RESULTS.json is required (or --predict-world N)")
+    run = json.load(open(a.results))
+    world = run["world"]
     if a.fit:
         try:
             return fit(a, run, caps, plan_dir)
@@ -252,15 +373,16 @@ def main():
                 shutil.rmtree(plan_dir)
 
     rows, outside = [], []
+    no_ack = no_ack_constants(a.constants, plan_dir)
     for p in run["points"]:
         key = (p["coll"], p["method"])
         if key not in METHODS:
             continue
-        build, call_bytes, cap = METHODS[key]
-        n = ctas(call_bytes(p["bytes"], world), a.kib_per_cta << 10, caps[cap])
+        build, n_ctas, is_ll = METHODS[key]
+        n = n_ctas(p["bytes"], world, caps)
         pl, tile, barrier = build(world, p["bytes"])
         path = os.path.join(plan_dir, f"{p['coll']}.{p['method']}.{p['bytes']}.plan")
-        pred = predict(a.weft, pl.text(), path, n, barrier, tile, a.constants)
+        pred = predict(a.weft, pl.text(), path, n, barrier, tile, no_ack if is_ll else a.constants)
         ratio = pred / p["median_us"]
         bad = abs(ratio - 1) > 0.25
         rows.append((p["coll"], p["method"], p["bytes"], n, p["median_us"], pred, ratio, bad))
