@@ -95,7 +95,8 @@ GemmBenchResult bench_gpu(const GemmBenchOptions& opt) {
   r.device = prop.name;
   r.timing =
       "CUDA events around batches of calls (10 for < 1 ms, else 3), median of 9 batches, after warm-up; 4 "
-      "interleaved rounds (cuBLAS, weft, weft CTA pairs), each one's best round; cuBLAS: cublasGemmEx, "
+      "interleaved rounds (cuBLAS, weft, weft CTA pairs, weft K-32 stages), each one's best round; cuBLAS: "
+      "cublasGemmEx, "
       "CUBLAS_COMPUTE_32F, default algorithm; same buffers for all";
   const std::vector<Shape> defaults = {
       {8192, 8192, 14336}, {4096, 8192, 8192}, {16384, 8192, 3584}, {2048, 4096, 4096}, {8192, 8192, 8192}};
@@ -162,6 +163,9 @@ GemmBenchResult bench_gpu(const GemmBenchOptions& opt) {
       kernels::GemmArgs ga1 = ga;  // the other grid: CTA pairs sharing B by multicast
       ga1.cluster_m = 2;
       auto run_weft1 = [&] { ops::gemm_gpu(ga1, {}, stream); };
+      kernels::GemmArgs ga2 = ga;  // 8 stages of K 32 instead of 4 of K 64
+      ga2.k_block = 32;
+      auto run_weft2 = [&] { ops::gemm_gpu(ga2, {}, stream); };
       auto time = [&](const std::function<void()>& f) {
         for (int i = 0; i < 3; ++i) f();
         WEFT_CUDA_CHECK(cudaEventRecord(e0, stream));
@@ -187,13 +191,14 @@ GemmBenchResult bench_gpu(const GemmBenchOptions& opt) {
       // the shared machine, so each round compares the same conditions; report each one's
       // best round median.
       const bool ladder = !v.b_kn && v.dtype == dev::DType::kBF16;
-      double t_cublas = 1e30, t_weft = 1e30, t_weft1 = ladder ? 1e30 : 0;
+      double t_cublas = 1e30, t_weft = 1e30, t_weft1 = ladder ? 1e30 : 0, t_weft2 = ladder ? 1e30 : 0;
       int ctas = 0, cluster = 0;
       for (int round = 0; round < (opt.quick ? 2 : 4); ++round) {
         t_cublas = std::min(t_cublas, time(run_cublas));
         t_weft = std::min(t_weft, time(run_weft));
         if (round == 0) kernels::gemm_last_launch(&ctas, &cluster);
         if (ladder) t_weft1 = std::min(t_weft1, time(run_weft1));
+        if (ladder) t_weft2 = std::min(t_weft2, time(run_weft2));
       }
       // Correctness: weft vs cuBLAS on the same inputs.
       std::vector<uint16_t> hc(nc), hr(nc);
@@ -215,6 +220,7 @@ GemmBenchResult bench_gpu(const GemmBenchOptions& opt) {
       r.points.push_back({s.m, s.n, s.k, dt, bl, "cublas", t_cublas, tflops(s, t_cublas), 0, 0});
       r.points.push_back({s.m, s.n, s.k, dt, bl, "weft", t_weft, tflops(s, t_weft), max_rel, nans});
       if (ladder) r.points.push_back({s.m, s.n, s.k, dt, bl, "weft-cta-pairs", t_weft1, tflops(s, t_weft1), 0, 0});
+      if (ladder) r.points.push_back({s.m, s.n, s.k, dt, bl, "weft-k32", t_weft2, tflops(s, t_weft2), 0, 0});
       if (opt.progress)
         opt.progress(
             fmt::format("{}x{}x{} {} {}: cuBLAS {:.1f} us, weft {:.1f} us ({:.3f}x; {} CTAs, clusters of {}), "
@@ -275,10 +281,12 @@ std::string to_table(const GemmBenchResult& r) {
                          p.dtype, p.b_layout, "-", p.median_us, "-", p.tflops);
       continue;
     }
-    if (p.impl == "weft-cta-pairs") {
-      out += fmt::format("{:>22} {:>5} {:>3} {:>10} {:>10.1f} {:>9} {:>9.1f} {:>7.3f}   (CTA pairs, B multicast)\n", "",
-                         "", "", "", p.median_us, "", p.tflops,
-                         r.points[i - 2].tflops > 0 ? p.tflops / r.points[i - 2].tflops : 0.0);
+    if (p.impl == "weft-cta-pairs" || p.impl == "weft-k32") {
+      const size_t back = p.impl == "weft-cta-pairs" ? 2 : 3;  // the cuBLAS row of this shape
+      const double ratio = r.points[i - back].tflops > 0 ? p.tflops / r.points[i - back].tflops : 0.0;
+      out += fmt::format("{:>22} {:>5} {:>3} {:>10} {:>10.1f} {:>9} {:>9.1f} {:>7.3f}   ({})\n", "", "", "", "",
+                         p.median_us, "", p.tflops, ratio,
+                         p.impl == "weft-k32" ? "8 stages of K 32" : "CTA pairs, B multicast");
       continue;
     }
     if (p.impl != "cublas" || i + 1 >= r.points.size()) continue;

@@ -17,6 +17,16 @@ namespace weft::kernels {
 namespace {
 
 constexpr int BM = kGemmTileM, BN = kGemmTileN, BK = kGemmTileK;
+// The ring: BKV-deep k-blocks. 64: 4 stages of 48 KiB, 128-byte swizzle; 32: 8 stages of
+// 24 KiB, 64-byte swizzle (A, W[N,K]) -- the same bytes in flight, in finer steps, so fewer
+// of them are tied up by the k-block being multiplied and the one awaiting release.
+template <int BKV>
+struct Ring {
+  static constexpr int kStages = BKV == 64 ? 4 : 8;
+  static constexpr int kAStage = BM * BKV * 2;
+  static constexpr int kBStage = BN * BKV * 2;
+  static constexpr int kRow = BKV * 2;  // bytes of a K-major row in shared memory (= the swizzle span)
+};
 constexpr int kStages = 4;
 constexpr int kConsumers = 2;                     // warpgroups of 64 rows each
 constexpr int kThreads = 128 * (kConsumers + 1);  // + the producer warpgroup
@@ -25,6 +35,9 @@ constexpr int kBStage = BN * BK * 2;              // 32 KiB
 constexpr int kEpiCols = 128;                     // epilogue: a half tile (64 x 128) per warpgroup at a time
 constexpr int kEpiBytes = 64 * kEpiCols * 2;      // 16 KiB per consumer warpgroup
 constexpr int kSmemBytes = kStages * (kAStage + kBStage) + kConsumers * kEpiBytes + 1024 /*align*/ + 256 /*barriers*/;
+static_assert(Ring<32>::kStages * (Ring<32>::kAStage + Ring<32>::kBStage) == kStages * (kAStage + kBStage));
+static_assert(Ring<32>::kRow == 64 && Ring<64>::kRow == 128, "a K-major row is one swizzle span");
+static_assert(Ring<64>::kStages == kStages && Ring<64>::kAStage == kAStage && Ring<64>::kBStage == kBStage);
 
 struct TensorMaps {
   CUtensorMap a;
@@ -37,6 +50,7 @@ struct KernelParams {
   int tiles_m, tiles_n, num_positions;
   int group_m;
   int cluster;     // 1, or 2: CTA pairs on M-blocks (2i, 2i+1) of one N-block share B by multicast
+  int k_block;     // 64 (4 stages) or 32 (8 stages, single CTAs)
   int b_kn;        // B is [K, N]
   int reduce_add;  // reduce-add instead of store
   int direct_c;    // C's rows are not 16-byte multiples: store from registers, not TMA
@@ -91,7 +105,8 @@ __device__ inline void wait_ge_quiet(const dev::DeviceCtx& c, uint64_t off, uint
     const uint64_t waited = dev::now_ns() - t0;
     if (waited <= c.timeout_ns) continue;
     if (c.error && atomicCAS(&c.error->claimed, 0u, 1u) == 0u) {
-      *c.error = dev::ErrorSlot{1u, c.rank, peer, static_cast<uint32_t>(dev::WaitKind::kSignal), off, expected, v, waited,
+      *c.error = dev::ErrorSlot{1u,         c.rank,     peer, static_cast<uint32_t>(dev::WaitKind::kSignal),
+                                off,        expected,   v,    waited,
                                 blockIdx.x, threadIdx.x};
       __threadfence_system();
     }
@@ -236,6 +251,11 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr, uint32_t lbo, uin
   return (static_cast<uint64_t>((saddr & 0x3FFFF) >> 4)) | (static_cast<uint64_t>(lbo >> 4) << 16) |
          (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
 }
+// 64-byte swizzle (layout type 2): K-major rows of 64 bytes, 8-row groups 512 bytes apart.
+__device__ __forceinline__ uint64_t sw64_desc(uint32_t saddr, uint32_t sbo) {
+  return (static_cast<uint64_t>((saddr & 0x3FFFF) >> 4)) | (1ull << 16) | (static_cast<uint64_t>(sbo >> 4) << 32) |
+         (2ull << 62);
+}
 
 template <class T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
@@ -257,10 +277,12 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
 // of one N-block); each producer loads its own A and half of B, multicasting that half into
 // both CTAs, so B crosses L2 once per pair. A stage is refilled only after the consumers of
 // both CTAs released it (their arrivals go to both CTAs' `empty` barriers).
-template <class T, int BKN, int CM>
+template <class T, int BKN, int CM, int BKV>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ TensorMaps maps) {
 #if defined(WEFT_SM90)
+  constexpr int kStages = Ring<BKV>::kStages, kAStage = Ring<BKV>::kAStage, kBStage = Ring<BKV>::kBStage;
+  constexpr int kRow = Ring<BKV>::kRow, BK = BKV;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint8_t* sa = smem;                    // [kStages][BM][BK] swizzled
@@ -318,7 +340,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               for (int j = 2 * crank; j < 2 * crank + 2; ++j)
                 tma_load_2d_mc(bs + j * (64 * BK * 2), &maps.b, &full[s], nb * BN + j * 64, kb * BK, 0x3);
             } else {
-              tma_load_2d_mc(bs + crank * (BN / 2) * 128, &maps.b, &full[s], kb * BK, nb * BN + crank * (BN / 2), 0x3);
+              tma_load_2d_mc(bs + crank * (BN / 2) * kRow, &maps.b, &full[s], kb * BK, nb * BN + crank * (BN / 2), 0x3);
             }
           } else if (BKN) {
 #pragma unroll
@@ -326,7 +348,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               tma_load_2d(bs + j * (64 * BK * 2), &maps.b, &full[s], nb * BN + j * 64, kb * BK);
           } else {
             tma_load_2d(bs, &maps.b, &full[s], kb * BK, nb * BN);
-            tma_load_2d(bs + (BN / 2) * 128, &maps.b, &full[s], kb * BK, nb * BN + BN / 2);
+            tma_load_2d(bs + (BN / 2) * kRow, &maps.b, &full[s], kb * BK, nb * BN + BN / 2);
           }
         }
       }
@@ -353,15 +375,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t ph = (it / kStages) & 1u;
         mbar_wait(&full[s], ph);
         if (kb == 0 && p.hooks.trace && wg == 0 && tid == 0) p.hooks.trace[3 * pos] = globaltimer();
-        const uint32_t a_base = smem_u32(sa + s * kAStage + wg * (64 * 128));
+        const uint32_t a_base = smem_u32(sa + s * kAStage + wg * (64 * kRow));
         const uint32_t b_base = smem_u32(sb + s * kBStage);
         wgmma_fence();
         fence_regs(d);
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
-          const uint64_t da = sw128_desc(a_base + kk * 32, 16, 1024);
-          const uint64_t db =
-              BKN ? sw128_desc(b_base + kk * 16 * 128, 64 * BK * 2, 1024) : sw128_desc(b_base + kk * 32, 16, 1024);
+          uint64_t da, db;
+          if constexpr (BKV == 64) {
+            da = sw128_desc(a_base + kk * 32, 16, 1024);
+            db = BKN ? sw128_desc(b_base + kk * 16 * 128, 64 * BK * 2, 1024) : sw128_desc(b_base + kk * 32, 16, 1024);
+          } else {
+            da = sw64_desc(a_base + kk * 32, 512);
+            db = BKN ? sw128_desc(b_base + kk * 16 * 128, 64 * BK * 2, 1024) : sw64_desc(b_base + kk * 32, 512);
+          }
           if constexpr (std::is_same_v<T, __nv_bfloat16>)
             sm90::wgmma_m64n256k16_bf16<BKN>(d, da, db, 1u);
           else
@@ -547,16 +574,15 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 // 2-D tensor map over a row-major [rows, cols] matrix (ld elements between rows) of 16-bit
 // elements, box [box_rows, box_cols], 128-byte swizzle.
 bool make_map(CUtensorMap* map, CUtensorMapDataType type, const void* base, int64_t rows, int64_t cols, int64_t ld,
-              int box_rows, int box_cols) {
+              int box_rows, int box_cols, CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
   const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t estr[2] = {1, 1};
   auto fn = encode_fn();
   if (!fn) return false;
-  return fn(map, type, 2, const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return fn(map, type, 2, const_cast<void*>(base), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 int g_last_ctas = 0, g_last_cluster = 0;
@@ -568,9 +594,9 @@ int sm_count() {
   return n;
 }
 
-template <class T, int BKN, int CM>
+template <class T, int BKN, int CM, int BKV>
 cudaError_t launch_sm90(const GemmArgs& a, const KernelParams& kp, const TensorMaps& maps, cudaStream_t stream) {
-  auto kern = gemm_sm90_kernel<T, BKN, CM>;
+  auto kern = gemm_sm90_kernel<T, BKN, CM, BKV>;
   static int max_ctas = 0;  // per instantiation: CTAs that fit at once (clusters counted)
   if (max_ctas == 0) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
@@ -620,9 +646,11 @@ cudaError_t launch(const GemmArgs& a, const KernelParams& kp, bool sm90, cudaStr
   if (sm90) {
     TensorMaps maps{};
     const auto dt = a.type == GemmType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    bool ok = make_map(&maps.a, dt, a.a, a.m, a.k, a.lda, BM, BK);
-    ok = ok && (a.b_layout == GemmBLayout::kKN ? make_map(&maps.b, dt, a.b, a.k, a.n, a.ldb, BK, 64)
-                                               : make_map(&maps.b, dt, a.b, a.n, a.k, a.ldb, BN / 2, BK));
+    const int bk = kp.k_block;
+    const auto sw = bk == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+    bool ok = make_map(&maps.a, dt, a.a, a.m, a.k, a.lda, BM, bk, sw);
+    ok = ok && (a.b_layout == GemmBLayout::kKN ? make_map(&maps.b, dt, a.b, a.k, a.n, a.ldb, bk, 64)
+                                               : make_map(&maps.b, dt, a.b, a.n, a.k, a.ldb, BN / 2, bk, sw));
     for (int d = 0; ok && !kp.direct_c && d < a.num_dests; ++d)
       ok = make_map(&maps.c[d], dt, a.c[d], a.c_rows[d], a.n, a.ldc, 64, 64);
     if (!ok) {
@@ -630,9 +658,11 @@ cudaError_t launch(const GemmArgs& a, const KernelParams& kp, bool sm90, cudaStr
       return cudaErrorInvalidValue;
     }
     const bool kn = a.b_layout == GemmBLayout::kKN;
+    if (bk == 32)  // single CTAs only
+      return kn ? launch_sm90<T, 1, 1, 32>(a, kp, maps, stream) : launch_sm90<T, 0, 1, 32>(a, kp, maps, stream);
     if (kp.cluster == 2)
-      return kn ? launch_sm90<T, 1, 2>(a, kp, maps, stream) : launch_sm90<T, 0, 2>(a, kp, maps, stream);
-    return kn ? launch_sm90<T, 1, 1>(a, kp, maps, stream) : launch_sm90<T, 0, 1>(a, kp, maps, stream);
+      return kn ? launch_sm90<T, 1, 2, 64>(a, kp, maps, stream) : launch_sm90<T, 0, 2, 64>(a, kp, maps, stream);
+    return kn ? launch_sm90<T, 1, 1, 64>(a, kp, maps, stream) : launch_sm90<T, 0, 1, 64>(a, kp, maps, stream);
   }
   const int ctas = std::min(kp.num_positions, (a.ctas > 0 ? a.ctas : sm_count() * 4));
   gemm_portable_kernel<T>
@@ -682,6 +712,7 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
     if (args.c_rows[d] <= 0) return refuse("a destination holds no rows");
   }
   if (a.cluster_m < 0 || a.cluster_m > 2) return refuse("cluster_m must be 0 (auto), 1 or 2");
+  if (a.k_block != 0 && a.k_block != 32 && a.k_block != 64) return refuse("k_block must be 0 (auto), 32 or 64");
   if (a.cluster_m == 0 && h.order) return refuse("with an order table, say which cluster_m the table was built for");
 
   KernelParams kp{};
@@ -697,6 +728,10 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   if (const char* env = std::getenv("WEFT_GEMM_CLUSTER"); env && a.cluster_m == 0 && (env[0] == '1' || env[0] == '2'))
     kp.cluster = env[0] - '0';
   if (!sm90 && !h.order) kp.cluster = 1;  // the portable kernel has no clusters (tables keep their layout)
+  kp.k_block = a.k_block == 32 ? 32 : 64;
+  if (const char* env = std::getenv("WEFT_GEMM_BK"); env && a.k_block == 0 && std::atoi(env) == 32) kp.k_block = 32;
+  if (kp.k_block == 32) kp.cluster = kp.cluster == 2 && h.order ? -1 : 1;
+  if (kp.cluster < 0) return refuse("k_block 32 runs single CTAs: the order table was built for CTA pairs");
   kp.num_positions = gemm_positions(a.m, a.n, kp.cluster);
   kp.group_m = a.group_m > 0 ? a.group_m : 8;
   kp.direct_c = direct_c;

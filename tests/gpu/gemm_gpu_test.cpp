@@ -117,7 +117,7 @@ TEST(GemmGpu, ExactOnSmallIntegersForEveryKernelTypeLayoutAndShape) {
     const std::vector<Case> cases = {{128, 256, 64}, {1, 8, 8},       {300, 520, 136},
                                      {129, 257, 72}, {200, 600, 512}, {513, 264, 1000}};
     int checks = 0;
-    for (int kernel : {0, 1, 2})  // sm90 with CTA pairs (auto), sm90 single CTAs, portable
+    for (int kernel : {0, 1, 2, 3})  // sm90 CTA pairs, sm90 single CTAs, portable, sm90 8 stages of K 32
       for (dev::DType t : {dev::DType::kBF16, dev::DType::kF16})
         for (bool kn : {false, true})
           for (const auto& c : cases) {
@@ -128,14 +128,16 @@ TEST(GemmGpu, ExactOnSmallIntegersForEveryKernelTypeLayoutAndShape) {
             a.put(ha);
             b.put(hb);
             auto g = args_for(t, kn, c, a.p, b.p, out.p);
-            g.cluster_m = kernel == 1 ? 1 : 0;
+            g.cluster_m = kernel == 0 ? 2 : 1;
+            g.k_block = kernel == 3 ? 32 : 0;
             ops::gemm_gpu(g, {}, nullptr, portable);
             WEFT_CUDA_CHECK(cudaDeviceSynchronize());
             expect_equal(out.get(), reference(t, kn, c, ha, hb),
                          fmt::format("{} {} {} M={} N={} K={}",
                                      kernel == 0   ? "sm90 pairs"
                                      : kernel == 1 ? "sm90"
-                                                   : "portable",
+                                     : kernel == 2 ? "portable"
+                                                   : "sm90 k32",
                                      dev::dtype_name(t), kn ? "kn" : "nk", c.m, c.n, c.k));
             ++checks;
           }
@@ -148,27 +150,31 @@ TEST(GemmGpu, RandomDataCloseToReference) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
   in_child([] {
     const Case c{640, 768, 1024};
-    for (dev::DType t : {dev::DType::kBF16, dev::DType::kF16})
-      for (bool kn : {false, true}) {
-        const auto ha = fill(t, static_cast<size_t>(c.m) * c.k, 3, false);
-        const auto hb = fill(t, static_cast<size_t>(c.n) * c.k, 4, false);
-        DevBuf<uint16_t> a(ha.size()), b(hb.size()), out(static_cast<size_t>(c.m) * c.n);
-        a.put(ha);
-        b.put(hb);
-        ops::gemm_gpu(args_for(t, kn, c, a.p, b.p, out.p));
-        WEFT_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto got = out.get(), want = reference(t, kn, c, ha, hb);
-        double scale = 0, worst = 0;
-        for (auto x : want) scale = std::max(scale, std::fabs(static_cast<double>(dec(t, x))));
-        for (size_t i = 0; i < got.size(); ++i) {
-          const double g = dec(t, got[i]), w = dec(t, want[i]);
-          WEFT_REQUIRE(!std::isnan(g), fmt::format("NaN at {}", i));
-          worst = std::max(worst, std::fabs(g - w) / std::max(std::fabs(w), 0.05 * scale));
+    for (int kb : {64, 32})
+      for (dev::DType t : {dev::DType::kBF16, dev::DType::kF16})
+        for (bool kn : {false, true}) {
+          const auto ha = fill(t, static_cast<size_t>(c.m) * c.k, 3, false);
+          const auto hb = fill(t, static_cast<size_t>(c.n) * c.k, 4, false);
+          DevBuf<uint16_t> a(ha.size()), b(hb.size()), out(static_cast<size_t>(c.m) * c.n);
+          a.put(ha);
+          b.put(hb);
+          auto g = args_for(t, kn, c, a.p, b.p, out.p);
+          g.k_block = kb;
+          ops::gemm_gpu(g);
+          WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+          const auto got = out.get(), want = reference(t, kn, c, ha, hb);
+          double scale = 0, worst = 0;
+          for (auto x : want) scale = std::max(scale, std::fabs(static_cast<double>(dec(t, x))));
+          for (size_t i = 0; i < got.size(); ++i) {
+            const double g = dec(t, got[i]), w = dec(t, want[i]);
+            WEFT_REQUIRE(!std::isnan(g), fmt::format("NaN at {}", i));
+            worst = std::max(worst, std::fabs(g - w) / std::max(std::fabs(w), 0.05 * scale));
+          }
+          WEFT_REQUIRE(worst < 1e-2,
+                       fmt::format("{} {}: max relative error {:.3e}", dev::dtype_name(t), kn ? "kn" : "nk", worst));
+          std::printf("[gpu] gemm random %s %s k%d: max relative error %.2e\n", dev::dtype_name(t), kn ? "kn" : "nk",
+                      kb, worst);
         }
-        WEFT_REQUIRE(worst < 1e-2,
-                     fmt::format("{} {}: max relative error {:.3e}", dev::dtype_name(t), kn ? "kn" : "nk", worst));
-        std::printf("[gpu] gemm random %s %s: max relative error %.2e\n", dev::dtype_name(t), kn ? "kn" : "nk", worst);
-      }
   });
 }
 

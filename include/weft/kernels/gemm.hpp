@@ -68,6 +68,9 @@ struct GemmArgs {
   // 2: CTA pairs share B by TMA multicast (sm_90a); 1: single CTAs; 0: automatic (2 when
   // there are at least two M-blocks; required to be explicit with an order table).
   int cluster_m = 0;
+  // K depth of a pipeline stage: 64 (4 stages, 128-byte swizzle) or 32 (8 stages of half the
+  // size, 64-byte swizzle; single CTAs). 0: 64, or $WEFT_GEMM_BK (experiments).
+  int k_block = 0;
 };
 
 struct GemmHooks {
