@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Bar charts of `weft bench ag_gemm|gemm_rs|gemm_ar` JSON (one PNG per op), with PyTorch's
+fused ops from bench/torch_symm_mem_peer.py's JSON beside them when given.
+
+  python3 tools/plot_gemm_overlap.py bench/results/ag_gemm-*.json [--torch bench/results/torch-*.json]
+Writes <json without .json>.png next to each input."""
+import argparse
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+METHODS = ["baseline", "gemm_only", "decomposed", "fused", "auto"]
+LABELS = {"baseline": "NCCL + cuBLAS", "gemm_only": "GEMM alone (cuBLAS)", "decomposed": "weft decomposed",
+          "fused": "weft fused", "auto": "weft auto", "torch": "PyTorch fused"}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results", nargs="+")
+    ap.add_argument("--torch", default=None)
+    args = ap.parse_args()
+    torch_pts = {}
+    if args.torch:
+        for p in json.load(open(args.torch))["points"]:
+            torch_pts[(p["op"], p["m"], p["k"], p["n"])] = p
+    for path in args.results:
+        j = json.load(open(path))
+        shapes, times = [], {}
+        for p in j["points"]:
+            key = (p["m"], p["k"], p["n"])
+            if key not in shapes:
+                shapes.append(key)
+            times[(key, p["method"])] = p["median_us"]
+        op = j["points"][0]["op"]
+        series = [m for m in METHODS if any((s, m) in times for s in shapes)]
+        if any((op, *s) in torch_pts for s in shapes):
+            series.append("torch")
+        fig, ax = plt.subplots(figsize=(10, 4.5))
+        width = 0.8 / len(series)
+        for i, m in enumerate(series):
+            ys = []
+            for s in shapes:
+                if m == "torch":
+                    tp = torch_pts.get((op, *s))
+                    t = tp.get("torch_fused") if tp else None
+                else:
+                    t = times.get((s, m))
+                base = times.get((s, "gemm_only"))
+                ys.append(t / base if t and base else 0)
+            ax.bar([x + i * width for x in range(len(shapes))], ys, width, label=LABELS.get(m, m))
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))])
+        ax.set_xticklabels([f"{m}x{k}x{n}" for m, k, n in shapes])
+        ax.set_ylabel("time / GEMM alone (lower is better)")
+        ax.set_title(f"{op} on {j.get('device', '')} x{j.get('world', '')} ({j.get('dtype', '')})")
+        ax.legend(fontsize=8)
+        out = path[:-5] + ".png"
+        fig.tight_layout()
+        fig.savefig(out, dpi=110)
+        print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()
