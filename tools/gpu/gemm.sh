@@ -27,9 +27,19 @@ if [ "$ONLY" = stalls ]; then
   # Where the 8192^3 kernel's warps wait (single CTAs), and its main-loop SASS.
   timeout 150 ncu --clock-control none -k regex:gemm_sm90 --launch-skip 2 --launch-count 1 \
     --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section SpeedOfLight \
+    --section SourceCounters --section MemoryWorkloadAnalysis \
     "$BIN/weft" bench gemm --quick --shapes 8192x8192x8192 --out "$OUT/ncu" > "$OUT/ncu_stalls.log" 2>&1
-  grep -E "Stall|Warp Cycles|Issued|Eligible|Active Warps|Pipe|Throughput|Duration|SM Frequency" "$OUT/ncu_stalls.log" | head -60
-  cuobjdump -sass "$BIN/weft" 2>/dev/null | awk '/Function :/{f=($0 ~ /gemm_sm90_kernelI13__nv_bfloat16Li0ELi1E/)} f' > "$OUT/sass_gemm_bf16_nk_single.txt"
+  grep -E "Stall|Warp Cycles|Issued|Eligible|Active Warps|Pipe|Throughput|Duration|SM Frequency|L2 Hit|Bank" "$OUT/ncu_stalls.log" | head -60
+  timeout 150 ncu --clock-control none -k regex:gemm_sm90 --launch-skip 2 --launch-count 1 \
+    --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio',sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__cycles_elapsed.avg.per_second \
+    "$BIN/weft" bench gemm --quick --shapes 8192x8192x8192 --out "$OUT/ncu" > "$OUT/ncu_stall_reasons.log" 2>&1
+  grep -E "stalled|hmma|per_second" "$OUT/ncu_stall_reasons.log" | awk '$NF+0 > 0.05 || /hmma|per_second/' | head -40
+  # cuBLAS's kernel for the same shape (its name says its tile, cluster and stages), same metrics.
+  timeout 150 ncu --clock-control none -k 'regex:^(sm90|cutlass|nvjet|xmma)' --launch-count 1 \
+    --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio',sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__cycles_elapsed.avg.per_second,launch__grid_size,launch__block_size,launch__shared_mem_per_block_dynamic \
+    "$BIN/weft" bench gemm --quick --shapes 8192x8192x8192 --out "$OUT/ncu" > "$OUT/ncu_cublas.log" 2>&1
+  grep -E "^  [a-zA-Z_0-9]+.*\(|stalled|hmma|per_second|launch__" "$OUT/ncu_cublas.log" | awk '$NF+0 > 0.05 || /hmma|per_second|launch__|\(/' | head -40
+  cuobjdump -sass "$BIN/weft" 2>/dev/null | awk '/Function :/{f=($0 ~ /gemm_sm90_kernelI13__nv_bfloat16Li0ELi1ELi64E/)} f' > "$OUT/sass_gemm_bf16_nk_single.txt"
   echo "SASS lines: $(wc -l < "$OUT/sass_gemm_bf16_nk_single.txt"), HGMMA: $(grep -c HGMMA "$OUT/sass_gemm_bf16_nk_single.txt")"
 fi
 if [ "$ONLY" = profile ]; then
