@@ -1,50 +1,74 @@
+#include <cstdlib>
+
 #include "weft/kernels/collective_kernels.hpp"
 
 namespace weft::kernels {
 namespace {
 
+// Programmatic dependent launch (sm_90): a collective may be scheduled while the stream's
+// previous kernel finishes. It waits (griddepcontrol.wait) for that kernel to complete, with
+// its memory visible, before touching any memory, so the order is the stream's as always;
+// what it saves is the launch gap between back-to-back kernels. It then lets the next kernel
+// of the stream start its own launch. WEFT_PDL=0 turns it off (A/B measurements).
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("WEFT_PDL");
+    return !(v && v[0] == '0');
+  }();
+  return on;
+}
+
 // One kernel per (type, algorithm): the bandwidth paths (unrolled fp32 sums) need many
 // registers, the LL paths few; one kernel for all would give every path the worst case.
 template <class T, coll::Algo A>
 __global__ void __launch_bounds__(kCollThreads) collective_kernel(dev::DeviceCtx c, coll::Args a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
   coll::run_slice_as<T>(dev::CoopCta{}, c, a, static_cast<int>(blockIdx.x), A);
 }
 
+template <class T, coll::Algo A>
+cudaError_t start(const dev::DeviceCtx& c, const coll::Args& a, int threads, cudaStream_t s) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(a.ctas));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.stream = s;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, collective_kernel<T, A>, c, a);
+}
+
 template <class T>
-void launch(const dev::DeviceCtx& c, const coll::Args& a, int threads, cudaStream_t s) {
+cudaError_t launch(const dev::DeviceCtx& c, const coll::Args& a, int threads, cudaStream_t s) {
   using coll::Algo;
   switch (a.algo) {
     case Algo::kAllReduceOneShot:
-      collective_kernel<T, Algo::kAllReduceOneShot><<<a.ctas, threads, 0, s>>>(c, a);
-      break;
+      return start<T, Algo::kAllReduceOneShot>(c, a, threads, s);
     case Algo::kAllReduceTwoShot:
-      collective_kernel<T, Algo::kAllReduceTwoShot><<<a.ctas, threads, 0, s>>>(c, a);
-      break;
+      return start<T, Algo::kAllReduceTwoShot>(c, a, threads, s);
     case Algo::kAllGather:
-      collective_kernel<T, Algo::kAllGather><<<a.ctas, threads, 0, s>>>(c, a);
-      break;
+      return start<T, Algo::kAllGather>(c, a, threads, s);
     case Algo::kReduceScatter:
-      collective_kernel<T, Algo::kReduceScatter><<<a.ctas, threads, 0, s>>>(c, a);
-      break;
+      return start<T, Algo::kReduceScatter>(c, a, threads, s);
     case Algo::kAllToAll:
-      collective_kernel<T, Algo::kAllToAll><<<a.ctas, threads, 0, s>>>(c, a);
-      break;
+      return start<T, Algo::kAllToAll>(c, a, threads, s);
     case Algo::kAllReduceLL:
-      collective_kernel<T, Algo::kAllReduceLL><<<a.ctas, threads, 0, s>>>(c, a);
-      break;
+      return start<T, Algo::kAllReduceLL>(c, a, threads, s);
     case Algo::kAllToAllV:
-      collective_kernel<T, Algo::kAllToAllV><<<a.ctas, threads, 0, s>>>(c, a);
-      break;
+      return start<T, Algo::kAllToAllV>(c, a, threads, s);
     case Algo::kAllGatherLL:
-      collective_kernel<T, Algo::kAllGatherLL><<<a.ctas, threads, 0, s>>>(c, a);
-      break;
+      return start<T, Algo::kAllGatherLL>(c, a, threads, s);
     case Algo::kReduceScatterLL:
-      collective_kernel<T, Algo::kReduceScatterLL><<<a.ctas, threads, 0, s>>>(c, a);
-      break;
+      return start<T, Algo::kReduceScatterLL>(c, a, threads, s);
     case Algo::kAllToAllLL:
-      collective_kernel<T, Algo::kAllToAllLL><<<a.ctas, threads, 0, s>>>(c, a);
-      break;
+      return start<T, Algo::kAllToAllLL>(c, a, threads, s);
   }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace
@@ -53,16 +77,13 @@ cudaError_t collective(const dev::DeviceCtx& c, const coll::Args& a, dev::DType 
   const int threads = a.threads > 0 && a.threads <= kCollThreads ? a.threads : kCollThreads;
   switch (dtype) {
     case dev::DType::kF32:
-      launch<float>(c, a, threads, s);
-      break;
+      return launch<float>(c, a, threads, s);
     case dev::DType::kF16:
-      launch<dev::f16_t>(c, a, threads, s);
-      break;
+      return launch<dev::f16_t>(c, a, threads, s);
     case dev::DType::kBF16:
-      launch<dev::bf16_t>(c, a, threads, s);
-      break;
+      return launch<dev::bf16_t>(c, a, threads, s);
   }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace weft::kernels
