@@ -14,8 +14,8 @@
 #ifdef WEFT_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "weft/bench/graph_timing.hpp"
 #include "weft/core/cuda_check.hpp"
-#include "weft/kernels/runtime_kernels.hpp"
 #endif
 
 namespace weft::bench {
@@ -138,31 +138,8 @@ std::vector<CollPoint> bench_collectives(Backend& b, const CollBenchOptions& opt
           WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
           b.barrier();
           const int per_graph = bytes <= (1ull << 20) ? 20 : bytes <= (16ull << 20) ? 5 : 2;
-          cudaGraph_t graph;
-          cudaGraphExec_t exec;
-          WEFT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-          for (int i = 0; i < per_graph; ++i) call();
-          WEFT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-          WEFT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-          WEFT_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // warm-up
-          WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
           const int reps = opt.quick ? 3 : (bytes <= (16ull << 20) ? 15 : 7);
-          for (int r = 0; r < reps; ++r) {
-            // Line the GPUs up, then keep the stream busy while the host enqueues the
-            // timed graph: neither rank skew nor launch latency lands inside the events.
-            WEFT_CUDA_CHECK(kernels::device_barrier(b.ctx(), bar, stream));
-            WEFT_CUDA_CHECK(kernels::device_sleep(100000, stream));
-            WEFT_CUDA_CHECK(cudaEventRecord(e0, stream));
-            WEFT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-            WEFT_CUDA_CHECK(cudaEventRecord(e1, stream));
-            WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
-            float ms = 0;
-            WEFT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-            us.push_back(ms * 1e3 / per_graph);
-          }
-          WEFT_CUDA_CHECK(cudaGraphExecDestroy(exec));
-          WEFT_CUDA_CHECK(cudaGraphDestroy(graph));
-          b.synchronize();
+          us = time_graph_replays(b, bar, stream, e0, e1, per_graph, reps, 100000, call);
 #endif
         } else {
           call();

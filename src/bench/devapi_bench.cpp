@@ -21,7 +21,9 @@ double median(std::vector<double> v) {
 
 namespace {
 
-uint32_t pattern(int rank, uint64_t i) { return static_cast<uint32_t>(rank + 1) * 0x01000193u ^ static_cast<uint32_t>(i); }
+uint32_t pattern(int rank, uint64_t i) {
+  return static_cast<uint32_t>(rank + 1) * 0x01000193u ^ static_cast<uint32_t>(i);
+}
 
 // Host backend: "CTAs" are worker threads, each copying its slice through dev::put/get.
 DevapiBenchResult bench_host(Backend& b, const DevapiBenchOptions& opt) {
@@ -129,8 +131,8 @@ nlohmann::json to_json(const DevapiBenchResult& r) {
 }
 
 std::string to_table(const DevapiBenchResult& r) {
-  std::string out = fmt::format("device API on {} ({} backend, {} ranks, median of {} reps)\n", r.device, r.backend,
-                                r.world, r.reps);
+  std::string out =
+      fmt::format("device API on {} ({} backend, {} ranks, median of {} reps)\n", r.device, r.backend, r.world, r.reps);
   out += fmt::format("{:<6} {:>6} {:>8} {:>10} {:>12} {:>10}\n", "mode", "ctas", "threads", "MiB", "median us", "GB/s");
   for (const auto& p : r.bandwidth)
     out += fmt::format("{:<6} {:>6} {:>8} {:>10.1f} {:>12.1f} {:>10.1f}\n", p.mode, p.ctas, p.threads,

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <random>
 
+#include "weft/bench/devapi_bench.hpp"  // median
+#include "weft/bench/shape.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ops/gemm.hpp"
 #ifdef WEFT_HAVE_CUDA
@@ -20,31 +22,13 @@
 namespace weft::bench {
 namespace {
 
-struct Shape {
-  int64_t m, k, n;
-};
+using Shape = GemmShape;
 
 std::vector<Shape> parse_shapes(const std::vector<std::string>& in, const std::vector<Shape>& defaults) {
   if (in.empty()) return defaults;
   std::vector<Shape> out;
-  for (const auto& s : in) {
-    Shape sh{};
-    char x1 = 0, x2 = 0;
-    long long m = 0, k = 0, n = 0;
-    const int got = std::sscanf(s.c_str(), "%lld%c%lld%c%lld", &m, &x1, &k, &x2, &n);
-    WEFT_REQUIRE(got == 5 && x1 == 'x' && x2 == 'x' && m > 0 && k > 0 && n > 0,
-                 fmt::format("weft bench gemm: shape '{}' is not MxKxN", s));
-    sh.m = m;
-    sh.k = k;
-    sh.n = n;
-    out.push_back(sh);
-  }
+  for (const auto& s : in) out.push_back(parse_gemm_shape(s));
   return out;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 double tflops(const Shape& s, double us) { return 2.0 * s.m * s.n * s.k / (us * 1e-6) / 1e12; }
@@ -77,11 +61,6 @@ GemmBenchResult bench_cpu(const GemmBenchOptions& opt) {
 }
 
 #ifdef WEFT_HAVE_CUDA
-#define WEFT_CUBLAS_CHECK(call)                                                                                       \
-  do {                                                                                                                \
-    cublasStatus_t st_ = (call);                                                                                      \
-    if (st_ != CUBLAS_STATUS_SUCCESS) throw Error(fmt::format("{} failed: status {}", #call, static_cast<int>(st_))); \
-  } while (0)
 
 struct Variant {
   dev::DType dtype;
@@ -123,10 +102,7 @@ GemmBenchResult bench_gpu(const GemmBenchOptions& opt) {
       std::vector<uint16_t> ha(na), hb(nb);
       std::mt19937 rng(42);
       std::uniform_real_distribution<float> u(-1.f, 1.f);
-      auto enc = [&](float x) {
-        return v.dtype == dev::DType::kBF16 ? dev::from_float<dev::bf16_t>(x).bits
-                                            : dev::from_float<dev::f16_t>(x).bits;
-      };
+      auto enc = [&](float x) { return dev::to_bits16(x, v.dtype); };
       for (auto& x : ha) x = enc(u(rng));
       for (auto& x : hb) x = enc(u(rng));
       void *da = nullptr, *db = nullptr, *dc = nullptr, *dref = nullptr;
@@ -204,9 +180,7 @@ GemmBenchResult bench_gpu(const GemmBenchOptions& opt) {
       std::vector<uint16_t> hc(nc), hr(nc);
       WEFT_CUDA_CHECK(cudaMemcpy(hc.data(), dc, nc * 2, cudaMemcpyDeviceToHost));
       WEFT_CUDA_CHECK(cudaMemcpy(hr.data(), dref, nc * 2, cudaMemcpyDeviceToHost));
-      auto dec = [&](uint16_t x) {
-        return v.dtype == dev::DType::kBF16 ? dev::to_float(dev::bf16_t{x}) : dev::to_float(dev::f16_t{x});
-      };
+      auto dec = [&](uint16_t x) { return dev::from_bits16(x, v.dtype); };
       double max_rel = 0, ref_scale = 0;
       int64_t nans = 0;
       for (size_t i = 0; i < nc; ++i) ref_scale = std::max(ref_scale, std::fabs(static_cast<double>(dec(hr[i]))));

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "weft/bench/devapi_bench.hpp"
+#include "weft/bench/shape.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ops/gemm_overlap.hpp"
 #include "weft/ops/trace.hpp"
@@ -16,32 +17,14 @@
 #ifdef WEFT_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "weft/bench/graph_timing.hpp"
 #include "weft/core/cuda_check.hpp"
-#include "weft/kernels/runtime_kernels.hpp"
 #endif
 
 namespace weft::bench {
 namespace {
 
 using ops::GemmMethod;
-
-struct Dims {
-  int64_t m, k, n;
-};
-
-Dims parse_shape(const std::string& s) {
-  Dims d{};
-  char x1 = 0, x2 = 0;
-  long long m = 0, k = 0, n = 0;
-  char tail = 0;
-  const int got = std::sscanf(s.c_str(), "%lld%c%lld%c%lld%c", &m, &x1, &k, &x2, &n, &tail);
-  WEFT_REQUIRE(got == 5 && x1 == 'x' && x2 == 'x' && m > 0 && k > 0 && n > 0,
-               fmt::format("shape '{}': expected MxKxN, e.g. 8192x8192x14336", s));
-  d.m = m;
-  d.k = k;
-  d.n = n;
-  return d;
-}
 
 // Small integers: exact in bf16, never all zero.
 std::vector<uint16_t> pattern(size_t n, int salt) {
@@ -74,7 +57,7 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
     // The host shapes must divide the world: round M and K up to multiples of 8 x world.
     if (!gpu)
       for (auto& s : shapes) {
-        Dims d = parse_shape(s);
+        GemmShape d = parse_gemm_shape(s);
         const int64_t q = 8 * world;
         d.m = (d.m + q - 1) / q * q;
         d.k = (d.k + q - 1) / q * q;
@@ -92,7 +75,7 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
   [[maybe_unused]] const auto bar = b.heap().alloc_barrier("bench.gemm_overlap.bar");
 
   for (const std::string& shape : shapes) {
-    const Dims d = parse_shape(shape);
+    const GemmShape d = parse_gemm_shape(shape);
     ops::GemmOverlapConfig cfg;
     cfg.op = kind;
     cfg.m = d.m;
@@ -165,29 +148,7 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
         b.synchronize();
         b.barrier();
         const int per_graph = predicted < 300 ? 10 : predicted < 3000 ? 3 : 2;
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        WEFT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-        for (int i = 0; i < per_graph; ++i) call();
-        WEFT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-        WEFT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        WEFT_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // warm-up
-        WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
-        const int reps = opt.quick ? 3 : 10;
-        for (int r = 0; r < reps; ++r) {
-          WEFT_CUDA_CHECK(kernels::device_barrier(b.ctx(), bar, stream));
-          WEFT_CUDA_CHECK(kernels::device_sleep(200000, stream));
-          WEFT_CUDA_CHECK(cudaEventRecord(e0, stream));
-          WEFT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-          WEFT_CUDA_CHECK(cudaEventRecord(e1, stream));
-          WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
-          float ms = 0;
-          WEFT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-          us.push_back(ms * 1e3 / per_graph);
-        }
-        WEFT_CUDA_CHECK(cudaGraphExecDestroy(exec));
-        WEFT_CUDA_CHECK(cudaGraphDestroy(graph));
-        b.synchronize();
+        us = time_graph_replays(b, bar, stream, e0, e1, per_graph, opt.quick ? 3 : 10, 200000, call);
 #endif
       } else {
         for (int r = 0; r < 3; ++r) {

@@ -91,35 +91,13 @@ __host__ __device__ inline void tile_coords(const KernelParams& p, int pos, int&
 }
 
 // Per-position hooks shared by both kernels.
-// dev::wait_ge without its printf: any call in the kernel (vprintf) makes ptxas serialise
-// every WGMMA of the function (C7510), which cost ~20% of the GEMM's throughput. A timeout
-// still records the missing peer in the context's error slot (the host names it) and traps.
-__device__ inline void wait_ge_quiet(const dev::DeviceCtx& c, uint64_t off, uint64_t expected, int peer) {
-  const uint64_t* sig = c.local<uint64_t>(off);
-  uint64_t v = dev::load_acquire(sig);
-  if (v >= expected) return;
-  const uint64_t t0 = dev::now_ns();
-  uint32_t spins = 0;
-  while ((v = dev::load_acquire(sig)) < expected) {
-    if ((++spins & 63u) != 0u) continue;
-    const uint64_t waited = dev::now_ns() - t0;
-    if (waited <= c.timeout_ns) continue;
-    if (c.error && atomicCAS(&c.error->claimed, 0u, 1u) == 0u) {
-      *c.error = dev::ErrorSlot{1u,         c.rank,     peer, static_cast<uint32_t>(dev::WaitKind::kSignal),
-                                off,        expected,   v,    waited,
-                                blockIdx.x, threadIdx.x};
-      __threadfence_system();
-    }
-    __trap();
-  }
-}
-
 __device__ inline void hook_wait(const KernelParams& p, int pos) {
   const GemmHooks& h = p.hooks;
   if (!h.wait_begin) return;
   for (int i = h.wait_begin[pos]; i < h.wait_begin[pos + 1]; ++i)
-    wait_ge_quiet(h.ctx, h.wait_off + 8ull * static_cast<uint64_t>(h.wait_idx[i]), h.wait_val[i] * h.wait_scale,
-                  h.wait_peer ? h.wait_peer[i] : -1);
+    // No printf in this kernel (see dev::fail_wait): a timeout reports through the slot.
+    dev::wait_ge<false>(h.ctx, h.wait_off + 8ull * static_cast<uint64_t>(h.wait_idx[i]), h.wait_val[i] * h.wait_scale,
+                        h.wait_peer ? h.wait_peer[i] : -1);
 }
 __device__ inline void hook_notify(const KernelParams& p, int pos) {
   const GemmHooks& h = p.hooks;

@@ -28,14 +28,6 @@
 #include "weft/kernels/gemm_overlap_kernels.hpp"
 #include "weft/kernels/runtime_kernels.hpp"
 
-#define WEFT_CUBLAS_CHECK(call)                                                                                    \
-  do {                                                                                                             \
-    cublasStatus_t weft_s_ = (call);                                                                               \
-    if (weft_s_ != CUBLAS_STATUS_SUCCESS)                                                                          \
-      ::weft::throw_error(                                                                                         \
-          __FILE__, __LINE__,                                                                                      \
-          fmt::format("{} failed: {} ({})", #call, cublasGetStatusName(weft_s_), cublasGetStatusString(weft_s_))); \
-  } while (0)
 #endif
 
 namespace weft::ops {

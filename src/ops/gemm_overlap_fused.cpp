@@ -104,14 +104,12 @@ struct State {
   int32_t* wait_begin = nullptr;
   int32_t* wait_idx = nullptr;
   uint64_t* wait_val = nullptr;  // per entry: threshold per epoch (the kernel scales it by the call)
-  std::vector<uint64_t> wait_per_epoch;
   int32_t* wait_peer = nullptr;
   int8_t* dest = nullptr;
   int32_t* notify_idx = nullptr;
   int32_t* notify_rank = nullptr;
   uint64_t* trace = nullptr;
-  std::vector<int32_t> pos_m;  // M-block of each position (tracing ids)
-  int64_t last_epoch = 0;
+  int done_base = 0;  // gemm_rs/gemm_ar: first counter after the reduce chain's
 
   State() = default;
   State(const State&) = delete;
@@ -155,6 +153,49 @@ int gemm_ctas() {
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
   return std::max(1, n - 1);
+}
+
+// The GEMM both ops run: this rank's B and the call's shape, single CTAs (the tables are
+// built for them) on all SMs but one (gemm_ctas).
+kernels::GemmArgs gemm_args(const FusedArgs& A, const void* a, int64_t lda) {
+  kernels::GemmArgs g;
+  g.m = static_cast<int>(A.m);
+  g.n = static_cast<int>(A.n);
+  g.k = static_cast<int>(A.k_local);
+  g.type = A.dtype == dev::DType::kBF16 ? kernels::GemmType::kBF16 : kernels::GemmType::kF16;
+  g.b_layout = A.b_layout == 0 ? kernels::GemmBLayout::kNK : kernels::GemmBLayout::kKN;
+  g.a = a;
+  g.lda = lda;
+  g.b = A.b;
+  g.ldb = A.b_layout == 0 ? A.k_local : A.n;
+  g.ldc = A.n;
+  g.cluster_m = 1;
+  g.ctas = gemm_ctas();
+  return g;
+}
+
+// The schedule and waits from `st`, thresholds scaled by the call's epoch.
+kernels::GemmHooks gemm_hooks(const FusedArgs& A, const State& st, uint64_t wait_off) {
+  kernels::GemmHooks h;
+  h.ctx = A.ctx;
+  h.order = st.order;
+  h.wait_begin = st.wait_begin;
+  h.wait_idx = st.wait_idx;
+  h.wait_val = st.wait_val;
+  h.wait_peer = st.wait_peer;
+  h.wait_off = wait_off;
+  h.wait_scale = static_cast<uint64_t>(A.epoch);
+  h.trace = A.trace ? st.trace : nullptr;
+  return h;
+}
+
+void run_gemm(const FusedArgs& A, State& st, const kernels::GemmArgs& g, const kernels::GemmHooks& h, cudaStream_t s,
+              const char* op) {
+  if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.gemm_ev, s));
+  const char* why = nullptr;
+  const cudaError_t err = kernels::gemm(g, h, s, &why);
+  if (err == cudaErrorInvalidValue && why) throw InvalidArgument(fmt::format("fused {}: {}", op, why));
+  WEFT_CUDA_CHECK(err);
 }
 
 // ---- ag_gemm ---------------------------------------------------------------------------
@@ -213,12 +254,12 @@ void build_ag(const FusedArgs& A, State& st) {
   }
   WEFT_REQUIRE(static_cast<int>(block_order.size()) == tiles_m, "fused ag_gemm: the plan's tiles miss row blocks");
   std::vector<int32_t> order, wbegin{0}, widx, wpeer;
+  std::vector<uint64_t> wait_per_epoch;
   grouped(block_order, tiles_n, [&](int mb, int nb, size_t) {
     order.push_back(mb * tiles_n + nb);
-    st.pos_m.push_back(mb);
     for (auto [sig, th] : block_waits[mb]) {
       widx.push_back(sig);
-      st.wait_per_epoch.push_back(static_cast<uint64_t>(th));
+      wait_per_epoch.push_back(static_cast<uint64_t>(th));
       wpeer.push_back(sig < nsig ? producer[sig] : -1);
     }
     wbegin.push_back(static_cast<int32_t>(widx.size()));
@@ -228,7 +269,7 @@ void build_ag(const FusedArgs& A, State& st) {
   st.wait_begin = upload(wbegin);
   st.wait_idx = upload(widx);
   st.wait_peer = upload(wpeer);
-  st.wait_val = upload(st.wait_per_epoch);
+  st.wait_val = upload(wait_per_epoch);
   st.trace = upload(std::vector<uint64_t>(3 * order.size(), 0));
 }
 
@@ -269,35 +310,10 @@ void run_ag(const FusedArgs& A, State& st, cudaStream_t s) {
   WEFT_CUDA_CHECK(cudaEventRecord(st.join, st.side));
   // The GEMM on the gathered A, waiting per row block.
   const TensorDesc& ga = st.tensors[static_cast<size_t>(A.gemm_tensor)];
-  kernels::GemmArgs g;
-  g.m = static_cast<int>(A.m);
-  g.n = static_cast<int>(A.n);
-  g.k = static_cast<int>(A.k_local);
-  g.type = A.dtype == dev::DType::kBF16 ? kernels::GemmType::kBF16 : kernels::GemmType::kF16;
-  g.b_layout = A.b_layout == 0 ? kernels::GemmBLayout::kNK : kernels::GemmBLayout::kKN;
-  g.a = A.ctx.ptr<const char>(me, ga.offset);
-  g.lda = ga.cols;
-  g.b = A.b;
-  g.ldb = A.b_layout == 0 ? A.k_local : A.n;
+  auto g = gemm_args(A, A.ctx.ptr<const char>(me, ga.offset), ga.cols);
   g.c[0] = A.c;
-  g.ldc = A.n;
-  g.cluster_m = 1;
-  g.ctas = gemm_ctas();
-  kernels::GemmHooks h;
-  h.ctx = A.ctx;
-  h.order = st.order;
-  h.wait_begin = st.wait_begin;
-  h.wait_idx = st.wait_idx;
-  h.wait_val = st.wait_val;
-  h.wait_peer = st.wait_peer;
-  h.wait_off = A.signals.offset;
-  h.wait_scale = static_cast<uint64_t>(e);
-  h.trace = A.trace ? st.trace : nullptr;
-  if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.gemm_ev, s));
-  const char* why = nullptr;
-  const cudaError_t err = kernels::gemm(g, h, s, &why);
-  if (err == cudaErrorInvalidValue && why) throw InvalidArgument(fmt::format("fused ag_gemm: {}", why));
-  WEFT_CUDA_CHECK(err);
+  const auto h = gemm_hooks(A, st, A.signals.offset);
+  run_gemm(A, st, g, h, s, "ag_gemm");
   // Done with this call's gathered A: tell every peer (their next call's pushes wait on it).
   for (int p = 0; p < world; ++p)
     if (p != me) write_value(s, A.ctx.ptr<uint64_t>(p, slot_off(A, me)), static_cast<uint64_t>(e));
@@ -334,10 +350,12 @@ void build_rs(const FusedArgs& A, State& st) {
   WEFT_REQUIRE(A.m % world == 0, fmt::format("fused gemm_rs: M = {} is not a multiple of {} ranks", A.m, world));
   const int tiles_n = kernels::gemm_tiles_n(static_cast<int>(A.n));
   const Chain ch = chain_of(A);
+  st.done_base = ch.total;
   const int need = ch.total + 2 * world;
   WEFT_REQUIRE(static_cast<int64_t>(A.counters.count) >= need,
                fmt::format("fused gemm_rs: {} counters, need {}", A.counters.count, need));
   std::vector<int32_t> order, wbegin{0}, widx, wpeer, nidx, nrank;
+  std::vector<uint64_t> wait_per_epoch;
   std::vector<int8_t> dest;
   for (int i = 0; i < world; ++i) {
     const int o = (me + i + 1) % world;
@@ -346,11 +364,10 @@ void build_rs(const FusedArgs& A, State& st) {
     grouped(blocks, tiles_n, [&](int mb, int nb, size_t b) {
       const int counter = ch.base[o] + static_cast<int>(b);
       order.push_back(mb * tiles_n + nb);
-      st.pos_m.push_back(mb);
       dest.push_back(static_cast<int8_t>(o | (i > 0 ? kernels::kGemmDestReduce : 0)));
       if (i > 0) {  // after the previous contributor's whole row block
         widx.push_back(counter);
-        st.wait_per_epoch.push_back(static_cast<uint64_t>(kernels::kGemmNotifyPerTile * tiles_n));
+        wait_per_epoch.push_back(static_cast<uint64_t>(kernels::kGemmNotifyPerTile * tiles_n));
         wpeer.push_back((me + 1) % world);
       }
       wbegin.push_back(static_cast<int32_t>(widx.size()));
@@ -363,7 +380,7 @@ void build_rs(const FusedArgs& A, State& st) {
   st.wait_begin = upload(wbegin);
   st.wait_idx = upload(widx);
   st.wait_peer = upload(wpeer);
-  st.wait_val = upload(st.wait_per_epoch);
+  st.wait_val = upload(wait_per_epoch);
   st.dest = upload(dest);
   st.notify_idx = upload(nidx);
   st.notify_rank = upload(nrank);
@@ -376,22 +393,12 @@ void run_rs(const FusedArgs& A, State& st, cudaStream_t s) {
   const size_t eb = 2;
   const bool ar = A.op == Op::kGemmAr;
   // Epoch guard: every owner has copied its output of call e-1 out before this call writes it.
-  const int done_base = chain_of(A).total;  // counters [.., + world): "rank p finished call e"
+  const int done_base = st.done_base;  // counters [.., + world): "rank p finished call e"
   if (e > 1)
     for (int p = 0; p < world; ++p)
       if (p != me) wait_value(s, A.ctx.ptr<uint64_t>(me, slot_off(A, done_base + p)), static_cast<uint64_t>(e - 1));
   const TensorDesc& out = st.tensors[static_cast<size_t>(A.output_tensor)];
-  kernels::GemmArgs g;
-  g.m = static_cast<int>(A.m);
-  g.n = static_cast<int>(A.n);
-  g.k = static_cast<int>(A.k_local);
-  g.type = A.dtype == dev::DType::kBF16 ? kernels::GemmType::kBF16 : kernels::GemmType::kF16;
-  g.b_layout = A.b_layout == 0 ? kernels::GemmBLayout::kNK : kernels::GemmBLayout::kKN;
-  g.a = A.a;
-  g.lda = A.k_local;
-  g.b = A.b;
-  g.ldb = A.b_layout == 0 ? A.k_local : A.n;
-  g.ldc = A.n;
+  auto g = gemm_args(A, A.a, A.k_local);
   g.num_dests = world;
   for (int o = 0; o < world; ++o) {
     // gemm_rs: the output is [M/W x N], owner o's rows; gemm_ar: [M x N], o's rows inside it.
@@ -399,27 +406,12 @@ void run_rs(const FusedArgs& A, State& st, cudaStream_t s) {
     g.c_row0[o] = o * m_shard;
     g.c_rows[o] = m_shard;
   }
-  g.cluster_m = 1;
-  g.ctas = gemm_ctas();
-  kernels::GemmHooks h;
-  h.ctx = A.ctx;
-  h.order = st.order;
-  h.wait_begin = st.wait_begin;
-  h.wait_idx = st.wait_idx;
-  h.wait_val = st.wait_val;
-  h.wait_peer = st.wait_peer;
-  h.wait_off = A.counters.offset;
-  h.wait_scale = static_cast<uint64_t>(e);
+  auto h = gemm_hooks(A, st, A.counters.offset);
   h.dest = st.dest;
   h.notify_idx = st.notify_idx;
   h.notify_rank = st.notify_rank;
   h.notify_off = A.counters.offset;
-  h.trace = A.trace ? st.trace : nullptr;
-  if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.gemm_ev, s));
-  const char* why = nullptr;
-  const cudaError_t err = kernels::gemm(g, h, s, &why);
-  if (err == cudaErrorInvalidValue && why) throw InvalidArgument(fmt::format("fused gemm_rs: {}", why));
-  WEFT_CUDA_CHECK(err);
+  run_gemm(A, st, g, h, s, ar ? "gemm_ar" : "gemm_rs");
   char* mine = static_cast<char*>(g.c[me]);
   const size_t shard_bytes = static_cast<size_t>(m_shard * A.n) * eb;
   if (A.op == Op::kGemmRs) {
@@ -514,7 +506,6 @@ void run_fused(const FusedArgs& A) {
     run_ag(A, st, s);
   else
     run_rs(A, st, s);
-  st.last_epoch = A.epoch;
   if (A.trace) collect_trace(A, st, s);
 }
 

@@ -12,6 +12,7 @@
 
 #include "weft/core/error.hpp"
 #include "weft/device/api.hpp"
+#include "weft/ops/gemm.hpp"
 #include "weft/plan/templates.hpp"
 #include "weft/plan/verify.hpp"
 #include "weft/runtime/host_exec.hpp"
@@ -22,24 +23,6 @@ namespace {
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-template <class T>
-void gemm_rows(BLayout layout, const T* a, const T* b, T* c, int64_t k, int64_t n, int64_t r0, int64_t r1, int64_t c0,
-               int64_t c1, int me, int threads) {
-  for (int64_t i = r0 + me; i < r1; i += threads) {
-    const T* arow = a + i * k;
-    for (int64_t j = c0; j < c1; ++j) {
-      float acc = 0.0f;
-      if (layout == BLayout::kNK) {
-        const T* wrow = b + j * k;
-        for (int64_t kk = 0; kk < k; ++kk) acc += dev::to_float(arow[kk]) * dev::to_float(wrow[kk]);
-      } else {
-        for (int64_t kk = 0; kk < k; ++kk) acc += dev::to_float(arow[kk]) * dev::to_float(b[kk * n + j]);
-      }
-      c[i * n + j] = dev::from_float<T>(acc);
-    }
-  }
 }
 
 template <class T>
@@ -234,20 +217,10 @@ OpPlan build_op_plan(const OpPlanParams& p) {
 
 void host_gemm(dev::DType t, BLayout layout, const void* a, const void* b, void* c, int64_t k, int64_t n, int64_t r0,
                int64_t r1, int64_t c0, int64_t c1, int me, int threads) {
-  switch (t) {
-    case dev::DType::kBF16:
-      gemm_rows(layout, static_cast<const dev::bf16_t*>(a), static_cast<const dev::bf16_t*>(b),
-                static_cast<dev::bf16_t*>(c), k, n, r0, r1, c0, c1, me, threads);
-      break;
-    case dev::DType::kF16:
-      gemm_rows(layout, static_cast<const dev::f16_t*>(a), static_cast<const dev::f16_t*>(b),
-                static_cast<dev::f16_t*>(c), k, n, r0, r1, c0, c1, me, threads);
-      break;
-    case dev::DType::kF32:
-      gemm_rows(layout, static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(c), k, n, r0,
-                r1, c0, c1, me, threads);
-      break;
-  }
+  // The CPU tile reference (ops::gemm_tile_cpu), one row at a time: thread `me` of `threads`
+  // takes rows r0 + me, r0 + me + threads, ...
+  const CpuGemm g{t, t, layout == BLayout::kKN, a, k, b, layout == BLayout::kKN ? n : k, c, n, k};
+  for (int64_t i = r0 + me; i < r1; i += threads) gemm_tile_cpu(g, i, i + 1, c0, c1);
 }
 
 // ---- the host executor -----------------------------------------------------------------

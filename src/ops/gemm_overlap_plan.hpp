@@ -64,7 +64,8 @@ OpPlan build_op_plan(const OpPlanParams& p);
 void order_by_demand(plan::TileSchedule& s, const plan::CommPlan& plan);
 
 // C rows [r0, r1) x cols [c0, c1) = A * op(B) with fp32 accumulation in k order, stored as T.
-// A [.. x k] row-major (lda = k); B W [n x k] (kNK) or B [k x n] (kKN); C ldc = n.
+// A [.. x k] row-major (lda = k); B W [n x k] (kNK) or B [k x n] (kKN); C ldc = n. Rows are
+// split over `threads` workers; each runs ops::gemm_tile_cpu.
 void host_gemm(dev::DType t, BLayout layout, const void* a, const void* b, void* c, int64_t k, int64_t n, int64_t r0,
                int64_t r1, int64_t c0, int64_t c1, int me = 0, int threads = 1);
 

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "collectives_check.hpp"
+#include "gpu_harness.hpp"
 #include "rank_harness.hpp"
 #include "weft/core/cuda_check.hpp"
 
@@ -43,22 +44,8 @@ class GpuMemory final : public LocalMemory {
   std::vector<void*> blocks_;
 };
 
-int gpus() {
-  static int n = count_gpus_forked();
-  return n;
-}
-
 std::vector<RankResult> run_gpu(int n, const std::function<void()>& fn) {
-  LaunchOptions opt;
-  opt.nranks = n;
-  int64_t timeout_ms = 20000;
-  if (const char* t = std::getenv("WEFT_TEST_TIMEOUT_MS")) timeout_ms = std::max<int64_t>(timeout_ms, std::atoll(t));
-  opt.extra_env = {
-      {"WEFT_BACKEND", "nccl"}, {"WEFT_GPU_HEAP_MIB", "2048"}, {"WEFT_TIMEOUT_MS", std::to_string(timeout_ms)}};
-  opt.grace_ms = timeout_ms + 10000;
-  opt.deadline_ms = 400000;
-  opt.quiet = true;
-  return run_ranks(fn, opt);
+  return run_gpu_ranks(n, fn, /*heap_mib=*/2048, /*deadline_ms=*/400000);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "devapi_driver.hpp"
 #include "devapi_gpu_kernels.hpp"
+#include "gpu_harness.hpp"
 #include "rank_harness.hpp"
 #include "weft/core/cuda_check.hpp"
 
@@ -31,21 +32,8 @@ class GpuExecutor final : public Executor {
   Backend& b_;
 };
 
-// WEFT_TEST_TIMEOUT_MS raises the deadline for slow runs (compute-sanitizer).
-std::vector<RankResult> run_gpu_ranks(int n, const std::function<void()>& fn, int64_t timeout_ms = 20000) {
-  if (const char* t = std::getenv("WEFT_TEST_TIMEOUT_MS")) timeout_ms = std::max<int64_t>(timeout_ms, std::atoll(t));
-  LaunchOptions opt;
-  opt.nranks = n;
-  opt.extra_env = {{"WEFT_BACKEND", "nccl"}, {"WEFT_GPU_HEAP_MIB", "64"}, {"WEFT_TIMEOUT_MS", std::to_string(timeout_ms)}};
-  opt.grace_ms = timeout_ms + 10000;
-  opt.deadline_ms = 300000;
-  opt.quiet = true;
-  return run_ranks(fn, opt);
-}
-
-int gpus() {
-  static int n = count_gpus_forked();
-  return n;
+std::vector<RankResult> run_devapi_ranks(int n, const std::function<void()>& fn, int64_t timeout_ms = 20000) {
+  return run_gpu_ranks(n, fn, /*heap_mib=*/64, /*deadline_ms=*/300000, timeout_ms);
 }
 
 }  // namespace
@@ -55,13 +43,14 @@ class DevapiGpu : public ::testing::TestWithParam<int> {};
 TEST_P(DevapiGpu, PutGetSignalBarrierSemantics) {
   const int n = GetParam() == 0 ? gpus() : GetParam();
   if (gpus() < 1 || n > gpus()) GTEST_SKIP() << "needs " << n << " GPU(s); " << gpus() << " visible";
-  expect_all_ok(run_gpu_ranks(n, [] {
+  expect_all_ok(run_devapi_ranks(n, [] {
     auto b = make_backend();
     GpuExecutor x(*b);
     DevapiSuite suite(*b, x);
     int checks = suite.run_all();
     WEFT_CHECK(checks == 3 * (2 * static_cast<int>(default_cases().size()) + 1), "not every check ran");
-    if (b->rank() == 0) std::printf("[gpu] %d ranks on %s: %d semantic checks passed\n", b->size(), b->device_name().c_str(), checks);
+    if (b->rank() == 0)
+      std::printf("[gpu] %d ranks on %s: %d semantic checks passed\n", b->size(), b->device_name().c_str(), checks);
   }));
 }
 
@@ -73,7 +62,7 @@ TEST(DevapiGpuFaults, RankThatExitsEarlyIsNamedWithinTheDeadline) {
   const int n = gpus(), victim = n - 1;
   const int64_t timeout_ms = 3000;
   auto t0 = std::chrono::steady_clock::now();
-  auto res = run_gpu_ranks(
+  auto res = run_devapi_ranks(
       n,
       [victim] {
         auto b = make_backend();
@@ -85,8 +74,10 @@ TEST(DevapiGpuFaults, RankThatExitsEarlyIsNamedWithinTheDeadline) {
       },
       timeout_ms);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("[gpu] fault test: whole run (NCCL start-up, one barrier, victim exits) ended after %.1f s; wait deadline %.1f s\n",
-              secs, timeout_ms / 1e3);
+  std::printf(
+      "[gpu] fault test: whole run (NCCL start-up, one barrier, victim exits) ended after %.1f s; wait deadline %.1f "
+      "s\n",
+      secs, timeout_ms / 1e3);
   for (const auto& r : res) {
     if (r.rank == victim) continue;
     EXPECT_EQ(r.exit_code, 1) << "rank " << r.rank << (r.killed_by_launcher ? " hung" : "");

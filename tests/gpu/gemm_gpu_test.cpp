@@ -13,6 +13,7 @@
 #include <random>
 
 #include "gemm_gpu_kernels.hpp"
+#include "gpu_harness.hpp"
 #include "rank_harness.hpp"
 #include "weft/core/cuda_check.hpp"
 #include "weft/core/error.hpp"
@@ -25,11 +26,6 @@ using namespace weft;
 using namespace weft::testing;
 
 namespace {
-
-int gpus() {
-  static int n = count_gpus_forked();
-  return n;
-}
 
 void in_child(const std::function<void()>& fn) {
   LaunchOptions opt;
@@ -57,12 +53,8 @@ struct DevBuf {
   }
 };
 
-uint16_t enc(dev::DType t, float x) {
-  return t == dev::DType::kBF16 ? dev::from_float<dev::bf16_t>(x).bits : dev::from_float<dev::f16_t>(x).bits;
-}
-float dec(dev::DType t, uint16_t x) {
-  return t == dev::DType::kBF16 ? dev::to_float(dev::bf16_t{x}) : dev::to_float(dev::f16_t{x});
-}
+uint16_t enc(dev::DType t, float x) { return dev::to_bits16(x, t); }
+float dec(dev::DType t, uint16_t x) { return dev::from_bits16(x, t); }
 
 std::vector<uint16_t> fill(dev::DType t, size_t n, uint32_t seed, bool integers, int range = 2) {
   std::mt19937 rng(seed);
@@ -71,6 +63,17 @@ std::vector<uint16_t> fill(dev::DType t, size_t n, uint32_t seed, bool integers,
   for (auto& x : v)
     x = enc(t, integers ? static_cast<float>(static_cast<int>(rng() % (2 * range + 1)) - range) : u(rng));
   return v;
+}
+
+// A one-rank context whose heap is `heap` (signals at offset 0), 10 s deadline.
+dev::DeviceCtx one_gpu_ctx(const DevBuf<uint64_t>& heap) {
+  dev::DeviceCtx ctx{};
+  ctx.rank = 0;
+  ctx.world = 1;
+  ctx.heap_bytes = heap.n * 8;
+  ctx.timeout_ns = 10'000'000'000ull;
+  ctx.peer_base[0] = reinterpret_cast<char*>(heap.p);
+  return ctx;
 }
 
 struct Case {
@@ -233,14 +236,8 @@ TEST(GemmGpu, HooksOrderDestinationsReduceAddAndNotify) {
       d_nrank.put(notify_rank);
       d_dest.put(dest);
       DevBuf<uint64_t> heap(64);
-      dev::DeviceCtx ctx{};
-      ctx.rank = 0;
-      ctx.world = 1;
-      ctx.heap_bytes = 64 * 8;
-      ctx.timeout_ns = 10'000'000'000ull;
-      ctx.peer_base[0] = reinterpret_cast<char*>(heap.p);
       kernels::GemmHooks h;
-      h.ctx = ctx;
+      h.ctx = one_gpu_ctx(heap);
       h.order = d_order.p;
       h.dest = d_dest.p;
       h.notify_idx = d_nidx.p;
@@ -306,14 +303,8 @@ TEST(GemmGpu, WaitsForRowsThatArriveAfterTheLaunch) {
     d_wbegin.put(wbegin);
     d_wpeer.put(wpeer);
     d_wval.put(wval);
-    dev::DeviceCtx ctx{};
-    ctx.rank = 0;
-    ctx.world = 1;
-    ctx.heap_bytes = 64 * 8;
-    ctx.timeout_ns = 10'000'000'000ull;
-    ctx.peer_base[0] = reinterpret_cast<char*>(heap.p);
     kernels::GemmHooks h;
-    h.ctx = ctx;
+    h.ctx = one_gpu_ctx(heap);
     h.wait_begin = d_wbegin.p;
     h.wait_idx = d_widx.p;
     h.wait_val = d_wval.p;

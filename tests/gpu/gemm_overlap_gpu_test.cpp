@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 
+#include "gpu_harness.hpp"
 #include "rank_harness.hpp"
 #include "weft/core/cuda_check.hpp"
 #include "weft/ops/gemm_overlap.hpp"
@@ -22,22 +23,8 @@ using namespace weft::testing;
 
 namespace {
 
-int gpus() {
-  static int n = count_gpus_forked();
-  return n;
-}
-
 std::vector<RankResult> run_gpu(int n, const std::function<void()>& fn) {
-  LaunchOptions opt;
-  opt.nranks = n;
-  int64_t timeout_ms = 20000;
-  if (const char* t = std::getenv("WEFT_TEST_TIMEOUT_MS")) timeout_ms = std::max<int64_t>(timeout_ms, std::atoll(t));
-  opt.extra_env = {
-      {"WEFT_BACKEND", "nccl"}, {"WEFT_GPU_HEAP_MIB", "1024"}, {"WEFT_TIMEOUT_MS", std::to_string(timeout_ms)}};
-  opt.grace_ms = timeout_ms + 10000;
-  opt.deadline_ms = 600000;
-  opt.quiet = true;
-  return run_ranks(fn, opt);
+  return run_gpu_ranks(n, fn, /*heap_mib=*/1024, /*deadline_ms=*/600000);
 }
 
 // |A| <= 1; B is nonzero only where (k + j) % 4 == 0 and |B| <= 2, so |C| <= 2 * ceil(K/4)
@@ -48,12 +35,8 @@ float b_glob(int64_t k, int64_t j, int64_t e, int owner) {
   if ((k + j) % 4 != 0) return 0.f;
   return static_cast<float>((k * 5 + j * 3 + e + owner * 2) % 5 - 2);
 }
-uint16_t encode(float v, dev::DType t) {
-  return t == dev::DType::kBF16 ? dev::from_float<dev::bf16_t>(v).bits : dev::from_float<dev::f16_t>(v).bits;
-}
-float decode(uint16_t v, dev::DType t) {
-  return t == dev::DType::kBF16 ? dev::to_float(dev::bf16_t{v}) : dev::to_float(dev::f16_t{v});
-}
+uint16_t encode(float v, dev::DType t) { return dev::to_bits16(v, t); }
+float decode(uint16_t v, dev::DType t) { return dev::from_bits16(v, t); }
 
 struct DevBuf {
   void* p = nullptr;

@@ -38,12 +38,8 @@ float b_glob(int64_t k, int64_t j, int64_t e, int owner) {
   return static_cast<float>((k * 5 + j * 3 + e + owner * 2) % 5 - 2);
 }
 
-uint16_t encode(float v, dev::DType t) {
-  return t == dev::DType::kBF16 ? dev::from_float<dev::bf16_t>(v).bits : dev::from_float<dev::f16_t>(v).bits;
-}
-float decode(uint16_t v, dev::DType t) {
-  return t == dev::DType::kBF16 ? dev::to_float(dev::bf16_t{v}) : dev::to_float(dev::f16_t{v});
-}
+uint16_t encode(float v, dev::DType t) { return dev::to_bits16(v, t); }
+float decode(uint16_t v, dev::DType t) { return dev::from_bits16(v, t); }
 
 // 16-byte aligned host buffers of 16-bit elements.
 struct Buf {

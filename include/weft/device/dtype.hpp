@@ -93,4 +93,12 @@ inline constexpr const char* dtype_name(DType t) {
   return t == DType::kF32 ? "f32" : t == DType::kF16 ? "f16" : "bf16";
 }
 
+// A 16-bit element chosen at run time (t: kBF16 or kF16), as its bit pattern.
+WEFT_HD uint16_t to_bits16(float f, DType t) {
+  return t == DType::kBF16 ? from_float<bf16_t>(f).bits : from_float<f16_t>(f).bits;
+}
+WEFT_HD float from_bits16(uint16_t bits, DType t) {
+  return t == DType::kBF16 ? to_float(bf16_t{bits}) : to_float(f16_t{bits});
+}
+
 }  // namespace weft::dev

@@ -20,9 +20,12 @@ struct SignalSlab {
 };
 
 // Records the failed wait and stops: a trap on the GPU (the host reads the slot after the
-// launch fails), an exception on the host.
-WEFT_HD void fail_wait(const DeviceCtx& c, WaitKind kind, int peer, uint64_t off, uint64_t expected,
-                       uint64_t observed, uint64_t waited_ns) {
+// launch fails), an exception on the host. kPrint = false leaves out the GPU's printf: any
+// call in a kernel makes ptxas serialise that kernel's every WGMMA (C7510), so WGMMA kernels
+// (weft's GEMM) report through the slot alone.
+template <bool kPrint = true>
+WEFT_HD void fail_wait(const DeviceCtx& c, WaitKind kind, int peer, uint64_t off, uint64_t expected, uint64_t observed,
+                       uint64_t waited_ns) {
   ErrorSlot s{1u, c.rank, peer, static_cast<uint32_t>(kind), off, expected, observed, waited_ns, 0u, 0u};
 #if defined(__CUDA_ARCH__)
   s.block = blockIdx.x;
@@ -31,13 +34,15 @@ WEFT_HD void fail_wait(const DeviceCtx& c, WaitKind kind, int peer, uint64_t off
     *c.error = s;
     __threadfence_system();
   }
-  if (kind == WaitKind::kCapacity)
-    printf("weft: rank %d: all_to_all_v refused: rank %d would receive %llu elements, the output holds %llu\n", c.rank,
-           peer, (unsigned long long)observed, (unsigned long long)expected);
-  else
-    printf("weft: rank %d block %u thread %u timed out waiting for %s from rank %d: signal @%llu >= %llu, saw %llu\n",
-           c.rank, s.block, s.thread, kind == WaitKind::kBarrier ? "barrier" : "signal", peer,
-           (unsigned long long)off, (unsigned long long)expected, (unsigned long long)observed);
+  if constexpr (kPrint) {
+    if (kind == WaitKind::kCapacity)
+      printf("weft: rank %d: all_to_all_v refused: rank %d would receive %llu elements, the output holds %llu\n",
+             c.rank, peer, (unsigned long long)observed, (unsigned long long)expected);
+    else
+      printf("weft: rank %d block %u thread %u timed out waiting for %s from rank %d: signal @%llu >= %llu, saw %llu\n",
+             c.rank, s.block, s.thread, kind == WaitKind::kBarrier ? "barrier" : "signal", peer,
+             (unsigned long long)off, (unsigned long long)expected, (unsigned long long)observed);
+  }
   __trap();
 #else
   if (c.error && __atomic_exchange_n(&c.error->claimed, 1u, __ATOMIC_ACQ_REL) == 0u) *c.error = s;
@@ -59,6 +64,7 @@ WEFT_HD uint64_t signal_read(const DeviceCtx& c, uint64_t off) { return load_acq
 
 // Waits until local signal `off` >= expected; returns the value seen. `from_peer` names the
 // rank expected to signal (-1 if several), for the error when the deadline passes.
+template <bool kPrint = true>
 WEFT_HD uint64_t wait_ge(const DeviceCtx& c, uint64_t off, uint64_t expected, int from_peer,
                          WaitKind kind = WaitKind::kSignal) {
   const uint64_t* p = c.local<uint64_t>(off);
@@ -70,7 +76,7 @@ WEFT_HD uint64_t wait_ge(const DeviceCtx& c, uint64_t off, uint64_t expected, in
     spin_pause(++spins);
     if ((spins & 63u) == 0u) {
       const uint64_t waited = now_ns() - t0;
-      if (waited > c.timeout_ns) fail_wait(c, kind, from_peer, off, expected, v, waited);
+      if (waited > c.timeout_ns) fail_wait<kPrint>(c, kind, from_peer, off, expected, v, waited);
     }
   }
   return v;

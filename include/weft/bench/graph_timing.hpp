@@ -1,0 +1,24 @@
+// Timing calls inside a CUDA graph, as every weft GPU benchmark does (GPU builds only).
+#pragma once
+#ifdef WEFT_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "weft/device/barrier.hpp"
+#include "weft/runtime/backend.hpp"
+
+namespace weft::bench {
+
+// Captures `per_graph` back-to-back `call()`s on `stream` into one graph, replays it once to
+// warm up, then `reps` times: each replay after a device barrier (GPUs lined up) and a
+// `sleep_ns` sleep kernel (the host enqueues the replay before the GPU reaches it), between
+// events e0/e1. Returns the µs per call of each replay; ends with b.synchronize().
+std::vector<double> time_graph_replays(Backend& b, dev::BarrierHandle bar, cudaStream_t stream, cudaEvent_t e0,
+                                       cudaEvent_t e1, int per_graph, int reps, uint64_t sleep_ns,
+                                       const std::function<void()>& call);
+
+}  // namespace weft::bench
+#endif
