@@ -15,8 +15,9 @@ Usage: tools/calibrate_collectives.py WEFT RESULTS.json [--constants F] [--kib-p
   the call, at most 64, one-shot 32; from commit 5950c90 (the 20261122 files) all-gather,
   all-to-all, reduce-scatter and two-shot take up to 128 from 32 MiB of call (--wide-cap 128;
   default: --cap, the rule of the 20261121 files); the first tuning, in the 4-rank file, was
-  256 KiB per CTA. LL methods have one rule (no option): one CTA per 512 lines (8 data bytes a
-  line) of one peer's payload, 1..128. --predict-world N: no measurement; print the model's
+  256 KiB per CTA. LL methods: one CTA per --ll-lines-per-cta lines (8 data bytes a line) of one
+  peer's payload, 1..128 (8; 512 in the builds of the files up to 20261122-012048); LL128 (all-
+  reduce): one CTA per 4 lines of 120 data bytes. --predict-world N: no measurement; print the model's
   time for every weft method at 8 KiB..256 MiB on N ranks (the sizes and methods the bench
   runs: one-shot up to 4 MiB, ll up to 1 MiB). --check: exit 1 when a point
   is outside 25%. --fit: instead of the table, solve the two fitted constants from their one
@@ -205,15 +206,43 @@ def ll(w, s, coll):
     return pl, out_rows, False
 
 
+def ll128(w, s):
+    """all-reduce LL128 (all_reduce_ll128): as ll, but a 128-byte line carries 120 data bytes,
+    so the link carries 16/15 x the bytes: the lines tensor (and each staging slot) has
+    ceil(16/15 x rows) rows of the data's width; the receiver sums the data rows of a slot."""
+    rows = s // ROW
+    lrows = -(-rows * 16 // 15)
+    pl = Plan("weft.all_reduce.ll128", w)
+    pl.tensor("in", rows, "input")
+    pl.tensor("lines", lrows, "input")
+    pl.tensor("stage", w * lrows, "scratch")  # slot q: rows [q*lrows, q*lrows + lrows)
+    pl.tensor("out", rows, "output", total=True)
+    push = {(r, p): pl.chunk(r, "push", (r, "lines", 0, lrows), (p, "stage", r * lrows, (r + 1) * lrows), p)
+            for r in range(w) for p in peers(r, w)}
+    for r in range(w):
+        reduce_into_out(pl, r, w, (r, "in", 0, rows), lambda q: (q * lrows, q * lrows + rows), (0, rows),
+                        {q: push[(q, r)] for q in peers(r, w)})
+    return pl, rows, False
+
+
 def ctas(call_bytes, per_cta, cap):
     """ops::Collectives::ctas_for: one CTA per `per_cta` bytes of the call, 1..cap."""
     return max(1, min(cap, -(-call_bytes // per_cta)))
 
 
+LL_LINES_PER_CTA = [8]  # --ll-lines-per-cta
+
+
 def ctas_ll(payload_bytes):
-    """ops::Collectives::ctas_for for LL: one CTA (512 threads) per 512 lines of 8 data bytes, 1..128."""
+    """ops::Collectives::ctas_for for LL: one CTA per 8 lines of 8 data bytes (from the 20261122-0241 files;
+    512 lines before: the files up to 20261122-012048), 1..128."""
     lines = -(-payload_bytes // 8)
-    return max(1, min(128, -(-lines // 512)))
+    return max(1, min(128, -(-lines // LL_LINES_PER_CTA[0])))
+
+
+def ctas_ll128(payload_bytes):
+    """ops::Collectives::ctas_for for LL128: one CTA per 4 lines of 120 data bytes, 1..128."""
+    return max(1, min(128, -(-(-(-payload_bytes // 120)) // 4)))
 
 
 # (bench collective, method) -> (plan builder, CTA count for (size, world, caps), LL: no write ack).
@@ -237,6 +266,7 @@ METHODS = {
     ("all_reduce", "ll"): (lambda w, s: ll(w, s, "all_reduce"), lambda s, w, c: ctas_ll(s), True),
     ("all_gather", "ll"): (lambda w, s: ll(w, s, "all_gather"), lambda s, w, c: ctas_ll(s), True),
     ("all_to_all", "ll"): (lambda w, s: ll(w, s, "all_to_all"), lambda s, w, c: ctas_ll(s // w), True),
+    ("all_reduce", "ll128"): (ll128, lambda s, w, c: ctas_ll128(s), True),
 }
 
 
@@ -306,9 +336,9 @@ def predict_world(a, caps, plan_dir):
     w = a.predict_world
     no_ack = no_ack_constants(a.constants, plan_dir)
     sizes = [8 << 10 << i for i in range(16)]  # 8 KiB .. 256 MiB
-    runs = lambda key, b: (key[1] != "one-shot" or b <= 4 << 20) and (key[1] != "ll" or b <= 1 << 20)
+    runs = lambda key, b: (key[1] not in ("one-shot", "ll128") or b <= 4 << 20) and (key[1] != "ll" or b <= 1 << 20)
     keys = sorted(METHODS, key=lambda k: (["all_reduce", "reduce_scatter", "all_gather", "all_to_all"].index(k[0]),
-                                          ["ll", "one-shot", "two-shot", "direct"].index(k[1])))
+                                          ["ll", "ll128", "one-shot", "two-shot", "direct"].index(k[1])))
     print(f"Predicted µs on {w} ranks (CTAs in brackets); size = each rank's input, bf16.")
     print()
     print("| size | " + " | ".join(f"{c} {m}" for c, m in keys) + " |")
@@ -343,6 +373,8 @@ def main():
     ap.add_argument("--wide-cap", type=int, default=0,
                     help="CTA cap of all-gather/all-to-all/reduce-scatter/two-shot from 32 MiB of call "
                          "(0: --cap; the build of the 20261122 files: 128)")
+    ap.add_argument("--ll-lines-per-cta", type=int, default=8,
+                    help="LL CTA rule of the build that was measured: lines per CTA (512 up to the 20261122-012048 file)")
     ap.add_argument("--predict-world", type=int, default=0,
                     help="no measurement: print the model's times for N ranks, 8 KiB..256 MiB")
     ap.add_argument("--check", action="store_true", help="exit 1 when a point is outside 25%%")
@@ -351,6 +383,7 @@ def main():
                     help="one row per size, a column per method (measured / predicted (ratio), in us)")
     ap.add_argument("--fit", action="store_true", help="solve launch_us and cta_reduce_gbps from their measurements")
     a = ap.parse_args()
+    LL_LINES_PER_CTA[0] = a.ll_lines_per_cta
     caps = {"cap": a.cap, "one_shot_cap": a.one_shot_cap, "wide_cap": a.wide_cap or a.cap,
             "per_cta": a.kib_per_cta << 10}
     plan_dir = a.keep_plans or tempfile.mkdtemp(prefix="weft-calibrate-")

@@ -29,7 +29,8 @@ std::vector<Method> methods_for(const std::string& coll, uint64_t bytes) {
   if (coll == "all_reduce") {
     std::vector<Method> m{Method::kBaseline};
     if (bytes <= (4ull << 20)) m.push_back(Method::kOneShot);     // its staging grows as world x size
-    if (bytes <= (1ull << 20)) m.push_back(Method::kLowLatency);  // twice the bytes: small calls only
+    if (bytes <= (1ull << 20)) m.push_back(Method::kLowLatency);     // twice the bytes: small calls only
+    if (bytes <= (4ull << 20)) m.push_back(Method::kLowLatency128);  // one-shot: staging grows as world x size
     m.push_back(Method::kTwoShot);
     m.push_back(Method::kAuto);
     return m;
@@ -184,8 +185,8 @@ nlohmann::json to_json(const std::vector<CollPoint>& pts) {
 
 std::string to_table(const std::vector<CollPoint>& pts) {
   // One row per (collective, size): every method's time and its ratio to the baseline.
-  std::string out = fmt::format("{:<15} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10}\n", "collective", "size",
-                                "baseline", "one-shot", "two-shot", "ll", "direct", "auto", "best/base");
+  std::string out = fmt::format("{:<15} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>10} {:>8} {:>10}\n", "collective",
+                                "size", "baseline", "one-shot", "two-shot", "ll", "ll128", "direct", "auto", "best/base");
   for (size_t i = 0; i < pts.size();) {
     size_t j = i;
     double base = 0, best = 1e30;
@@ -199,10 +200,10 @@ std::string to_table(const std::vector<CollPoint>& pts) {
     }
     auto cell = [&](const char* k) { return t.count(k) ? fmt::format("{:.1f}", t[k]) : std::string("-"); };
     const uint64_t kib = pts[i].bytes >> 10;
-    out += fmt::format("{:<15} {:>10} {:>10} {:>10} {:>10} {:>8} {:>10} {:>8} {:>10.2f}\n", pts[i].coll,
+    out += fmt::format("{:<15} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>10} {:>8} {:>10.2f}\n", pts[i].coll,
                        kib >= 1024 ? fmt::format("{} MiB", kib >> 10) : fmt::format("{} KiB", kib),
                        base > 0 ? fmt::format("{:.1f}", base) : "-", cell("one-shot"), cell("two-shot"), cell("ll"),
-                       cell("direct"), cell("auto"), base > 0 ? best / base : 0.0);
+                       cell("ll128"), cell("direct"), cell("auto"), base > 0 ? best / base : 0.0);
     i = j;
   }
   return out + "times in us per call (median); best/base < 1: weft is faster\n";

@@ -67,6 +67,8 @@ cudaError_t launch(const dev::DeviceCtx& c, const coll::Args& a, int threads, cu
       return start<T, Algo::kReduceScatterLL>(c, a, threads, s);
     case Algo::kAllToAllLL:
       return start<T, Algo::kAllToAllLL>(c, a, threads, s);
+    case Algo::kAllReduceLL128:
+      return start<T, Algo::kAllReduceLL128>(c, a, threads, s);
   }
   return cudaErrorInvalidValue;
 }

@@ -336,6 +336,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_inc<232>();
     const int warp = tid / 32, lane = tid % 32;
     uint8_t* epi = se + wg * kEpiBytes;
+    // Descriptors of stage 0 (this warpgroup's 64 rows of A; B).
+    const uint64_t da0 = BKV == 64 ? sw128_desc(smem_u32(sa + wg * (64 * kRow)), 16, 1024)
+                                   : sw64_desc(smem_u32(sa + wg * (64 * kRow)), 512);
+    const uint64_t db0 = BKN ? sw128_desc(smem_u32(sb), 64 * BK * 2, 1024)
+                             : BKV == 64 ? sw128_desc(smem_u32(sb), 16, 1024)
+                                         : sw64_desc(smem_u32(sb), 512);
     float d[128];
     uint32_t it = 0;
     auto release = [&](int s) {
@@ -353,20 +359,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t ph = (it / kStages) & 1u;
         mbar_wait(&full[s], ph);
         if (kb == 0 && p.hooks.trace && wg == 0 && tid == 0) p.hooks.trace[3 * pos] = globaltimer();
-        const uint32_t a_base = smem_u32(sa + s * kAStage + wg * (64 * kRow));
-        const uint32_t b_base = smem_u32(sb + s * kBStage);
+        // Stage s, step kk: the stage-0 descriptors plus offsets in 16-byte units (the start
+        // address field; shared memory < 256 KiB, so it never carries into the next field).
+        const uint64_t da_s = da0 + static_cast<uint64_t>(s) * (kAStage >> 4);
+        const uint64_t db_s = db0 + static_cast<uint64_t>(s) * (kBStage >> 4);
         wgmma_fence();
         fence_regs(d);
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
-          uint64_t da, db;
-          if constexpr (BKV == 64) {
-            da = sw128_desc(a_base + kk * 32, 16, 1024);
-            db = BKN ? sw128_desc(b_base + kk * 16 * 128, 64 * BK * 2, 1024) : sw128_desc(b_base + kk * 32, 16, 1024);
-          } else {
-            da = sw64_desc(a_base + kk * 32, 512);
-            db = BKN ? sw128_desc(b_base + kk * 16 * 128, 64 * BK * 2, 1024) : sw64_desc(b_base + kk * 32, 512);
-          }
+          const uint64_t da = da_s + static_cast<uint64_t>(kk * 2);                // 32 bytes of K
+          const uint64_t db = db_s + static_cast<uint64_t>(BKN ? kk * 128 : kk * 2);  // kn: 16 rows of 128 bytes
           if constexpr (std::is_same_v<T, __nv_bfloat16>)
             sm90::wgmma_m64n256k16_bf16<BKN>(d, da, db, 1u);
           else
@@ -700,8 +702,12 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   kp.tiles_m = gemm_tiles_m(a.m);
   kp.tiles_n = gemm_tiles_n(a.n);
   const bool sm90 = !force_portable && tma_ab && gemm_sm90_available();
-  // Automatic: single CTAs. CTA pairs with multicast measured slower so far (docs/gemm.md).
-  kp.cluster = a.cluster_m == 0 ? 1 : a.cluster_m;
+  // Automatic: CTA pairs sharing B by multicast where there are M-blocks to pair (an odd
+  // count leaves one phantom partner: accepted from 9 M-blocks). Under a sustained load the
+  // GEMM is power-capped and pairs, moving 25% fewer bytes through L2, hold a higher clock
+  // (docs/gemm.md, step 7).
+  const bool pairs = kp.tiles_m >= 2 && (kp.tiles_m % 2 == 0 || kp.tiles_m >= 9);
+  kp.cluster = a.cluster_m == 0 ? (pairs ? 2 : 1) : a.cluster_m;
   // Experiments: WEFT_GEMM_CLUSTER=1|2 overrides the automatic choice (not a table's).
   if (const char* env = std::getenv("WEFT_GEMM_CLUSTER"); env && a.cluster_m == 0 && (env[0] == '1' || env[0] == '2'))
     kp.cluster = env[0] - '0';
@@ -711,7 +717,10 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   if (kp.k_block == 32) kp.cluster = kp.cluster == 2 && h.order ? -1 : 1;
   if (kp.cluster < 0) return refuse("k_block 32 runs single CTAs: the order table was built for CTA pairs");
   kp.num_positions = gemm_positions(a.m, a.n, kp.cluster);
-  kp.group_m = a.group_m > 0 ? a.group_m : 8;
+  kp.group_m = a.group_m > 0 ? a.group_m : 16;
+  // Experiments: WEFT_GEMM_GROUP_M=g overrides the closed-form raster's group (not a table's).
+  if (const char* env = std::getenv("WEFT_GEMM_GROUP_M"); env && !h.order && std::atoi(env) > 0)
+    kp.group_m = std::atoi(env);
   kp.direct_c = direct_c;
   for (int d = 0; d < kGemmMaxDests; ++d) {
     kp.c[d] = args.c[d];

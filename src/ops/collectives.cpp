@@ -32,16 +32,19 @@ const char* to_string(Method m) {
       return "direct";
     case Method::kLowLatency:
       return "ll";
+    case Method::kLowLatency128:
+      return "ll128";
   }
   return "?";
 }
 
 Method parse_method(const std::string& s) {
   for (Method m :
-       {Method::kAuto, Method::kBaseline, Method::kOneShot, Method::kTwoShot, Method::kDirect, Method::kLowLatency})
+       {Method::kAuto, Method::kBaseline, Method::kOneShot, Method::kTwoShot, Method::kDirect, Method::kLowLatency,
+        Method::kLowLatency128})
     if (s == to_string(m)) return m;
   throw_invalid(__FILE__, __LINE__,
-                fmt::format("unknown method '{}': expected auto, baseline, one-shot, two-shot, ll or direct", s));
+                fmt::format("unknown method '{}': expected auto, baseline, one-shot, two-shot, ll, ll128 or direct", s));
 }
 
 namespace {
@@ -68,6 +71,8 @@ const char* algo_name(coll::Algo a) {
       return "reduce-scatter (ll)";
     case coll::Algo::kAllToAllLL:
       return "all-to-all (ll)";
+    case coll::Algo::kAllReduceLL128:
+      return "all-reduce (ll128)";
   }
   return "?";
 }
@@ -78,7 +83,8 @@ bool is_ll(coll::Algo a) {
 }
 
 bool is_all_reduce(coll::Algo a) {
-  return a == coll::Algo::kAllReduceOneShot || a == coll::Algo::kAllReduceTwoShot || a == coll::Algo::kAllReduceLL;
+  return a == coll::Algo::kAllReduceOneShot || a == coll::Algo::kAllReduceTwoShot || a == coll::Algo::kAllReduceLL ||
+         a == coll::Algo::kAllReduceLL128;
 }
 
 #ifdef WEFT_HAVE_CUDA
@@ -87,9 +93,12 @@ ncclDataType_t nccl_type(dev::DType t) {
 }
 #endif
 
-// Elements of staging one (parity, source) slot holds (LL: 16-byte lines of 8 data bytes).
-uint64_t staging_elems(coll::Algo a, uint64_t count, size_t elem) {
+// Elements of staging one (parity, source) slot holds (LL: 16-byte lines of 8 data bytes;
+// LL128: 128-byte lines, the same number for every CTA's slice).
+uint64_t staging_elems(coll::Algo a, uint64_t count, size_t elem, int ctas) {
   switch (a) {
+    case coll::Algo::kAllReduceLL128:
+      return static_cast<uint64_t>(ctas) * coll::ll128_lines_per_cta(count, ctas, elem);
     case coll::Algo::kAllReduceLL:
     case coll::Algo::kAllGatherLL:
     case coll::Algo::kReduceScatterLL:
@@ -119,12 +128,19 @@ void host_reduce(const std::vector<char>& all, size_t stride, uint64_t first, ui
 int Collectives::ctas_for(coll::Algo algo, uint64_t bytes) const {
   if (const char* env = std::getenv("WEFT_COLL_CTAS")) return std::max(1, std::atoi(env));
   int ctas;
-  if (is_ll(algo)) {
-    // LL (bytes = one peer's payload): about one 16-byte line (8 data bytes) per thread, so
-    // no thread has a chain of lines to go through: 8 KiB -> 2 CTAs, 256 KiB -> 64, 1 MiB
-    // -> 128 (2 lines per thread).
+  if (algo == coll::Algo::kAllReduceLL128) {
+    // LL128: four 128-byte lines (120 data bytes each) per warp and step; a CTA per four
+    // lines, up to 128 CTAs (LL measured fastest with its lines spread over 128 CTAs).
+    const uint64_t lines = (bytes + 119) / 120;
+    ctas = static_cast<int>(std::clamp<uint64_t>((lines + 3) / 4, 1, 128));
+  } else if (is_ll(algo)) {
+    // LL (bytes = one peer's payload): a CTA per 8 lines (16 bytes, 8 of them data), up to
+    // 128; about one line per thread, so no thread has a chain of lines to go through. 8 KiB
+    // -> 128 CTAs of 64 threads, 1 MiB -> 128 CTAs of 512 threads, 2 lines each. Measured
+    // (2xH200, all-reduce, bench/results/ar-ctas-20261122/): 128 CTAs beat the first rule's
+    // one CTA per 512 lines at every size up to 256 KiB (8 KiB: 3.16 vs 3.57 us).
     const uint64_t lines = (bytes + 7) / 8;
-    ctas = static_cast<int>(std::clamp<uint64_t>((lines + coll::kCtaThreads - 1) / coll::kCtaThreads, 1, 128));
+    ctas = static_cast<int>(std::clamp<uint64_t>((lines + 7) / 8, 1, 128));
   } else {
     // One CTA moves ~20 GB/s over NVLink (bench: 344 GB/s with 16 CTAs), so a CTA should
     // own ~32 KiB: a 256 KiB call then runs 8 CTAs at ~2 µs of wire time, not 1 CTA at 12 µs
@@ -144,6 +160,11 @@ int Collectives::ctas_for(coll::Algo algo, uint64_t bytes) const {
 }
 
 int Collectives::threads_for(coll::Algo algo, uint64_t bytes, int ctas) const {
+  if (algo == coll::Algo::kAllReduceLL128) {
+    // A warp per four lines of the CTA's slice, at least two warps.
+    const uint64_t lines = coll::ll128_lines_per_cta(bytes, ctas, 1);
+    return static_cast<int>(std::clamp<uint64_t>((lines + 3) / 4 * 32, 64, coll::kCtaThreads));
+  }
   if (!is_ll(algo)) return coll::kCtaThreads;
   // LL: the lines of one CTA's slice, one per thread, in whole warps (at least two).
   const uint64_t lines = (bytes + 7) / 8;
@@ -152,14 +173,14 @@ int Collectives::threads_for(coll::Algo algo, uint64_t bytes, int ctas) const {
 }
 
 Method Collectives::auto_all_reduce(uint64_t bytes) const {
-  // One-shot sends (world-1) x bytes from every rank, two-shot ~2 x bytes in two rounds.
-  // Measured on H200 (bench/results/collectives-nccl-{2,4}r-20261121-*.json): one-shot
-  // wins up to 2 MiB on 2 GPUs and 1 MiB on 4, i.e. while (world-1) x bytes <= 3 MiB.
-  // LL sends twice the bytes but needs one NVLink crossing and no flag round: expected
-  // fastest while (world-1) x bytes <= 1 MiB (docs/collectives.md has the per-size model).
+  // One-shot methods send (world-1) x bytes from every rank, two-shot ~2 x bytes in two
+  // rounds. LL128 is a one-shot with one NVLink crossing, no flag round and 16/15 of the
+  // bytes on the link; on 2xH200 (bench/results/collectives-nccl-2r-20261122-0241*.json) it
+  // beat LL, one-shot and two-shot at every size from 8 KiB to 4 MiB (4 MiB: 20.1 us vs
+  // two-shot 24.0), so it takes every call that sends <= 4 MiB per rank; two-shot above.
+  // (Before LL128, one-shot won while (world-1) x bytes <= 3 MiB on 2 and 4 GPUs.)
   const uint64_t sent = bytes * static_cast<uint64_t>(b_.size() - 1);
-  if (sent <= (1ull << 20)) return Method::kLowLatency;
-  return sent <= (3ull << 20) ? Method::kOneShot : Method::kTwoShot;
+  return sent <= (4ull << 20) ? Method::kLowLatency128 : Method::kTwoShot;
 }
 
 Method Collectives::auto_exchange(uint64_t bytes_to_peers) const {
@@ -207,8 +228,8 @@ const Collectives::Instance& Collectives::instance(coll::Algo algo, uint64_t cou
   a.count = count;
   a.ctas = ctas_for(algo, unit * elem);
   a.threads = threads_for(algo, unit * elem, a.ctas);
-  a.staging_elems = staging_elems(algo, count, elem);
-  const size_t slot_unit = is_ll(algo) ? 16 : elem;
+  a.staging_elems = staging_elems(algo, count, elem, a.ctas);
+  const size_t slot_unit = algo == coll::Algo::kAllReduceLL128 ? 128 : is_ll(algo) ? 16 : elem;
   const std::string tag = fmt::format("{}.{}.{}", algo_name(algo), count, dev::dtype_name(t));
   auto& heap = b_.heap();
   if (a.staging_elems)
@@ -257,6 +278,7 @@ void Collectives::baseline(coll::Algo algo, const void* in, void* out, uint64_t 
       case coll::Algo::kAllReduceOneShot:
       case coll::Algo::kAllReduceTwoShot:
       case coll::Algo::kAllReduceLL:
+      case coll::Algo::kAllReduceLL128:
         WEFT_NCCL_CHECK(ncclAllReduce(in, out, count, nt, ncclSum, comm, s));
         break;
       case coll::Algo::kAllGather:
@@ -304,6 +326,7 @@ void Collectives::baseline(coll::Algo algo, const void* in, void* out, uint64_t 
     case coll::Algo::kAllReduceOneShot:
     case coll::Algo::kAllReduceTwoShot:
     case coll::Algo::kAllReduceLL:
+    case coll::Algo::kAllReduceLL128:
       reduce(0, count, out);
       break;
     case coll::Algo::kReduceScatter:
@@ -425,12 +448,14 @@ void Collectives::all_reduce(const void* in, void* out, uint64_t count, dev::DTy
   check_pointer(in, t, "all_reduce input");
   check_pointer(out, t, "all_reduce output");
   if (m == Method::kAuto) m = auto_all_reduce(count * dev::dtype_size(t));
-  WEFT_REQUIRE(m == Method::kBaseline || m == Method::kOneShot || m == Method::kTwoShot || m == Method::kLowLatency,
+  WEFT_REQUIRE(m == Method::kBaseline || m == Method::kOneShot || m == Method::kTwoShot || m == Method::kLowLatency ||
+                   m == Method::kLowLatency128,
                fmt::format("all_reduce has no method '{}'", to_string(m)));
   if (m == Method::kBaseline) return baseline(coll::Algo::kAllReduceOneShot, in, out, count, t, stream);
-  const auto algo = m == Method::kOneShot   ? coll::Algo::kAllReduceOneShot
-                    : m == Method::kTwoShot ? coll::Algo::kAllReduceTwoShot
-                                            : coll::Algo::kAllReduceLL;
+  const auto algo = m == Method::kOneShot         ? coll::Algo::kAllReduceOneShot
+                    : m == Method::kTwoShot       ? coll::Algo::kAllReduceTwoShot
+                    : m == Method::kLowLatency128 ? coll::Algo::kAllReduceLL128
+                                                  : coll::Algo::kAllReduceLL;
   coll::Args a = instance(algo, count, t, stream).args;
   a.in = in;
   a.out = out;

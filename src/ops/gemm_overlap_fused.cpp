@@ -11,13 +11,13 @@
 //   stream waits until p wrote "done with call e-1" into this rank's slot (p writes it after
 //   its GEMM of e-1).
 // gemm_rs: a reduce-scatter fused into the GEMM's epilogue as a chain: at step i this rank
-//   computes the rows owned by rank o = (r + i + 1) % W (128-row blocks; a block straddling two
-//   owners is computed for each, its stores clipped to the owner's rows); step 0 stores its partial tiles
-//   straight into o's output (TMA store to a peer), later steps wait for the previous
-//   contributor's notify of the same row block and reduce-add (TMA reduce-add) into it, the
-//   last step (o = r) ends the chain on this rank. Then output -> C.
-// gemm_ar: gemm_rs's chain, then each rank's reduced rows are pushed to every rank's C
-//   (copy engine) and signalled.
+//   computes the rows owned by rank o = (r + i + 1) % W (128-row blocks, never shared by two
+//   owners within one launch: see chain_of); step 0 stores its partial tiles straight into o's
+//   output (TMA store to a peer), later steps wait for the previous contributor's notify of the
+//   same row block and reduce-add (TMA reduce-add) into it, the last step (o = r) ends the
+//   chain on this rank. Then output -> C. Offered only with WEFT_FUSED_RS=1 (fused_supports).
+// gemm_ar: gemm_rs's chain (owners on whole 128-row blocks, any M), then each rank's reduced
+//   rows are pushed to every rank's output (copy engine) and signalled.
 #include "weft/ops/gemm_overlap_fused.hpp"
 
 #include <cuda.h>
@@ -26,6 +26,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -110,6 +111,14 @@ struct State {
   int32_t* notify_rank = nullptr;
   uint64_t* trace = nullptr;
   int done_base = 0;  // gemm_rs/gemm_ar: first counter after the reduce chain's
+  // gemm_rs/gemm_ar: the GEMM launches (in chain order) and each owner's rows.
+  struct Launch {
+    int owner;      // -1: one launch over all M (a destination per owner); else that owner's rows only
+    int pos_begin;  // first position of the launch in the tables above
+    int positions;
+  };
+  std::vector<Launch> launches;
+  std::vector<int64_t> owner_row0, owner_rows;
 
   State() = default;
   State(const State&) = delete;
@@ -321,59 +330,117 @@ void run_ag(const FusedArgs& A, State& st, cudaStream_t s) {
 }
 
 // ---- gemm_rs / gemm_ar: the reduce chain in the epilogue ----------------------------------
-// Counters of the chain: per owner o, one per 128-row block meeting o's rows (a block that
-// straddles two owners is computed once for each, its stores clipped to the owner's rows),
-// then `world` done-slots and `world` ready-slots.
+// Every owner's rows are whole 128-row GEMM blocks of the launch that computes them: the
+// kernel runs exactly gemm_positions(m, n) positions (tiles_m x tiles_n of ITS m), so a table
+// that names one M-block twice (a block straddling two owners, computed once per owner) is
+// silently cut short -- that dropped the owner's own step (the chain's last contribution) in
+// the 10 x 13 case. Hence:
+//  - gemm_ar: owners get whole 128-row blocks (balanced; the last block may be partial, and an
+//    owner may get none when M < 128 x world): one launch, no straddling, any M;
+//  - gemm_rs (the op fixes owner o's rows at [o M/W, (o+1) M/W)): when M/W is a multiple of
+//    128 (or world is 1), one launch as above; otherwise one launch per chain step, over the
+//    owner's rows only (A offset to them, owner-relative blocks), so again no block is shared.
+// Counters: per owner o, one per block of o (index base[o] + b), then `world` done-slots and
+// `world` ready-slots.
+struct Part {
+  int64_t row0 = 0, rows = 0;  // the owner's global rows
+  int first_block = 0;         // single launch: global block of row0 (row0 % 128 == 0); per owner: 0
+  int blocks = 0;              // 128-row blocks of the owner's rows
+  int base = 0;                // first counter
+};
 struct Chain {
-  std::vector<int> first_block, blocks, base;  // per owner
+  std::vector<Part> owner;
   int total = 0;
+  bool per_owner = false;  // one GEMM launch per chain step (gemm_rs with M/W not a multiple of 128)
 };
 Chain chain_of(const FusedArgs& A) {
   const int world = A.ctx.world;
-  const int64_t ms = A.m / world;
+  constexpr int64_t TM = kernels::kGemmTileM;
   Chain c;
-  for (int o = 0; o < world; ++o) {
-    const int64_t r0 = o * ms, r1 = (o + 1) * ms;
-    const int f = static_cast<int>(r0 / kernels::kGemmTileM);
-    const int l = static_cast<int>((r1 - 1) / kernels::kGemmTileM);
-    c.first_block.push_back(f);
-    c.blocks.push_back(ms > 0 ? l - f + 1 : 0);
-    c.base.push_back(c.total);
-    c.total += c.blocks.back();
+  c.owner.resize(static_cast<size_t>(world));
+  if (A.op == Op::kGemmRs) {
+    WEFT_REQUIRE(A.m % world == 0, fmt::format("fused gemm_rs: M = {} is not a multiple of {} ranks", A.m, world));
+    const int64_t ms = A.m / world;
+    c.per_owner = world > 1 && ms % TM != 0;
+    for (int o = 0; o < world; ++o) {
+      Part& p = c.owner[static_cast<size_t>(o)];
+      p.row0 = o * ms;
+      p.rows = ms;
+      p.blocks = static_cast<int>((ms + TM - 1) / TM);
+      p.first_block = c.per_owner ? 0 : static_cast<int>(p.row0 / TM);
+    }
+  } else {
+    const int64_t tm = (A.m + TM - 1) / TM;
+    for (int o = 0; o < world; ++o) {
+      Part& p = c.owner[static_cast<size_t>(o)];
+      const int64_t b0 = o * tm / world, b1 = (o + 1) * tm / world;
+      p.first_block = static_cast<int>(b0);
+      p.blocks = static_cast<int>(b1 - b0);
+      p.row0 = std::min(A.m, b0 * TM);
+      p.rows = std::min(A.m, b1 * TM) - p.row0;
+    }
+  }
+  for (auto& p : c.owner) {
+    p.base = c.total;
+    c.total += p.blocks;
   }
   return c;
 }
 
 void build_rs(const FusedArgs& A, State& st) {
   const int me = A.ctx.rank, world = A.ctx.world;
-  WEFT_REQUIRE(world <= kernels::kGemmMaxDests, fmt::format("fused gemm_rs: at most {} ranks", kernels::kGemmMaxDests));
-  WEFT_REQUIRE(A.m % world == 0, fmt::format("fused gemm_rs: M = {} is not a multiple of {} ranks", A.m, world));
+  const char* op = A.op == Op::kGemmAr ? "gemm_ar" : "gemm_rs";
   const int tiles_n = kernels::gemm_tiles_n(static_cast<int>(A.n));
   const Chain ch = chain_of(A);
+  WEFT_REQUIRE(ch.per_owner || world <= kernels::kGemmMaxDests,
+               fmt::format("fused {}: at most {} ranks", op, kernels::kGemmMaxDests));
   st.done_base = ch.total;
+  st.owner_row0.clear();
+  st.owner_rows.clear();
+  for (const auto& p : ch.owner) {
+    st.owner_row0.push_back(p.row0);
+    st.owner_rows.push_back(p.rows);
+  }
   const int need = ch.total + 2 * world;
   WEFT_REQUIRE(static_cast<int64_t>(A.counters.count) >= need,
-               fmt::format("fused gemm_rs: {} counters, need {}", A.counters.count, need));
+               fmt::format("fused {}: {} counters, need {}", op, A.counters.count, need));
   std::vector<int32_t> order, wbegin{0}, widx, wpeer, nidx, nrank;
   std::vector<uint64_t> wait_per_epoch;
   std::vector<int8_t> dest;
+  st.launches.clear();
   for (int i = 0; i < world; ++i) {
     const int o = (me + i + 1) % world;
-    std::vector<int> blocks(static_cast<size_t>(ch.blocks[o]));
-    for (int b = 0; b < ch.blocks[o]; ++b) blocks[b] = ch.first_block[o] + b;
+    const Part& part = ch.owner[static_cast<size_t>(o)];
+    if (ch.per_owner && part.blocks > 0) st.launches.push_back({o, static_cast<int>(order.size()), 0});
+    std::vector<int> blocks(static_cast<size_t>(part.blocks));
+    for (int b = 0; b < part.blocks; ++b) blocks[static_cast<size_t>(b)] = part.first_block + b;
     grouped(blocks, tiles_n, [&](int mb, int nb, size_t b) {
-      const int counter = ch.base[o] + static_cast<int>(b);
+      const int counter = part.base + static_cast<int>(b);
       order.push_back(mb * tiles_n + nb);
-      dest.push_back(static_cast<int8_t>(o | (i > 0 ? kernels::kGemmDestReduce : 0)));
-      if (i > 0) {  // after the previous contributor's whole row block
+      // Single launch: destination o (c[o]); per owner: the launch's only destination.
+      const int d = ch.per_owner ? 0 : o;
+      dest.push_back(static_cast<int8_t>(d | (i > 0 ? kernels::kGemmDestReduce : 0)));
+      if (i > 0) {  // after the previous contributor's (rank me+1, step i-1) whole row block
         widx.push_back(counter);
         wait_per_epoch.push_back(static_cast<uint64_t>(kernels::kGemmNotifyPerTile * tiles_n));
         wpeer.push_back((me + 1) % world);
       }
       wbegin.push_back(static_cast<int32_t>(widx.size()));
+      // The next contributor of o's rows is rank me-1 (its step i+1); the owner's own step ends the chain.
       nidx.push_back(i < world - 1 ? counter : -1);
       nrank.push_back((me - 1 + world) % world);
     });
+    if (ch.per_owner && part.blocks > 0)
+      st.launches.back().positions = static_cast<int>(order.size()) - st.launches.back().pos_begin;
+  }
+  if (!ch.per_owner) st.launches.push_back({-1, 0, static_cast<int>(order.size())});
+  // Every launch's table must be exactly what the kernel runs: gemm_positions() of its m.
+  for (const auto& l : st.launches) {
+    const int64_t m = l.owner < 0 ? A.m : ch.owner[static_cast<size_t>(l.owner)].rows;
+    const int kernel_positions = kernels::gemm_positions(static_cast<int>(m), static_cast<int>(A.n), 1);
+    WEFT_REQUIRE(l.positions == kernel_positions,
+                 fmt::format("fused {}: a launch's table has {} positions, the GEMM runs {} (M = {}, N = {})", op,
+                             l.positions, kernel_positions, m, A.n));
   }
   st.positions = static_cast<int>(order.size());
   st.order = upload(order);
@@ -389,42 +456,78 @@ void build_rs(const FusedArgs& A, State& st) {
 
 void run_rs(const FusedArgs& A, State& st, cudaStream_t s) {
   const int me = A.ctx.rank, world = A.ctx.world;
-  const int64_t e = A.epoch, m_shard = A.m / world;
+  const int64_t e = A.epoch;
   const size_t eb = 2;
   const bool ar = A.op == Op::kGemmAr;
-  // Epoch guard: every owner has copied its output of call e-1 out before this call writes it.
+  const char* op = ar ? "gemm_ar" : "gemm_rs";
+  const TensorDesc& out = st.tensors[static_cast<size_t>(A.output_tensor)];
+  if (ar)
+    WEFT_REQUIRE(out.rows == A.m && out.cols == A.n, "fused gemm_ar: the plan's output is not [M x N]");
+  else
+    WEFT_REQUIRE(out.rows == A.m / world && out.cols == A.n, "fused gemm_rs: the plan's output is not [M/world x N]");
+  // Where owner o's rows live: gemm_rs: o's output is [M/W x N], o's rows only; gemm_ar: [M x N]
+  // (an owner without rows: the base; it is never a destination).
+  auto owner_c = [&](int o) {
+    const auto u = static_cast<size_t>(o);
+    const int64_t r0 = ar && st.owner_rows[u] > 0 ? st.owner_row0[u] : 0;
+    return A.ctx.ptr<char>(o, out.offset) + static_cast<size_t>(r0 * A.n) * eb;
+  };
+  // Epoch guard: every rank has copied its output of call e-1 out (and, gemm_ar, received
+  // every push of e-1) before this call's chain writes into it.
   const int done_base = st.done_base;  // counters [.., + world): "rank p finished call e"
   if (e > 1)
     for (int p = 0; p < world; ++p)
       if (p != me) wait_value(s, A.ctx.ptr<uint64_t>(me, slot_off(A, done_base + p)), static_cast<uint64_t>(e - 1));
-  const TensorDesc& out = st.tensors[static_cast<size_t>(A.output_tensor)];
-  auto g = gemm_args(A, A.a, A.k_local);
-  g.num_dests = world;
-  for (int o = 0; o < world; ++o) {
-    // gemm_rs: the output is [M/W x N], owner o's rows; gemm_ar: [M x N], o's rows inside it.
-    g.c[o] = A.ctx.ptr<char>(o, out.offset) + (ar ? static_cast<size_t>(o * m_shard * A.n) * eb : 0);
-    g.c_row0[o] = o * m_shard;
-    g.c_rows[o] = m_shard;
+  if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.gemm_ev, s));
+  for (const auto& l : st.launches) {
+    kernels::GemmArgs g;
+    if (l.owner < 0) {  // one launch over all M, a destination per owner
+      g = gemm_args(A, A.a, A.k_local);
+      g.num_dests = world;
+      for (int o = 0; o < world; ++o) {
+        const int64_t rows = st.owner_rows[static_cast<size_t>(o)];
+        g.c[o] = owner_c(o);
+        g.c_row0[o] = rows > 0 ? st.owner_row0[static_cast<size_t>(o)] : 0;
+        g.c_rows[o] = rows > 0 ? rows : 1;  // an owner without rows is never a destination
+      }
+    } else {  // one chain step: the owner's rows only
+      const auto u = static_cast<size_t>(l.owner);
+      const int64_t r0 = st.owner_row0[u], rows = st.owner_rows[u];
+      g = gemm_args(A, static_cast<const char*>(A.a) + static_cast<size_t>(r0 * A.k_local) * eb, A.k_local);
+      g.m = static_cast<int>(rows);
+      g.num_dests = 1;
+      g.c[0] = owner_c(l.owner);
+      g.c_row0[0] = 0;
+      g.c_rows[0] = rows;
+    }
+    auto h = gemm_hooks(A, st, A.counters.offset);
+    h.order = st.order + l.pos_begin;
+    h.wait_begin = st.wait_begin + l.pos_begin;  // absolute offsets into wait_idx/val/peer
+    h.dest = st.dest + l.pos_begin;
+    h.notify_idx = st.notify_idx + l.pos_begin;
+    h.notify_rank = st.notify_rank + l.pos_begin;
+    h.notify_off = A.counters.offset;
+    h.trace = A.trace ? st.trace + 3 * static_cast<size_t>(l.pos_begin) : nullptr;
+    const char* why = nullptr;
+    const cudaError_t err = kernels::gemm(g, h, s, &why);
+    if (err == cudaErrorInvalidValue && why) throw InvalidArgument(fmt::format("fused {}: {}", op, why));
+    WEFT_CUDA_CHECK(err);
   }
-  auto h = gemm_hooks(A, st, A.counters.offset);
-  h.dest = st.dest;
-  h.notify_idx = st.notify_idx;
-  h.notify_rank = st.notify_rank;
-  h.notify_off = A.counters.offset;
-  run_gemm(A, st, g, h, s, ar ? "gemm_ar" : "gemm_rs");
-  char* mine = static_cast<char*>(g.c[me]);
-  const size_t shard_bytes = static_cast<size_t>(m_shard * A.n) * eb;
-  if (A.op == Op::kGemmRs) {
-    WEFT_CUDA_CHECK(cudaMemcpyAsync(A.c, mine, shard_bytes, cudaMemcpyDeviceToDevice, s));
+  const int64_t my_rows = st.owner_rows[static_cast<size_t>(me)];
+  char* mine = owner_c(me);
+  const size_t my_bytes = static_cast<size_t>(my_rows * A.n) * eb;
+  if (!ar) {
+    WEFT_CUDA_CHECK(cudaMemcpyAsync(A.c, mine, my_bytes, cudaMemcpyDeviceToDevice, s));
   } else {
     // gemm_ar: this rank's reduced rows go to the same rows of every rank's output (copy
     // engine), then each rank copies its whole output to C once every rank's rows are in.
-    WEFT_REQUIRE(out.rows == A.m && out.cols == A.n, "fused gemm_ar: the plan's output is not [M x N]");
     const int ready_base = done_base + world;  // counters [.., + world): "rank p's rows are in your C"
+    const size_t my_off = static_cast<size_t>(st.owner_row0[static_cast<size_t>(me)] * A.n) * eb;
     for (int p = 0; p < world; ++p) {
       if (p == me) continue;
-      WEFT_CUDA_CHECK(cudaMemcpyAsync(A.ctx.ptr<char>(p, out.offset) + static_cast<size_t>(me) * shard_bytes, mine,
-                                      shard_bytes, cudaMemcpyDeviceToDevice, s));
+      if (my_bytes)
+        WEFT_CUDA_CHECK(cudaMemcpyAsync(A.ctx.ptr<char>(p, out.offset) + my_off, mine, my_bytes,
+                                        cudaMemcpyDeviceToDevice, s));
       write_value(s, A.ctx.ptr<uint64_t>(p, slot_off(A, ready_base + me)), static_cast<uint64_t>(e));
     }
     for (int p = 0; p < world; ++p)
@@ -470,15 +573,25 @@ bool fused_available() {
   return kernels::gemm_sm90_available() && driver_ops().write != nullptr && driver_ops().wait != nullptr;
 }
 
-// gemm_rs / gemm_ar: the reduce chain below is built and runs, but it is NOT offered: on 2
-// H200s it gave wrong sums for a 10 x 13 output (gemm_overlap_gpu_test, 2026-11-22; cause not
-// found yet) and was slower than `decomposed` on every ANCHORS shape (docs/gemm_overlap.md).
-bool fused_supports(Op op) { return op == Op::kAgGemm; }
+// gemm_rs / gemm_ar: NOT offered by default. On 2 H200s the chain gave wrong sums for a 10 x 13
+// output (gemm_overlap_gpu_test, 2026-11-22): its tables named a 128-row block shared by two
+// owners once per owner, more positions than the kernel runs (gemm_positions), so the last
+// step of every rank (the owner's own contribution) was dropped -- fixed above (owners on
+// whole blocks / one launch per step), but not yet re-run on GPUs, and the chain was slower
+// than `decomposed` on every ANCHORS shape (docs/gemm_overlap.md). WEFT_FUSED_RS=1 offers it
+// (tests, benchmarks).
+static bool fused_rs_enabled() {
+  const char* e = std::getenv("WEFT_FUSED_RS");
+  return e && e[0] == '1' && e[1] == '\0';
+}
+bool fused_supports(Op op) { return op == Op::kAgGemm || fused_rs_enabled(); }
 
 void run_fused(const FusedArgs& A) {
   if (!fused_available()) throw Error("fused method: needs an sm_90 GPU and stream memory operations");
   if (!fused_supports(A.op))
-    throw Error("fused method: gemm_rs and gemm_ar are disabled (wrong sums seen on 2 GPUs; docs/gemm_overlap.md)");
+    throw Error(
+        "fused method: gemm_rs and gemm_ar are disabled by default (wrong sums seen on 2 GPUs before the "
+        "straddling-block fix, not re-validated; docs/gemm_overlap.md); WEFT_FUSED_RS=1 enables them");
   WEFT_REQUIRE(A.dtype == dev::DType::kBF16 || A.dtype == dev::DType::kF16, "fused method: bf16 or f16 only");
   auto s = static_cast<cudaStream_t>(A.stream);
   std::lock_guard<std::mutex> lock(g_mu);

@@ -73,8 +73,10 @@ class CollectivesSuite {
   CollectivesSuite(Backend& b, ops::Collectives& ops, LocalMemory& mem) : b_(b), ops_(ops), mem_(mem) {}
 
   // One call of `coll` with `count` (see Collectives for its meaning per collective);
-  // `skew` elements of offset on the local input/output pointers (unaligned vectors).
-  void check(Coll coll, ops::Method m, dev::DType t, uint64_t count, int call, uint64_t skew = 0) {
+  // `skew` elements of offset on the local input/output pointers (unaligned vectors);
+  // `in_place`: an all-reduce whose output is its input.
+  void check(Coll coll, ops::Method m, dev::DType t, uint64_t count, int call, uint64_t skew = 0,
+             bool in_place = false) {
     const int world = b_.size(), me = b_.rank();
     const size_t elem = dev::dtype_size(t);
     const uint64_t in_elems = coll == Coll::kAllReduce || coll == Coll::kAllGather ? count : count * world;
@@ -115,8 +117,8 @@ class CollectivesSuite {
       mem_.sync();
       b_.copy_to_host(got.data(), out, got.size());
     } else {
-      char* d_out = static_cast<char*>(mem_.alloc((out_elems + skew) * elem + 16)) + skew * elem;
-      mem_.to_device(d_out, poison.data(), poison.size());
+      char* d_out = in_place ? d_in : static_cast<char*>(mem_.alloc((out_elems + skew) * elem + 16)) + skew * elem;
+      if (!in_place) mem_.to_device(d_out, poison.data(), poison.size());
       if (coll == Coll::kAllReduce)
         ops_.all_reduce(d_in, d_out, count, t, m, mem_.stream());
       else
@@ -131,8 +133,9 @@ class CollectivesSuite {
       if (have != want[i] && nbad++ < 5) bad += fmt::format("\n  element {}: got {}, want {}", i, have, want[i]);
     }
     WEFT_CHECK(nbad == 0,
-               fmt::format("rank {}: {} {} {} count {} skew {} call {}: {} wrong elements:{}", me, to_string(coll),
-                           ops::to_string(m), dev::dtype_name(t), count, skew, call, nbad, bad));
+               fmt::format("rank {}: {} {} {} count {} skew {} call {}{}: {} wrong elements:{}", me, to_string(coll),
+                           ops::to_string(m), dev::dtype_name(t), count, skew, call, in_place ? " in place" : "", nbad,
+                           bad));
     b_.barrier();  // the next call's handshake must not race this call's reads of `out`
     ++checks_;
   }
@@ -203,7 +206,7 @@ class CollectivesSuite {
     for (dev::DType t : {dev::DType::kBF16, dev::DType::kF16, dev::DType::kF32})
       for (uint64_t n : counts)
         for (int call = 0; call < 3; ++call) {
-          for (M m : {M::kBaseline, M::kOneShot, M::kTwoShot, M::kLowLatency, M::kAuto})
+          for (M m : {M::kBaseline, M::kOneShot, M::kTwoShot, M::kLowLatency, M::kLowLatency128, M::kAuto})
             check(Coll::kAllReduce, m, t, n, call);
           for (M m : {M::kBaseline, M::kDirect, M::kLowLatency, M::kAuto}) {
             check(Coll::kAllGather, m, t, n, call);
@@ -215,7 +218,14 @@ class CollectivesSuite {
       for (int call = 0; call < 3; ++call)
         for (M m : {M::kBaseline, M::kDirect}) check_a2av(m, t, call, a2av_capacity(b_.size(), call) + 5);
     // Pointers aligned to the element but not to 16 bytes take the scalar paths.
-    for (M m : {M::kOneShot, M::kTwoShot, M::kLowLatency}) check(Coll::kAllReduce, m, dev::DType::kBF16, 1003, 0, 1);
+    for (M m : {M::kOneShot, M::kTwoShot, M::kLowLatency, M::kLowLatency128})
+      check(Coll::kAllReduce, m, dev::DType::kBF16, 1003, 0, 1);
+    // In place (out == in): every method reads its input before it writes the same elements.
+    for (M m : {M::kOneShot, M::kTwoShot, M::kLowLatency, M::kLowLatency128})
+      for (uint64_t n : {uint64_t{777}, uint64_t{1} << 14}) check(Coll::kAllReduce, m, dev::DType::kBF16, n, 1, 0, true);
+    // LL128 lines hold 15 words: pointers off 8 bytes, counts that end inside a line.
+    check(Coll::kAllReduce, M::kLowLatency128, dev::DType::kF16, 61, 1, 3);
+    check(Coll::kAllReduce, M::kLowLatency128, dev::DType::kF32, 30 * 128 + 7, 2, 1);
     check(Coll::kReduceScatter, M::kDirect, dev::DType::kF16, 515, 1, 3);
     check(Coll::kAllGather, M::kDirect, dev::DType::kF32, 77, 2, 1);
     // LL lines are 8 data bytes: inputs and outputs off 8-byte alignment, odd blocks.

@@ -77,10 +77,12 @@ TEST(CollectivesGpuGraph, ReplaysStayExact) {
     GpuMemory mem;
     const int world = b->size(), me = b->rank();
     cudaStream_t s = static_cast<cudaStream_t>(mem.stream());
-    // ll: the all-reduce and the all-gather of the LL protocol (flags are the epochs that
+    // ll, ll128: the all-reduce and the all-gather of the LL protocol (flags are the epochs that
     // advance inside the graph); otherwise the all-gather is direct.
-    for (ops::Method m : {ops::Method::kOneShot, ops::Method::kTwoShot, ops::Method::kLowLatency}) {
-      const ops::Method ag = m == ops::Method::kLowLatency ? ops::Method::kLowLatency : ops::Method::kDirect;
+    for (ops::Method m :
+         {ops::Method::kOneShot, ops::Method::kTwoShot, ops::Method::kLowLatency, ops::Method::kLowLatency128}) {
+      const ops::Method ag =
+          m == ops::Method::kLowLatency || m == ops::Method::kLowLatency128 ? ops::Method::kLowLatency : ops::Method::kDirect;
       for (uint64_t count : {uint64_t{4096}, uint64_t{1} << 18}) {
         const size_t bytes = count * 2;
         auto* in = static_cast<char*>(mem.alloc(bytes));

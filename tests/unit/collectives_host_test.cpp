@@ -43,7 +43,7 @@ TEST_P(CollectivesHost, ExactForEveryMethodDtypeAndSize) {
     HostMemory mem;
     CollectivesSuite suite(*b, ops, mem);
     suite.run_all({0, 1, 7, 8, 13, 1000, 4099});
-    WEFT_CHECK(suite.checks() == 3 * 7 * 3 * 17 + 3 * 3 * 2 + 8,
+    WEFT_CHECK(suite.checks() == 3 * 7 * 3 * 18 + 3 * 3 * 2 + 19,
                "not every check ran: " + std::to_string(suite.checks()));
   }));
 }

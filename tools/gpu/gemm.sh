@@ -17,9 +17,9 @@ if [ "$ONLY" != bench ] && [ "$ONLY" != stalls ]; then
 fi
 if [ "$ONLY" = all ]; then
   for tool in memcheck racecheck; do
-    step "compute-sanitizer $tool (GEMM hooks + waits, small shapes)"
+    step "compute-sanitizer $tool (GEMM: exact small shapes of every kernel, hooks, waits)"
     timeout 150 compute-sanitizer --tool $tool --report-api-errors no --target-processes all \
-      "$BIN/weft_gpu_tests" --gtest_filter='GemmGpu.Hooks*:GemmGpu.Waits*' > "$OUT/gemm_$tool.log" 2>&1 || status=1
+      "$BIN/weft_gpu_tests" --gtest_filter='GemmGpu.Exact*:GemmGpu.Hooks*:GemmGpu.Waits*' > "$OUT/gemm_$tool.log" 2>&1 || status=1
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/gemm_$tool.log" | head -5
   done
 fi

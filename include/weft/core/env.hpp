@@ -27,6 +27,8 @@ inline constexpr Tunable kGpuHeapMiB{"WEFT_GPU_HEAP_MIB", 2048,
                                      "symmetric heap per rank on the nccl backend (MiB)"};
 inline constexpr Tunable kHostRanks{"WEFT_HOST_RANKS", 2,
                                     "ranks that CLI commands launch on the host backend"};
+inline constexpr Tunable kBenchSustainMs{"WEFT_BENCH_SUSTAIN_MS", 500,
+                                         "weft bench gemm: ms of back-to-back calls before each timing (steady clock)"};
 }  // namespace tunables
 
 // Reads the tunable's variable from the environment; throws InvalidArgument if it is not an integer.

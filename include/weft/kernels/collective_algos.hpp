@@ -30,7 +30,8 @@ enum class Algo : uint32_t {
   kAllToAllV,
   kAllGatherLL,
   kReduceScatterLL,
-  kAllToAllLL
+  kAllToAllLL,
+  kAllReduceLL128
 };
 
 // Threads of a CTA (the most a launch uses; LL calls may use fewer, Args::threads).
@@ -43,7 +44,7 @@ struct Args {
   uint64_t count;          // all-reduce: elements; all-gather, reduce-scatter: per rank; all-to-all: per peer
   uint64_t out_off;        // symmetric output (all-gather, all-to-all)
   uint64_t staging_off;    // symmetric [2 parities][world][staging_elems]
-  uint64_t staging_elems;  // elements of one (parity, source) slot (LL: 16-byte lines)
+  uint64_t staging_elems;  // elements of one (parity, source) slot (LL: 16-byte lines; LL128: 128-byte lines)
   uint64_t sig_off;        // symmetric signals [ctas][2 phases][world]
   uint64_t epoch_off;      // this rank's completed calls, one counter per CTA
   int ctas;
@@ -508,6 +509,164 @@ WEFT_HD void ll_exchange(Coop g, const dev::DeviceCtx& c, const Args& a, int k, 
   }
 }
 
+// ---- LL128: 128-byte lines of 120 data bytes and one 8-byte flag ---------------------------
+// LL spends half of every line on flags, so from ~128 KiB an all-reduce is bound by twice its
+// bytes on NVLink. LL128 (NCCL's protocol of the same name) packs 15 data words and the
+// call's epoch into each 128-byte line. On the GPU the 8 lanes of a warp that own a line
+// write it with one warp store (16 bytes each, lane 7: word 14 and the flag) and read it with
+// one warp load; the line is trusted when lane 7 sees the flag. This relies on NVLink
+// delivering a warp's whole 128-byte store at once and on a 128-byte load seeing it whole --
+// NCCL's assumption for LL128 on NVLink, not a PTX memory-model guarantee (LL's 8-byte halves
+// are). The host backend writes the data words, then the flag with release, and reads the
+// flag with acquire. Staging: [2 parities][world src][ctas x lines per CTA] 128-byte lines;
+// the parity argument is LL's.
+inline constexpr uint64_t kLL128Words = 15;  // data words (8 bytes) of a 128-byte line
+
+// 128-byte lines of one CTA's slice of `count` elements (every slice gets as many).
+WEFT_HD uint64_t ll128_lines_per_cta(uint64_t count, int ctas, size_t elem) {
+  uint64_t per = (count + static_cast<uint64_t>(ctas) - 1) / static_cast<uint64_t>(ctas);
+  per = (per + 7) & ~7ull;  // split()'s slice
+  return ((per * elem + 7) / 8 + kLL128Words - 1) / kLL128Words;
+}
+
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ void ll128_store(uint64_t* p, uint64_t v0, uint64_t v1) {
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(v0), "l"(v1) : "memory");
+}
+__device__ __forceinline__ void ll128_load(const uint64_t* p, uint64_t& v0, uint64_t& v1) {
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(v0), "=l"(v1) : "l"(p) : "memory");
+}
+#endif
+
+template <class T>
+WEFT_HD void ll128_add(float* acc, uint64_t w) {
+  constexpr int kPer = 8 / static_cast<int>(sizeof(T));
+  T el[kPer];
+  __builtin_memcpy(el, &w, 8);
+  for (int j = 0; j < kPer; ++j) acc[j] += dev::to_float(el[j]);
+}
+template <class T>
+WEFT_HD uint64_t ll128_pack(const float* acc) {
+  constexpr int kPer = 8 / static_cast<int>(sizeof(T));
+  T r[kPer];
+  for (int j = 0; j < kPer; ++j) r[j] = dev::from_float<T>(acc[j]);
+  uint64_t o;
+  __builtin_memcpy(&o, r, 8);
+  return o;
+}
+
+// All-reduce, slice k: every rank's slice goes to every peer as LL128 lines; the receiver
+// sums the world's words in rank order (bitwise the same on every rank). A lane sends and
+// later sums the same words, so in place (in == out) is safe.
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class T, class Coop>
+WEFT_HD void all_reduce_ll128(Coop g, const dev::DeviceCtx& c, const Args& a, int k, uint64_t e) {
+  constexpr int kPer = 8 / static_cast<int>(sizeof(T));
+  uint64_t lo, hi;
+  split(a.count, a.ctas, k, lo, hi);
+  const uint64_t bytes = (hi - lo) * sizeof(T);
+  const uint64_t words = (bytes + 7) / 8;
+  const uint64_t lines = (words + kLL128Words - 1) / kLL128Words;
+  if (lines == 0) return;
+  const uint64_t per_cta = ll128_lines_per_cta(a.count, a.ctas, sizeof(T));
+  const uint64_t world = static_cast<uint64_t>(c.world), par = e & 1;
+  auto line_off = [&](int src, uint64_t line) {
+    return a.staging_off +
+           128ull * ((par * world + static_cast<uint64_t>(src)) * a.staging_elems + static_cast<uint64_t>(k) * per_cta + line);
+  };
+  const auto* in = static_cast<const unsigned char*>(a.in) + lo * sizeof(T);
+  auto* out = static_cast<unsigned char*>(a.out) + lo * sizeof(T);
+  const bool in8 = aligned8(in), out8 = aligned8(out);
+#if defined(__CUDA_ARCH__)
+  // Warp w owns lines 4w + (lane / 8), stepping by 4 x warps; lane t = lane % 8 holds words
+  // 15 L + 2t and 15 L + 2t + 1 (lane 7: word 15 L + 14 and the flag). Loops are uniform
+  // per warp, so the warp-wide votes below see every lane.
+  const int lane = g.rank() & 31, t = lane & 7;
+  const uint64_t warp = static_cast<uint64_t>(g.rank() >> 5), warps = static_cast<uint64_t>(g.size() >> 5);
+  for (uint64_t l0 = 4 * warp; l0 < lines; l0 += 4 * warps) {
+    const uint64_t line = l0 + static_cast<uint64_t>(lane >> 3);
+    const bool act = line < lines;
+    const uint64_t w0 = kLL128Words * line + 2 * static_cast<uint64_t>(t);
+    uint64_t v0 = 0, v1 = e;
+    if (act && w0 < words) v0 = ll_load8(in, in8, bytes, w0);
+    if (t < 7) v1 = act && w0 + 1 < words ? ll_load8(in, in8, bytes, w0 + 1) : 0;
+    if (act)
+      for (int d = 1; d < c.world; ++d) {
+        const int p = (c.rank + d) % c.world;
+        ll128_store(c.ptr<uint64_t>(p, line_off(c.rank, line)) + 2 * t, v0, v1);
+      }
+  }
+  for (uint64_t l0 = 4 * warp; l0 < lines; l0 += 4 * warps) {
+    const uint64_t line = l0 + static_cast<uint64_t>(lane >> 3);
+    const bool act = line < lines;
+    const uint64_t w0 = kLL128Words * line + 2 * static_cast<uint64_t>(t);
+    float acc0[kPer] = {}, acc1[kPer] = {};
+    for (int p = 0; p < c.world; ++p) {
+      uint64_t v0 = 0, v1 = 0;
+      if (p == c.rank) {
+        if (act && w0 < words) v0 = ll_load8(in, in8, bytes, w0);
+        if (act && t < 7 && w0 + 1 < words) v1 = ll_load8(in, in8, bytes, w0 + 1);
+      } else {
+        const uint64_t off = line_off(p, line);
+        const uint64_t* src = c.local<const uint64_t>(off) + 2 * t;
+        const uint64_t t_start = dev::now_ns();
+        for (uint32_t spins = 0;;) {
+          if (act) ll128_load(src, v0, v1);
+          const bool here = !act || t != 7 || v1 == e;
+          if (__all_sync(0xffffffffu, __shfl_sync(0xffffffffu, here, lane | 7))) break;
+          dev::spin_pause(++spins);
+          if ((spins & 63u) == 0u && dev::now_ns() - t_start > c.timeout_ns && t == 7 && !here)
+            dev::fail_wait(c, dev::WaitKind::kSignal, p, off + 120, e, v1, dev::now_ns() - t_start);
+        }
+        if (t == 7) v1 = 0;
+      }
+      ll128_add<T>(acc0, v0);
+      ll128_add<T>(acc1, v1);
+    }
+    if (act && w0 < words) ll_store8(out, out8, bytes, w0, ll128_pack<T>(acc0));
+    if (act && t < 7 && w0 + 1 < words) ll_store8(out, out8, bytes, w0 + 1, ll128_pack<T>(acc1));
+  }
+#else
+  // Host teams: a worker owns whole lines; data words relaxed, the flag released last.
+  const uint64_t me = static_cast<uint64_t>(g.rank()), step = static_cast<uint64_t>(g.size());
+  for (uint64_t line = me; line < lines; line += step)
+    for (int d = 1; d < c.world; ++d) {
+      const int p = (c.rank + d) % c.world;
+      uint64_t* dst = c.ptr<uint64_t>(p, line_off(c.rank, line));
+      for (uint64_t j = 0; j < kLL128Words; ++j) {
+        const uint64_t w = kLL128Words * line + j;
+        __atomic_store_n(dst + j, w < words ? ll_load8(in, in8, bytes, w) : 0, __ATOMIC_RELAXED);
+      }
+      __atomic_store_n(dst + kLL128Words, e, __ATOMIC_RELEASE);
+    }
+  for (uint64_t line = me; line < lines; line += step) {
+    float acc[kLL128Words][kPer] = {};
+    for (int p = 0; p < c.world; ++p) {
+      if (p == c.rank) {
+        for (uint64_t j = 0; j < kLL128Words; ++j)
+          if (kLL128Words * line + j < words) ll128_add<T>(acc[j], ll_load8(in, in8, bytes, kLL128Words * line + j));
+        continue;
+      }
+      const uint64_t off = line_off(p, line);
+      const uint64_t* src = c.local<const uint64_t>(off);
+      const uint64_t t_start = dev::now_ns();
+      for (uint32_t spins = 0; __atomic_load_n(src + kLL128Words, __ATOMIC_ACQUIRE) != e;) {
+        dev::spin_pause(++spins);
+        const uint64_t waited = dev::now_ns() - t_start;
+        if ((spins & 63u) == 0u && waited > c.timeout_ns)
+          dev::fail_wait(c, dev::WaitKind::kSignal, p, off + 120, e, __atomic_load_n(src + kLL128Words, __ATOMIC_RELAXED),
+                         waited);
+      }
+      for (uint64_t j = 0; j < kLL128Words; ++j) ll128_add<T>(acc[j], __atomic_load_n(src + j, __ATOMIC_RELAXED));
+    }
+    for (uint64_t j = 0; j < kLL128Words; ++j)
+      if (kLL128Words * line + j < words) ll_store8(out, out8, bytes, kLL128Words * line + j, ll128_pack<T>(acc[j]));
+  }
+#endif
+}
+
 // ---- all-to-all by counts ---------------------------------------------------------------
 // in is packed by destination (block p at the sum of the counts before p); out receives the
 // blocks packed by source. Phase 0 sends this rank's row of counts to every rank (which is
@@ -604,6 +763,9 @@ WEFT_HD void run_slice_as(Coop g, const dev::DeviceCtx& c, const Args& a, int k,
       break;
     case Algo::kAllToAllLL:
       ll_exchange<T>(g, c, a, k, e, a.count, false);
+      break;
+    case Algo::kAllReduceLL128:
+      all_reduce_ll128<T>(g, c, a, k, e);
       break;
   }
   g.sync();  // every thread has read the epoch before the leader advances it

@@ -63,10 +63,13 @@ struct GemmArgs {
   int64_t c_rows[kGemmMaxDests] = {};  // rows destination d holds (0: m - c_row0[d])
   int num_dests = 1;
   GemmOut out = GemmOut::kStore;
-  int group_m = 8;  // closed-form raster: groups of group_m M-blocks (L2 reuse of B)
+  // Closed-form raster: groups of group_m M-blocks (L2 reuse of B). 0: 16 -- a wave of 132
+  // CTAs then covers ~16 M-blocks x 8 N-blocks, near the smallest footprint of A and B rows.
+  int group_m = 0;
   int ctas = 0;     // persistent CTAs; 0: as many as fit at once (never more than positions)
   // 2: CTA pairs share B by TMA multicast (sm_90a); 1: single CTAs; 0: automatic (2 when
-  // there are at least two M-blocks; required to be explicit with an order table).
+  // there are an even number of M-blocks, or at least 9; required to be explicit with an
+  // order table).
   int cluster_m = 0;
   // K depth of a pipeline stage: 64 (4 stages, 128-byte swizzle) or 32 (8 stages of half the
   // size, 64-byte swizzle; single CTAs). 0: 64, or $WEFT_GEMM_BK (experiments).

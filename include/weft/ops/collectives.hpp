@@ -18,7 +18,7 @@
 
 namespace weft::ops {
 
-enum class Method { kAuto, kBaseline, kOneShot, kTwoShot, kDirect, kLowLatency };
+enum class Method { kAuto, kBaseline, kOneShot, kTwoShot, kDirect, kLowLatency, kLowLatency128 };
 const char* to_string(Method m);
 Method parse_method(const std::string& s);
 
@@ -32,7 +32,8 @@ class Collectives {
   // Pointers are this rank's: device memory on the nccl backend, host memory on host.
   // `stream` is a cudaStream_t on the nccl backend (nullptr: the default stream).
   // out[i] = sum over ranks of in[i], count elements. In place (in == out) is allowed.
-  // Methods: one-shot, two-shot, ll (one-shot with data and flags in 16-byte lines).
+  // Methods: one-shot, two-shot, ll (one-shot with data and flags in 16-byte lines), ll128
+  // (one-shot in 128-byte lines of 120 data bytes: NVLink's whole warp stores, as NCCL's LL128).
   void all_reduce(const void* in, void* out, uint64_t count, dev::DType t, Method m = Method::kAuto,
                   void* stream = nullptr);
   // Symmetric out (heap offset) [world][count] receives every rank's count elements.

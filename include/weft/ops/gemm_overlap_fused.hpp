@@ -124,7 +124,9 @@ struct FusedArgs {
 
 // True when a real fused kernel is linked in (the stub: false).
 bool fused_available();
-// True when the fused method runs `op` (GemmOverlap offers `fused` only then).
+// True when the fused method runs `op` (GemmOverlap offers `fused` only then). CUDA builds:
+// ag_gemm; gemm_rs and gemm_ar only with the environment variable WEFT_FUSED_RS=1 (read when
+// an op is constructed; for tests and benchmarks of the reduce chain).
 bool fused_supports(Op op);
 // Enqueues one call. Throws weft::Error on failure (the stub always throws).
 void run_fused(const FusedArgs& args);
