@@ -184,9 +184,9 @@ GemmBenchResult bench_gpu(const GemmBenchOptions& opt) {
       const bool ladder = !v.b_kn && v.dtype == dev::DType::kBF16;
       double t_cublas = 1e30, t_weft = 1e30, t_weft1 = ladder ? 1e30 : 0, t_weft2 = ladder ? 1e30 : 0;
       int ctas = 0, cluster = 0;
-      // Odd rounds run weft first: without the sustained warm-up, whoever runs first after a
-      // pause gets the GPU's boost headroom (measured: cuBLAS 820 TF/s first vs ~700 TF/s
-      // sustained), so each side gets rounds in both places.
+      // Odd rounds run cuBLAS last, so neither side always runs first after a pause (where
+      // the GPU has boost headroom). Measured: the order did not explain the short-timing gap
+      // to cuBLAS (docs/gemm.md, "Why the bench times a sustained load").
       for (int round = 0; round < (opt.quick || sustain_ms > 0 ? 2 : 4); ++round) {
         if (round % 2 == 0) t_cublas = std::min(t_cublas, time(run_cublas));
         t_weft = std::min(t_weft, time(run_weft));

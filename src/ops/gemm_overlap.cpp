@@ -179,13 +179,17 @@ double predict_decomposed(const Cost& c, const Shape& s, int chunks) {
     return std::max(t, copy_end + c.lat_us) + (w + 1) * ml * s.n * s.eb / (c.hbm * 1e3) + Cost::kGemmLaunchUs;
   }
   // gemm_ar: chunk GEMMs, each followed by weft's all-reduce of its rows on the other stream.
+  // The all-reduce kernels take SMs the next chunk's GEMM needs, so the overlap hides little:
+  // measured on 2xH200 (bench/results/gemm_overlap-chunks-20261122/) 4096x8192x8192 took 532 /
+  // 559 / 589 / 639 us with 1 / 2 / 4 / 8 chunks. Modelled as serial: every chunk pays its
+  // GEMM and its all-reduce (fixed costs included), so one chunk is predicted best.
   const double rows = s.m / chunks, f = (w - 1) / w;
-  double t = 0, ar_end = 0;
+  double t = 0;
   for (int i = 0; i < chunks; ++i) {
     t += c.gemm(rows, s.n, s.kl);
-    ar_end = std::max(ar_end, t) + 2 * f * rows * s.n * s.eb / (c.link_ce * 0.8e3) + 8.0;
+    if (s.w > 1) t += 2 * f * rows * s.n * s.eb / (c.link_ce * 0.8e3) + 8.0;
   }
-  return s.w == 1 ? t : ar_end;
+  return t;
 }
 
 double predict_fused(const Cost& c, const Shape& s) {
@@ -405,7 +409,11 @@ void GemmOverlap::Impl::decide(const std::vector<GemmMethod>& avail) {
       autoc.method = GemmMethod::kDecomposed;
       best = autoc.predicted_decomposed_us;
     }
-    if (fused_gpu && autoc.predicted_fused_us > 0 && autoc.predicted_fused_us < best) autoc.method = GemmMethod::kFused;
+    // The fused gemm_rs / gemm_ar (WEFT_FUSED_RS=1) measured slower than decomposed on every
+    // shape (docs/gemm_overlap.md): the model does not choose it (a tuning-cache entry can).
+    const bool fused_modelled = cfg.op == GemmOp::kAgGemm;
+    if (fused_gpu && fused_modelled && autoc.predicted_fused_us > 0 && autoc.predicted_fused_us < best)
+      autoc.method = GemmMethod::kFused;
     autoc.source = "cost model";
   }
 }
