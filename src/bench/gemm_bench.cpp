@@ -75,6 +75,9 @@ GemmBenchResult bench_gpu(const GemmBenchOptions& opt) {
   r.device = prop.name;
   // WEFT_BENCH_SUSTAIN_MS=t: before each timing, t ms of back-to-back calls (steady power/clock).
   const int64_t sustain_ms = tunable_value(tunables::kBenchSustainMs);
+  // WEFT_BENCH_WEFT_FIRST=1: weft runs first in round 0 (right after each shape's set-up,
+  // when the GPU has been idle), cuBLAS first in round 1 -- the mirror of the default.
+  const int cublas_first_parity = tunable_value(tunables::kBenchWeftFirst) != 0 ? 1 : 0;  // rounds where cuBLAS runs first
   r.timing = fmt::format(
       "CUDA events around batches of calls (10 for < 1 ms, else 3), median of 9 batches, after warm-up{}; 4 (sustained: 2) "
       "interleaved rounds (cuBLAS, weft, weft single CTAs, weft K-32 stages; odd rounds cuBLAS last), each one's "
@@ -188,12 +191,12 @@ GemmBenchResult bench_gpu(const GemmBenchOptions& opt) {
       // the GPU has boost headroom). Measured: the order did not explain the short-timing gap
       // to cuBLAS (docs/gemm.md, "Why the bench times a sustained load").
       for (int round = 0; round < (opt.quick || sustain_ms > 0 ? 2 : 4); ++round) {
-        if (round % 2 == 0) t_cublas = std::min(t_cublas, time(run_cublas));
+        if (round % 2 == cublas_first_parity) t_cublas = std::min(t_cublas, time(run_cublas));
         t_weft = std::min(t_weft, time(run_weft));
         if (round == 0) kernels::gemm_last_launch(&ctas, &cluster);
         if (ladder) t_weft1 = std::min(t_weft1, time(run_weft1));
         if (ladder) t_weft2 = std::min(t_weft2, time(run_weft2));
-        if (round % 2 == 1) t_cublas = std::min(t_cublas, time(run_cublas));
+        if (round % 2 != cublas_first_parity) t_cublas = std::min(t_cublas, time(run_cublas));
       }
       // Correctness: weft vs cuBLAS on the same inputs.
       std::vector<uint16_t> hc(nc), hr(nc);

@@ -29,6 +29,8 @@ inline constexpr Tunable kHostRanks{"WEFT_HOST_RANKS", 2,
                                     "ranks that CLI commands launch on the host backend"};
 inline constexpr Tunable kBenchSustainMs{"WEFT_BENCH_SUSTAIN_MS", 500,
                                          "weft bench gemm: ms of back-to-back calls before each timing (steady clock)"};
+inline constexpr Tunable kBenchWeftFirst{"WEFT_BENCH_WEFT_FIRST", 0,
+                                         "weft bench gemm: 1 = weft times first after each shape's set-up"};
 }  // namespace tunables
 
 // Reads the tunable's variable from the environment; throws InvalidArgument if it is not an integer.
