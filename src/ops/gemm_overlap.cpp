@@ -825,9 +825,29 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
         // Device work uses the window's addresses, this rank's own included (architecture.md).
         return ctx.peer_base[r] + ag_tensor_off[static_cast<size_t>(t)] + o;
       };
+      // Experimental (WEFT_AG_OWN_IN_PLACE=1; not yet verified on GPUs): this rank's own rows
+      // read in place by the GEMM, and the plan's copy of them into the gathered buffer left
+      // out (its signal is still given), where no transfer forwards from the gathered buffer
+      // (the direct templates push from the input). Measured (2xH200, 2026-11-22 03:35):
+      // that device-local copy is an SM kernel that ran 23-179 us before the first GEMM
+      // could start; without it ag_gemm took 2494.8 / 686.5 / 1227.6 / 94.3 us instead of
+      // 2558.0 / 716.6 / 1375.4 / 112.6 on the ANCHORS shapes. That run also failed the GPU
+      // test where a tile straddled the edge of the own rows (M = 10, 2 chunks: the tile read
+      // gathered rows that were never copied); such shapes now keep the copy, a fix that has
+      // not run on a GPU yet -- hence off by default.
+      const char* in_place_env = std::getenv("WEFT_AG_OWN_IN_PLACE");
+      const int64_t own0 = rank * m_shard, own1 = own0 + m_shard;
+      bool forwards = false, straddles = false;
+      for (const plan::TransferDesc& d : lr.transfers) forwards |= d.src_tensor == ag.gemm;
+      for (const plan::TileEntry& t : lr.tiles) {
+        const int64_t r0 = int64_t{t.m} * ag.schedule.tile_rows, r1 = std::min(cfg.m, r0 + ag.schedule.tile_rows);
+        straddles |= r0 < own1 && r1 > own0 && (r0 < own0 || r1 > own1);
+      }
+      const bool own_in_place = in_place_env && in_place_env[0] == '1' && !forwards && !straddles;
       // Transfers in the plan's issue order on the copy stream: memcpy, then a signal kernel.
       for (size_t i = 0; i < lr.transfers.size(); ++i) {
         const plan::TransferDesc& d = lr.transfers[i];
+        const bool own_copy = own_in_place && d.src_tensor == ag.input && d.src_rank == rank && d.dst_rank == rank;
         std::vector<std::tuple<int, uint64_t, int64_t>> waits;
         for (int32_t j = d.wait_begin; j < d.wait_begin + d.wait_count; ++j) {
           const plan::WaitEntry& w = lr.transfer_waits[static_cast<size_t>(j)];
@@ -837,14 +857,16 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
         wait_list(cs, waits);
         const plan::Tensor& st = ag.plan.tensors[static_cast<size_t>(d.src_tensor)];
         const plan::Tensor& dt = ag.plan.tensors[static_cast<size_t>(d.dst_tensor)];
-        size_t x = mark(cs, TraceKind::kChunk, d.chunk, 1, engine_name(),
-                        fmt::format("chunk {} {} {}->{}", d.chunk, plan::to_string(static_cast<plan::Kind>(d.kind)),
-                                    d.src_rank, d.dst_rank),
-                        tracing);
-        copy2d(ptr(d.dst_rank, d.dst_tensor, d.dst_row, d.dst_col), static_cast<size_t>(dt.cols) * eb,
-               ptr(d.src_rank, d.src_tensor, d.src_row, d.src_col), static_cast<size_t>(st.cols) * eb,
-               static_cast<size_t>(d.cols) * eb, static_cast<size_t>(d.rows), cs);
-        mark_end(x, cs, tracing);
+        if (!own_copy) {
+          size_t x = mark(cs, TraceKind::kChunk, d.chunk, 1, engine_name(),
+                          fmt::format("chunk {} {} {}->{}", d.chunk, plan::to_string(static_cast<plan::Kind>(d.kind)),
+                                      d.src_rank, d.dst_rank),
+                          tracing);
+          copy2d(ptr(d.dst_rank, d.dst_tensor, d.dst_row, d.dst_col), static_cast<size_t>(dt.cols) * eb,
+                 ptr(d.src_rank, d.src_tensor, d.src_row, d.src_col), static_cast<size_t>(st.cols) * eb,
+                 static_cast<size_t>(d.cols) * eb, static_cast<size_t>(d.rows), cs);
+          mark_end(x, cs, tracing);
+        }
         if (d.signal_rank >= 0) {
           kernels::OverlapSignals sig{};
           sig.count = 1;
@@ -854,23 +876,26 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
           WEFT_CUDA_CHECK(kernels::overlap_signal(ctx, sig, cs));
         }
       }
-      // Tiles (chunks of rows x all of N) in arrival order on the compute stream.
+      // Tiles (chunks of rows x all of N) in arrival order on the compute stream; own-row
+      // tiles read the input in place (above) and wait for nothing.
       const char* gathered = ctx.peer_base[rank] + ag_tensor_off[static_cast<size_t>(ag.gemm)];
       for (size_t i = 0; i < lr.tiles.size(); ++i) {
         const plan::TileEntry& t = lr.tiles[i];
+        const int64_t r0 = int64_t{t.m} * ag.schedule.tile_rows, r1 = std::min(cfg.m, r0 + ag.schedule.tile_rows);
+        const int64_t c0 = int64_t{t.n} * ag.schedule.tile_cols, c1 = std::min(N, c0 + ag.schedule.tile_cols);
+        const bool own = own_in_place && r0 >= own0 && r1 <= own1;
         std::vector<std::tuple<int, uint64_t, int64_t>> waits;
-        for (int32_t j = t.wait_begin; j < t.wait_begin + t.wait_count; ++j) {
+        for (int32_t j = t.wait_begin; !own && j < t.wait_begin + t.wait_count; ++j) {
           const plan::WaitEntry& w = lr.tile_waits[static_cast<size_t>(j)];
           waits.emplace_back(ex.producer[static_cast<size_t>(w.signal)], ag_signals.at(static_cast<uint32_t>(w.signal)),
                              w.threshold);
         }
         wait_list(s, waits);
-        const int64_t r0 = int64_t{t.m} * ag.schedule.tile_rows, r1 = std::min(cfg.m, r0 + ag.schedule.tile_rows);
-        const int64_t c0 = int64_t{t.n} * ag.schedule.tile_cols, c1 = std::min(N, c0 + ag.schedule.tile_cols);
         size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(i), 0, "compute stream",
-                        fmt::format("gemm rows [{},{})", r0, r1), tracing);
-        gemm(s, gathered + static_cast<uint64_t>(r0 * k_local) * eb, bp, at(c, static_cast<uint64_t>(r0 * N) * eb),
-             r1 - r0, k_local, c0, c1 - c0);
+                        fmt::format("gemm rows [{},{}){}", r0, r1, own ? " (own, in place)" : ""), tracing);
+        const char* arows = own ? static_cast<const char*>(a) + static_cast<uint64_t>((r0 - own0) * k_local) * eb
+                                : gathered + static_cast<uint64_t>(r0 * k_local) * eb;
+        gemm(s, arows, bp, at(c, static_cast<uint64_t>(r0 * N) * eb), r1 - r0, k_local, c0, c1 - c0);
         mark_end(x, s, tracing);
       }
     } else {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -169,6 +170,31 @@ TEST_P(GemmOverlapGpu, EveryMethodIsExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpus, GemmOverlapGpu, ::testing::Values(1, 0));
+
+// The experimental in-place own rows of decomposed ag_gemm (WEFT_AG_OWN_IN_PLACE=1): the same
+// exact checks, with shapes whose tiles straddle the edge of a rank's rows (5 rows per rank,
+// 2 and 4 chunks: those keep the copy) and shapes whose tiles do not.
+TEST(GemmOverlapGpuAgInPlace, EveryMethodIsExact) {
+  if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
+  struct Env {
+    Env() { setenv("WEFT_AG_OWN_IN_PLACE", "1", 1); }
+    ~Env() { unsetenv("WEFT_AG_OWN_IN_PLACE"); }
+  } env;
+  expect_all_ok(run_gpu(gpus(), [] {
+    auto b = make_backend();
+    const int w = b->size();
+    cudaStream_t s;
+    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    int checks = 0;
+    for (const Shape& sh : {Shape{GemmOp::kAgGemm, 5 * w, 24, 13}, Shape{GemmOp::kAgGemm, 384 * w, 256, 392}}) {
+      checks += run_all_methods(*b, config(sh, dev::DType::kBF16, BLayout::kNK, 2), 2, s);
+      checks += run_all_methods(*b, config(sh, dev::DType::kBF16, BLayout::kKN, 1), 1, s);
+      checks += run_all_methods(*b, config(sh, dev::DType::kF16, BLayout::kNK, 4), 1, s);
+    }
+    if (b->rank() == 0) std::printf("[gpu] ag_gemm own rows in place: %d ranks, %d exact checks passed\n", w, checks);
+    WEFT_CUDA_CHECK(cudaStreamDestroy(s));
+  }));
+}
 
 // Captured once, replayed many times with fresh inputs: the device-side epoch advances inside
 // the graph (decomposed waits), and every replay is exact.
