@@ -179,8 +179,16 @@ Method Collectives::auto_all_reduce(uint64_t bytes) const {
   // beat LL, one-shot and two-shot at every size from 8 KiB to 4 MiB (4 MiB: 20.1 us vs
   // two-shot 24.0), so it takes every call that sends <= 4 MiB per rank; two-shot above.
   // (Before LL128, one-shot won while (world-1) x bytes <= 3 MiB on 2 and 4 GPUs.)
-  const uint64_t sent = bytes * static_cast<uint64_t>(b_.size() - 1);
-  return sent <= (4ull << 20) ? Method::kLowLatency128 : Method::kTwoShot;
+  // On more ranks the one-shot's extra bytes grow: LL128 puts (w-1) x 16/15 x bytes on each
+  // rank's link, two-shot 2 (w-1)/w x bytes in two crossings; LL128 is kept while its extra
+  // bytes are at most 2 MiB (~6 us of NVLink, about what two-shot's second crossing and
+  // flag round cost). The cost model agrees at every size it was asked (4 ranks: LL128 up to
+  // 1 MiB; 8 ranks: up to 256 KiB; bench/results/predictions-4-8-gpus-20261122-ll128.md) --
+  // predictions: 4 and 8 GPUs were not lent since LL128 exists.
+  const uint64_t w = static_cast<uint64_t>(b_.size());
+  const uint64_t sent = bytes * (w - 1);
+  const double extra = static_cast<double>(bytes) * (static_cast<double>(w - 1) * 16.0 / 15.0 - 2.0 * (w - 1) / w);
+  return sent <= (4ull << 20) && extra <= static_cast<double>(2ull << 20) ? Method::kLowLatency128 : Method::kTwoShot;
 }
 
 Method Collectives::auto_exchange(uint64_t bytes_to_peers) const {

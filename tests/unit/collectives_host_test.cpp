@@ -50,6 +50,32 @@ TEST_P(CollectivesHost, ExactForEveryMethodDtypeAndSize) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesHost, ::testing::Values(1, 2, 3, 4, 8));
 
+// auto for all-reduce: LL128 while a rank sends <= 4 MiB and LL128's extra link bytes over
+// two-shot stay <= 2 MiB (2 ranks: up to 4 MiB, measured; 4 and 8 ranks: the cost model's
+// crossovers, ~1.2 MiB and ~358 KiB), else two-shot.
+TEST(CollectivesHostAuto, AllReducePicksLL128WhileItsExtraBytesAreSmall) {
+  using M = ops::Method;
+  struct Case {
+    int world;
+    uint64_t bytes;
+    M want;
+  };
+  const std::vector<Case> cases = {
+      {2, 8 << 10, M::kLowLatency128},   {2, 4 << 20, M::kLowLatency128}, {2, 8 << 20, M::kTwoShot},
+      {4, 1 << 20, M::kLowLatency128},   {4, 2 << 20, M::kTwoShot},       {8, 256 << 10, M::kLowLatency128},
+      {8, 512 << 10, M::kTwoShot},       {1, 8 << 10, M::kLowLatency128}};
+  for (const Case& c : cases) {
+    auto res = run_host_ranks(c.world, [c] {
+      auto b = make_backend();
+      ops::Collectives ops(*b);
+      const M got = ops.auto_all_reduce(c.bytes);
+      WEFT_CHECK(got == c.want, fmt::format("world {} bytes {}: auto picked {}, want {}", c.world, c.bytes,
+                                            ops::to_string(got), ops::to_string(c.want)));
+    });
+    expect_all_ok(res);
+  }
+}
+
 TEST(CollectivesHostErrors, MisalignedPointerIsRefused) {
   auto res = run_host_ranks(2, [] {
     auto b = make_backend();
