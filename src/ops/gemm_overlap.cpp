@@ -244,6 +244,7 @@ struct GemmOverlap::Impl {
   detail::OpPlan ag;
   std::vector<uint64_t> ag_tensor_off;
   dev::SignalSlab ag_signals{};
+  bool ag_own_in_place = false;  // own rows read in place, their local copy left out (setup_gpu)
   // decomposed gemm_rs: staging [world][m_shard x N] and one signal per (source, chunk)
   uint64_t rs_stage = 0;
   dev::SignalSlab rs_signals{};
@@ -566,6 +567,26 @@ void GemmOverlap::Impl::setup_gpu() {
               : heap.alloc_bytes(static_cast<size_t>(x.rows * x.cols * x.elem_bytes), tag + ".decomposed." + x.name));
     }
     ag_signals = heap.alloc_signals(static_cast<uint32_t>(ag.max_signals), tag + ".decomposed.signals");
+    // Experimental (WEFT_AG_OWN_IN_PLACE=1; not yet verified on GPUs): this rank's own rows
+    // read in place by the GEMM, and the plan's copy of them into the gathered buffer left
+    // out (its signal is still given), where no transfer forwards from the gathered buffer
+    // (the direct templates push from the input). Measured (2xH200, 2026-11-22 03:35): that
+    // device-local copy is an SM kernel that ran 23-179 us before the first GEMM could start;
+    // without it ag_gemm took 2494.8 / 686.5 / 1227.6 / 94.3 us instead of 2558.0 / 716.6 /
+    // 1375.4 / 112.6 on the ANCHORS shapes. That run also failed the GPU test where a tile
+    // straddled the edge of the own rows (M = 10, 2 chunks: the tile read gathered rows that
+    // were never copied); such shapes now keep the copy, a fix that has not run on a GPU yet
+    // -- hence off by default.
+    const plan::LoweredRank& lr = ag.lowered.ranks[static_cast<size_t>(rank)];
+    const int64_t own0 = rank * m_shard, own1 = own0 + m_shard;
+    bool forwards = false, straddles = false;
+    for (const plan::TransferDesc& d : lr.transfers) forwards |= d.src_tensor == ag.gemm;
+    for (const plan::TileEntry& t : lr.tiles) {
+      const int64_t r0 = int64_t{t.m} * ag.schedule.tile_rows, r1 = std::min(cfg.m, r0 + ag.schedule.tile_rows);
+      straddles |= r0 < own1 && r1 > own0 && (r0 < own0 || r1 > own1);
+    }
+    const char* env = std::getenv("WEFT_AG_OWN_IN_PLACE");
+    ag_own_in_place = env && env[0] == '1' && !forwards && !straddles;
   } else if (cfg.op == GemmOp::kGemmRs) {
     rs_stage = heap.alloc_bytes(static_cast<size_t>(world) * m_shard * cfg.n * eb, tag + ".decomposed.staging");
     rs_signals = heap.alloc_signals(static_cast<uint32_t>(world * chunks), tag + ".decomposed.signals");
@@ -825,29 +846,11 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
         // Device work uses the window's addresses, this rank's own included (architecture.md).
         return ctx.peer_base[r] + ag_tensor_off[static_cast<size_t>(t)] + o;
       };
-      // Experimental (WEFT_AG_OWN_IN_PLACE=1; not yet verified on GPUs): this rank's own rows
-      // read in place by the GEMM, and the plan's copy of them into the gathered buffer left
-      // out (its signal is still given), where no transfer forwards from the gathered buffer
-      // (the direct templates push from the input). Measured (2xH200, 2026-11-22 03:35):
-      // that device-local copy is an SM kernel that ran 23-179 us before the first GEMM
-      // could start; without it ag_gemm took 2494.8 / 686.5 / 1227.6 / 94.3 us instead of
-      // 2558.0 / 716.6 / 1375.4 / 112.6 on the ANCHORS shapes. That run also failed the GPU
-      // test where a tile straddled the edge of the own rows (M = 10, 2 chunks: the tile read
-      // gathered rows that were never copied); such shapes now keep the copy, a fix that has
-      // not run on a GPU yet -- hence off by default.
-      const char* in_place_env = std::getenv("WEFT_AG_OWN_IN_PLACE");
       const int64_t own0 = rank * m_shard, own1 = own0 + m_shard;
-      bool forwards = false, straddles = false;
-      for (const plan::TransferDesc& d : lr.transfers) forwards |= d.src_tensor == ag.gemm;
-      for (const plan::TileEntry& t : lr.tiles) {
-        const int64_t r0 = int64_t{t.m} * ag.schedule.tile_rows, r1 = std::min(cfg.m, r0 + ag.schedule.tile_rows);
-        straddles |= r0 < own1 && r1 > own0 && (r0 < own0 || r1 > own1);
-      }
-      const bool own_in_place = in_place_env && in_place_env[0] == '1' && !forwards && !straddles;
       // Transfers in the plan's issue order on the copy stream: memcpy, then a signal kernel.
       for (size_t i = 0; i < lr.transfers.size(); ++i) {
         const plan::TransferDesc& d = lr.transfers[i];
-        const bool own_copy = own_in_place && d.src_tensor == ag.input && d.src_rank == rank && d.dst_rank == rank;
+        const bool own_copy = ag_own_in_place && d.src_tensor == ag.input && d.src_rank == rank && d.dst_rank == rank;
         std::vector<std::tuple<int, uint64_t, int64_t>> waits;
         for (int32_t j = d.wait_begin; j < d.wait_begin + d.wait_count; ++j) {
           const plan::WaitEntry& w = lr.transfer_waits[static_cast<size_t>(j)];
@@ -883,7 +886,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
         const plan::TileEntry& t = lr.tiles[i];
         const int64_t r0 = int64_t{t.m} * ag.schedule.tile_rows, r1 = std::min(cfg.m, r0 + ag.schedule.tile_rows);
         const int64_t c0 = int64_t{t.n} * ag.schedule.tile_cols, c1 = std::min(N, c0 + ag.schedule.tile_cols);
-        const bool own = own_in_place && r0 >= own0 && r1 <= own1;
+        const bool own = ag_own_in_place && r0 >= own0 && r1 <= own1;
         std::vector<std::tuple<int, uint64_t, int64_t>> waits;
         for (int32_t j = t.wait_begin; !own && j < t.wait_begin + t.wait_count; ++j) {
           const plan::WaitEntry& w = lr.tile_waits[static_cast<size_t>(j)];

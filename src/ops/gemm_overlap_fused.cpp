@@ -183,24 +183,42 @@ kernels::GemmArgs gemm_args(const FusedArgs& A, const void* a, int64_t lda) {
   return g;
 }
 
-// The schedule and waits from `st`, thresholds scaled by the call's epoch.
-kernels::GemmHooks gemm_hooks(const FusedArgs& A, const State& st, uint64_t wait_off) {
+// The schedule, waits, destinations and notifies from `st` for the launch whose positions
+// start at `pos_begin` (wait_begin entries are absolute offsets into the wait tables, which
+// are shared), thresholds scaled by the call's epoch; waits and notifies on `sig_off`.
+kernels::GemmHooks gemm_hooks(const FusedArgs& A, const State& st, uint64_t sig_off, int pos_begin = 0) {
+  auto from = [pos_begin](auto* table) { return table ? table + pos_begin : table; };
   kernels::GemmHooks h;
   h.ctx = A.ctx;
-  h.order = st.order;
-  h.wait_begin = st.wait_begin;
+  h.order = from(st.order);
+  h.wait_begin = from(st.wait_begin);
   h.wait_idx = st.wait_idx;
   h.wait_val = st.wait_val;
   h.wait_peer = st.wait_peer;
-  h.wait_off = wait_off;
+  h.wait_off = sig_off;
   h.wait_scale = static_cast<uint64_t>(A.epoch);
-  h.trace = A.trace ? st.trace : nullptr;
+  h.dest = from(st.dest);
+  h.notify_idx = from(st.notify_idx);
+  h.notify_rank = from(st.notify_rank);
+  h.notify_off = sig_off;
+  h.trace = A.trace ? st.trace + 3 * static_cast<size_t>(pos_begin) : nullptr;
   return h;
 }
 
-void run_gemm(const FusedArgs& A, State& st, const kernels::GemmArgs& g, const kernels::GemmHooks& h, cudaStream_t s,
-              const char* op) {
-  if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.gemm_ev, s));
+// The tables every GEMM launch of an op reads, uploaded once per op.
+void upload_schedule(State& st, const std::vector<int32_t>& order, const std::vector<int32_t>& wbegin,
+                     const std::vector<int32_t>& widx, const std::vector<int32_t>& wpeer,
+                     const std::vector<uint64_t>& wait_per_epoch) {
+  st.positions = static_cast<int>(order.size());
+  st.order = upload(order);
+  st.wait_begin = upload(wbegin);
+  st.wait_idx = upload(widx);
+  st.wait_peer = upload(wpeer);
+  st.wait_val = upload(wait_per_epoch);
+  st.trace = upload(std::vector<uint64_t>(3 * order.size(), 0));
+}
+
+void launch_gemm(const kernels::GemmArgs& g, const kernels::GemmHooks& h, cudaStream_t s, const char* op) {
   const char* why = nullptr;
   const cudaError_t err = kernels::gemm(g, h, s, &why);
   if (err == cudaErrorInvalidValue && why) throw InvalidArgument(fmt::format("fused {}: {}", op, why));
@@ -273,13 +291,7 @@ void build_ag(const FusedArgs& A, State& st) {
     }
     wbegin.push_back(static_cast<int32_t>(widx.size()));
   });
-  st.positions = static_cast<int>(order.size());
-  st.order = upload(order);
-  st.wait_begin = upload(wbegin);
-  st.wait_idx = upload(widx);
-  st.wait_peer = upload(wpeer);
-  st.wait_val = upload(wait_per_epoch);
-  st.trace = upload(std::vector<uint64_t>(3 * order.size(), 0));
+  upload_schedule(st, order, wbegin, widx, wpeer, wait_per_epoch);
 }
 
 void run_ag(const FusedArgs& A, State& st, cudaStream_t s) {
@@ -321,8 +333,8 @@ void run_ag(const FusedArgs& A, State& st, cudaStream_t s) {
   const TensorDesc& ga = st.tensors[static_cast<size_t>(A.gemm_tensor)];
   auto g = gemm_args(A, A.ctx.ptr<const char>(me, ga.offset), ga.cols);
   g.c[0] = A.c;
-  const auto h = gemm_hooks(A, st, A.signals.offset);
-  run_gemm(A, st, g, h, s, "ag_gemm");
+  if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.gemm_ev, s));
+  launch_gemm(g, gemm_hooks(A, st, A.signals.offset), s, "ag_gemm");
   // Done with this call's gathered A: tell every peer (their next call's pushes wait on it).
   for (int p = 0; p < world; ++p)
     if (p != me) write_value(s, A.ctx.ptr<uint64_t>(p, slot_off(A, me)), static_cast<uint64_t>(e));
@@ -442,16 +454,10 @@ void build_rs(const FusedArgs& A, State& st) {
                  fmt::format("fused {}: a launch's table has {} positions, the GEMM runs {} (M = {}, N = {})", op,
                              l.positions, kernel_positions, m, A.n));
   }
-  st.positions = static_cast<int>(order.size());
-  st.order = upload(order);
-  st.wait_begin = upload(wbegin);
-  st.wait_idx = upload(widx);
-  st.wait_peer = upload(wpeer);
-  st.wait_val = upload(wait_per_epoch);
+  upload_schedule(st, order, wbegin, widx, wpeer, wait_per_epoch);
   st.dest = upload(dest);
   st.notify_idx = upload(nidx);
   st.notify_rank = upload(nrank);
-  st.trace = upload(std::vector<uint64_t>(3 * order.size(), 0));
 }
 
 void run_rs(const FusedArgs& A, State& st, cudaStream_t s) {
@@ -500,18 +506,7 @@ void run_rs(const FusedArgs& A, State& st, cudaStream_t s) {
       g.c_row0[0] = 0;
       g.c_rows[0] = rows;
     }
-    auto h = gemm_hooks(A, st, A.counters.offset);
-    h.order = st.order + l.pos_begin;
-    h.wait_begin = st.wait_begin + l.pos_begin;  // absolute offsets into wait_idx/val/peer
-    h.dest = st.dest + l.pos_begin;
-    h.notify_idx = st.notify_idx + l.pos_begin;
-    h.notify_rank = st.notify_rank + l.pos_begin;
-    h.notify_off = A.counters.offset;
-    h.trace = A.trace ? st.trace + 3 * static_cast<size_t>(l.pos_begin) : nullptr;
-    const char* why = nullptr;
-    const cudaError_t err = kernels::gemm(g, h, s, &why);
-    if (err == cudaErrorInvalidValue && why) throw InvalidArgument(fmt::format("fused {}: {}", op, why));
-    WEFT_CUDA_CHECK(err);
+    launch_gemm(g, gemm_hooks(A, st, A.counters.offset, l.pos_begin), s, op);
   }
   const int64_t my_rows = st.owner_rows[static_cast<size_t>(me)];
   char* mine = owner_c(me);
@@ -526,8 +521,8 @@ void run_rs(const FusedArgs& A, State& st, cudaStream_t s) {
     for (int p = 0; p < world; ++p) {
       if (p == me) continue;
       if (my_bytes)
-        WEFT_CUDA_CHECK(cudaMemcpyAsync(A.ctx.ptr<char>(p, out.offset) + my_off, mine, my_bytes,
-                                        cudaMemcpyDeviceToDevice, s));
+        WEFT_CUDA_CHECK(
+            cudaMemcpyAsync(A.ctx.ptr<char>(p, out.offset) + my_off, mine, my_bytes, cudaMemcpyDeviceToDevice, s));
       write_value(s, A.ctx.ptr<uint64_t>(p, slot_off(A, ready_base + me)), static_cast<uint64_t>(e));
     }
     for (int p = 0; p < world; ++p)
@@ -577,7 +572,7 @@ bool fused_available() {
 // output (gemm_overlap_gpu_test, 2026-11-22): its tables named a 128-row block shared by two
 // owners once per owner, more positions than the kernel runs (gemm_positions), so the last
 // step of every rank (the owner's own contribution) was dropped -- fixed above (owners on
-// whole blocks / one launch per step), but not yet re-run on GPUs, and the chain was slower
+// whole blocks / one launch per step; exact on 1 and 2 H200s since), but the chain is slower
 // than `decomposed` on every ANCHORS shape (docs/gemm_overlap.md). WEFT_FUSED_RS=1 offers it
 // (tests, benchmarks).
 static bool fused_rs_enabled() {
@@ -590,8 +585,8 @@ void run_fused(const FusedArgs& A) {
   if (!fused_available()) throw Error("fused method: needs an sm_90 GPU and stream memory operations");
   if (!fused_supports(A.op))
     throw Error(
-        "fused method: gemm_rs and gemm_ar are disabled by default (wrong sums seen on 2 GPUs before the "
-        "straddling-block fix, not re-validated; docs/gemm_overlap.md); WEFT_FUSED_RS=1 enables them");
+        "fused method: gemm_rs and gemm_ar are disabled by default (slower than decomposed; "
+        "docs/gemm_overlap.md); WEFT_FUSED_RS=1 enables them");
   WEFT_REQUIRE(A.dtype == dev::DType::kBF16 || A.dtype == dev::DType::kF16, "fused method: bf16 or f16 only");
   auto s = static_cast<cudaStream_t>(A.stream);
   std::lock_guard<std::mutex> lock(g_mu);

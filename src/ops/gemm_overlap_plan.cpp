@@ -30,39 +30,6 @@ void add_rows(T* dst, const T* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = dev::from_float<T>(dev::to_float(dst[i]) + dev::to_float(src[i]));
 }
 
-// Longest dependency chain before each chunk (Kahn over raw deps; chunks on a cycle sort last).
-std::unordered_map<int64_t, int> chain_depth(const plan::CommPlan& p) {
-  std::unordered_map<int64_t, int> depth, pending;
-  std::unordered_map<int64_t, std::vector<int64_t>> users;
-  std::set<int64_t> ids;
-  for (const auto& q : p.queues)
-    for (const auto& t : q) ids.insert(t.chunk);
-  std::vector<int64_t> ready;
-  for (const auto& q : p.queues)
-    for (const auto& t : q) {
-      int n = 0;
-      for (int64_t d : t.deps)
-        if (ids.count(d)) {
-          users[d].push_back(t.chunk);
-          ++n;
-        }
-      pending[t.chunk] = n;
-      if (!n) ready.push_back(t.chunk);
-    }
-  for (int64_t id : ready) depth[id] = 0;
-  while (!ready.empty()) {
-    const int64_t id = ready.back();
-    ready.pop_back();
-    for (int64_t u : users[id]) {
-      depth[u] = std::max(depth[u], depth[id] + 1);
-      if (--pending[u] == 0) ready.push_back(u);
-    }
-  }
-  for (const auto& [id, n] : pending)
-    if (n) depth[id] = 1 << 30;
-  return depth;
-}
-
 }  // namespace
 
 std::string default_algo(GemmOp op) { return op == GemmOp::kGemmAr ? "two-shot" : "direct"; }
@@ -79,7 +46,7 @@ void check_algo(GemmOp op, const std::string& algo) {
 void order_by_demand(plan::TileSchedule& s, const plan::CommPlan& p) {
   const int t = p.tensor_id(s.tensor);
   WEFT_REQUIRE(t >= 0, fmt::format("order_by_demand: plan {} has no tensor '{}'", p.name, s.tensor));
-  const auto depth = chain_depth(p);
+  const auto depth = plan::chain_depth(p);
   using Key = std::pair<int, int>;
   const Key none{INT32_MAX, INT32_MAX};
   // need[q][m]: the earliest transfer reading row block m of tensor t on rank q.

@@ -108,10 +108,8 @@ void attach_waits(TileSchedule& s, const CommPlan& plan) {
   }
 }
 
-void order_by_arrival(TileSchedule& s, const CommPlan& plan) {
+std::unordered_map<int64_t, int> chain_depth(const CommPlan& plan) {
   const auto ix = index_chunks(plan);
-  // Longest dependency chain before each chunk (Kahn over raw deps; chunks on a cycle, which
-  // the verifier rejects, sort last).
   std::unordered_map<int64_t, int> depth, pending;
   std::unordered_map<int64_t, std::vector<int64_t>> users;
   std::vector<int64_t> ready;
@@ -134,11 +132,19 @@ void order_by_arrival(TileSchedule& s, const CommPlan& plan) {
       if (--pending[u] == 0) ready.push_back(u);
     }
   }
+  for (const auto& [id, n] : pending)
+    if (n) depth[id] = INT32_MAX;
+  return depth;
+}
+
+void order_by_arrival(TileSchedule& s, const CommPlan& plan) {
+  const auto ix = index_chunks(plan);
+  const auto depth = chain_depth(plan);
   using Key = std::pair<int, int>;                // (depth, position in the issuing queue)
   std::map<std::pair<int, int>, Key> signal_key;  // latest arrival among a signal's chunks
   for (const auto& [id, w] : ix) {
     if (w.t->signal.rank < 0) continue;
-    const Key k{pending[id] ? INT32_MAX : depth[id], w.pos};
+    const Key k{depth.at(id), w.pos};
     auto& cur = signal_key[{w.t->signal.rank, w.t->signal.index}];
     cur = std::max(cur, k);
   }

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 
+#include "gemm_overlap_check.hpp"
 #include "gpu_harness.hpp"
 #include "rank_harness.hpp"
 #include "weft/core/cuda_check.hpp"
@@ -28,17 +29,6 @@ std::vector<RankResult> run_gpu(int n, const std::function<void()>& fn) {
   return run_gpu_ranks(n, fn, /*heap_mib=*/1024, /*deadline_ms=*/600000);
 }
 
-// |A| <= 1; B is nonzero only where (k + j) % 4 == 0 and |B| <= 2, so |C| <= 2 * ceil(K/4)
-// <= 256 for K <= 512: every partial and total is an integer bf16 holds, whatever the order
-// (cuBLAS, NCCL and weft's reductions all give the same bits).
-float a_glob(int64_t g, int64_t k, int64_t e) { return static_cast<float>((g * 7 + k * 3 + e * 5) % 3 - 1); }
-float b_glob(int64_t k, int64_t j, int64_t e, int owner) {
-  if ((k + j) % 4 != 0) return 0.f;
-  return static_cast<float>((k * 5 + j * 3 + e + owner * 2) % 5 - 2);
-}
-uint16_t encode(float v, dev::DType t) { return dev::to_bits16(v, t); }
-float decode(uint16_t v, dev::DType t) { return dev::from_bits16(v, t); }
-
 struct DevBuf {
   void* p = nullptr;
   size_t bytes = 0;
@@ -50,67 +40,25 @@ struct Host {
   std::vector<uint16_t> a, b;
 };
 
+// Sparse B (see gemm_overlap_check.hpp): K up to 512 stays exact in bf16.
 Host inputs(const GemmOverlap& op, int rank, int64_t e) {
-  const auto& c = op.config();
-  const int64_t kl = op.a_cols();
   Host h;
-  h.a.resize(static_cast<size_t>(op.a_rows() * kl));
+  h.a.resize(static_cast<size_t>(op.a_rows() * op.a_cols()));
   h.b.resize(static_cast<size_t>(op.b_rows() * op.b_cols()));
-  for (int64_t i = 0; i < op.a_rows(); ++i)
-    for (int64_t k = 0; k < kl; ++k) {
-      const int64_t g = c.op == GemmOp::kAgGemm ? rank * op.a_rows() + i : i;
-      const int64_t kg = c.op == GemmOp::kAgGemm ? k : rank * kl + k;
-      h.a[static_cast<size_t>(i * kl + k)] = encode(a_glob(g, kg, e), c.dtype);
-    }
-  const int owner = c.op == GemmOp::kAgGemm ? rank : 0;
-  for (int64_t k = 0; k < kl; ++k)
-    for (int64_t j = 0; j < c.n; ++j) {
-      const int64_t kg = c.op == GemmOp::kAgGemm ? k : rank * kl + k;
-      const uint16_t v = encode(b_glob(kg, j, e, owner), c.dtype);
-      if (c.b_layout == BLayout::kNK)
-        h.b[static_cast<size_t>(j * kl + k)] = v;
-      else
-        h.b[static_cast<size_t>(k * c.n + j)] = v;
-    }
+  fill_overlap_inputs(op, rank, e, /*sparse=*/true, h.a.data(), h.b.data());
   return h;
 }
 
 void check(const GemmOverlap& op, const std::vector<uint16_t>& got, int rank, int world, int64_t e,
            const std::string& what) {
-  const auto& c = op.config();
-  const int64_t row0 = c.op == GemmOp::kGemmRs ? rank * (c.m / world) : 0;
-  const int owner = c.op == GemmOp::kAgGemm ? rank : 0;
-  int bad = 0;
-  std::string first;
-  for (int64_t i = 0; i < op.c_rows(); ++i)
-    for (int64_t j = 0; j < c.n; ++j) {
-      float want = 0;
-      for (int64_t k = (4 - j % 4) % 4; k < c.k; k += 4) want += a_glob(row0 + i, k, e) * b_glob(k, j, e, owner);
-      const float have = decode(got[static_cast<size_t>(i * c.n + j)], c.dtype);
-      if (have != want && bad++ < 5) first += fmt::format(" C[{}][{}] = {} (expected {})", i, j, have, want);
-    }
-  WEFT_CHECK(bad == 0, fmt::format("{} rank {} call {}: {} mismatches:{}", what, rank, e, bad, first));
+  check_overlap_output(op, got.data(), rank, world, e, /*sparse=*/true, what);
 }
 
-struct Shape {
-  GemmOp op;
-  int64_t m, k, n;
-};
-
+using Shape = OverlapShape;
 GemmOverlapConfig config(const Shape& s, dev::DType t, BLayout l, int chunks) {
-  GemmOverlapConfig c;
-  c.op = s.op;
-  c.m = s.m;
-  c.k = s.k;
-  c.n = s.n;
-  c.dtype = t;
-  c.b_layout = l;
-  c.chunks = chunks;
-  c.tune_cache.assign(1, '-');
-  return c;
+  return overlap_config(s, t, l, chunks);
 }
 
-// Every method of one op, `calls` eager calls each with fresh inputs, checked exactly.
 int run_all_methods(Backend& b, const GemmOverlapConfig& cfg, int calls, cudaStream_t s) {
   GemmOverlap op(b, cfg);
   const int rank = b.rank(), world = b.size();

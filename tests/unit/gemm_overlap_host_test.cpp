@@ -15,6 +15,7 @@
 #include <fstream>
 #include <thread>
 
+#include "gemm_overlap_check.hpp"
 #include "rank_harness.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ops/gemm_overlap.hpp"
@@ -28,19 +29,6 @@ using namespace weft::testing;
 
 namespace {
 
-// Small integers: |A| <= 1, |B| <= 2. Every product sum of these shapes (K <= 128) stays
-// within +-256, where bf16 holds every integer, so each rounding (a partial product, every
-// add of a reduction) is exact and any order of the adds gives the same bits. A depends on
-// the global row and column and the call; B on its global row, column, call and, for
-// ag_gemm (where every rank has its own B), the rank.
-float a_glob(int64_t g, int64_t k, int64_t e) { return static_cast<float>((g * 7 + k * 3 + e * 5) % 3 - 1); }
-float b_glob(int64_t k, int64_t j, int64_t e, int owner) {
-  return static_cast<float>((k * 5 + j * 3 + e + owner * 2) % 5 - 2);
-}
-
-uint16_t encode(float v, dev::DType t) { return dev::to_bits16(v, t); }
-float decode(uint16_t v, dev::DType t) { return dev::from_bits16(v, t); }
-
 // 16-byte aligned host buffers of 16-bit elements.
 struct Buf {
   std::vector<uint16_t> v;
@@ -53,49 +41,12 @@ struct Inputs {
   Inputs(size_t na, size_t nb) : a(na), b(nb) {}
 };
 
-// This rank's A_r and B for call e.
-void fill(const GemmOverlap& op, Inputs& in, int rank, int world, int64_t e) {
-  const auto& c = op.config();
-  const int64_t kl = op.a_cols();
-  for (int64_t i = 0; i < op.a_rows(); ++i)
-    for (int64_t k = 0; k < kl; ++k) {
-      const int64_t g = c.op == GemmOp::kAgGemm ? rank * op.a_rows() + i : i;
-      const int64_t kg = c.op == GemmOp::kAgGemm ? k : rank * kl + k;
-      in.a.p()[i * kl + k] = encode(a_glob(g, kg, e), c.dtype);
-    }
-  const int owner = c.op == GemmOp::kAgGemm ? rank : 0;
-  for (int64_t k = 0; k < kl; ++k)
-    for (int64_t j = 0; j < c.n; ++j) {
-      const int64_t kg = c.op == GemmOp::kAgGemm ? k : rank * kl + k;
-      const float v = b_glob(kg, j, e, owner);
-      if (c.b_layout == BLayout::kNK)
-        in.b.p()[j * kl + k] = encode(v, c.dtype);
-      else
-        in.b.p()[k * c.n + j] = encode(v, c.dtype);
-    }
-  (void)world;
+// This rank's A_r and B for call e (dense B: gemm_overlap_check.hpp).
+void fill(const GemmOverlap& op, Inputs& in, int rank, int64_t e) {
+  fill_overlap_inputs(op, rank, e, /*sparse=*/false, in.a.p(), in.b.p());
 }
 
-// Checks C against the plain reference: C = A * B over the global K (for gemm_rs, this
-// rank's rows of it).
-void check(const GemmOverlap& op, const uint16_t* got, int rank, int world, int64_t e, const std::string& what) {
-  const auto& c = op.config();
-  const int64_t row0 = c.op == GemmOp::kGemmRs ? rank * (c.m / world) : 0;
-  const int owner = c.op == GemmOp::kAgGemm ? rank : 0;
-  for (int64_t i = 0; i < op.c_rows(); ++i)
-    for (int64_t j = 0; j < c.n; ++j) {
-      float want = 0;
-      for (int64_t k = 0; k < c.k; ++k) want += a_glob(row0 + i, k, e) * b_glob(k, j, e, owner);
-      const float have = decode(got[i * c.n + j], c.dtype);
-      WEFT_CHECK(have == want,
-                 fmt::format("{} rank {} call {}: C[{}][{}] = {}, expected {}", what, rank, e, i, j, have, want));
-    }
-}
-
-struct Shape {
-  GemmOp op;
-  int64_t m, k, n;
-};
+using Shape = OverlapShape;
 
 // Shapes that divide no tile (8 x 16 on the host) or chunk evenly.
 std::vector<Shape> shapes_for(int w) {
@@ -119,13 +70,13 @@ int run_methods(Backend& b, const GemmOverlapConfig& cfg, const std::vector<Gemm
   for (GemmMethod m : methods)
     for (int call = 0; call < calls; ++call) {
       ++e;
-      fill(op, in, rank, world, e);
+      fill(op, in, rank, e);
       std::fill(out.v.begin(), out.v.end(), uint16_t{0x7FC1});  // NaN in bf16 and f16
       op.run(in.a.p(), in.b.p(), out.p(), {.method = m});
-      check(op, out.p(), rank, world, e,
-            fmt::format("{} {} {} {} algo {} world {} chunks {}", to_string(cfg.op), to_string(m),
-                        dev::dtype_name(cfg.dtype), to_string(cfg.b_layout), cfg.algo.empty() ? "default" : cfg.algo,
-                        world, op.chunks()));
+      check_overlap_output(op, out.p(), rank, world, e, /*sparse=*/false,
+                           fmt::format("{} {} {} {} algo {} world {} chunks {}", to_string(cfg.op), to_string(m),
+                                       dev::dtype_name(cfg.dtype), to_string(cfg.b_layout),
+                                       cfg.algo.empty() ? "default" : cfg.algo, world, op.chunks()));
       ++checks;
     }
   return checks;
@@ -133,17 +84,7 @@ int run_methods(Backend& b, const GemmOverlapConfig& cfg, const std::vector<Gemm
 
 GemmOverlapConfig config(const Shape& s, dev::DType t = dev::DType::kBF16, BLayout l = BLayout::kNK, int chunks = 2,
                          std::string algo = "") {
-  GemmOverlapConfig c;
-  c.op = s.op;
-  c.m = s.m;
-  c.k = s.k;
-  c.n = s.n;
-  c.dtype = t;
-  c.b_layout = l;
-  c.chunks = chunks;
-  c.algo = std::move(algo);
-  c.tune_cache.assign(1, '-');  // no cache (assign: GCC 12 flags operator= of a literal with -Wrestrict)
-  return c;
+  return overlap_config(s, t, l, chunks, std::move(algo));
 }
 
 std::string message_of(const std::function<void()>& f) {
@@ -297,7 +238,7 @@ TEST(GemmOverlapTrace, HostRunsRecordEveryChunkAndTile) {
       Inputs in(static_cast<size_t>(op.a_rows() * op.a_cols()), static_cast<size_t>(op.b_rows() * op.b_cols()));
       Buf out(static_cast<size_t>(op.c_rows() * op.c_cols()));
       for (GemmMethod m : {GemmMethod::kBaseline, GemmMethod::kDecomposed, GemmMethod::kFused}) {
-        fill(op, in, b->rank(), b->size(), 1);
+        fill(op, in, b->rank(), 1);
         op.run(in.a.p(), in.b.p(), out.p(), {.method = m, .trace = true});
         int tiles = 0, chunks = 0;
         for (const auto& e : op.trace()) {
@@ -339,7 +280,7 @@ TEST(GemmOverlapHostFaults, RankThatSkipsACallIsNamed) {
         GemmOverlap op(*b, config({GemmOp::kGemmRs, 6, 24, 5}));
         Inputs in(static_cast<size_t>(op.a_rows() * op.a_cols()), static_cast<size_t>(op.b_rows() * op.b_cols()));
         Buf out(static_cast<size_t>(op.c_rows() * op.c_cols()));
-        fill(op, in, b->rank(), 3, 1);
+        fill(op, in, b->rank(), 1);
         op.run(in.a.p(), in.b.p(), out.p(), {.method = GemmMethod::kDecomposed});
         if (b->rank() == 1) {
           std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms + 700));

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "weft/plan/plan.hpp"
@@ -63,6 +64,11 @@ TileSchedule row_schedule(const CommPlan& plan, const std::string& tensor, int64
 void attach_waits(TileSchedule& s, const CommPlan& plan);
 
 // ---- transforms (each keeps every tile once per rank) ----------------------------------
+
+// Longest dependency chain before each chunk of the plan (Kahn over its raw deps; deps on
+// chunks the plan does not hold are ignored). Chunks on a cycle, which the verifier rejects,
+// get INT32_MAX, so orders built on it put them last.
+std::unordered_map<int64_t, int> chain_depth(const CommPlan& plan);
 
 // Stable sort of each rank's tiles by when the chunks they wait for arrive: a chunk's
 // arrival is (longest dependency chain before it, position in its issuing queue); a tile's
