@@ -43,6 +43,7 @@ struct TensorMaps {
   CUtensorMap a;
   CUtensorMap b;
   CUtensorMap c[kGemmMaxDests];
+  CUtensorMap src;  // source 0, when src_tma: read into the epilogue buffer by TMA
 };
 
 struct KernelParams {
@@ -58,6 +59,10 @@ struct KernelParams {
   int64_t ldc;
   int64_t c_row0[kGemmMaxDests];
   int64_t c_rows[kGemmMaxDests];
+  const void* src[kGemmMaxSrcs];  // epilogue sources (GemmArgs::src)
+  int num_src;
+  int64_t ld_src;
+  int src_tma;  // source 0 through TMA into the epilogue buffer (the others: register loads)
   GemmHooks hooks;
 };
 
@@ -91,13 +96,27 @@ __host__ __device__ inline void tile_coords(const KernelParams& p, int pos, int&
 }
 
 // Per-position hooks shared by both kernels.
-__device__ inline void hook_wait(const KernelParams& p, int pos) {
+__device__ inline void hook_wait(const KernelParams& p, int pos, int mb) {
   const GemmHooks& h = p.hooks;
   if (!h.wait_begin) return;
-  for (int i = h.wait_begin[pos]; i < h.wait_begin[pos + 1]; ++i)
+  const int at = h.wait_per_mblock ? mb : pos;
+  // Not `dev ? *dev : h.wait_scale` through a volatile pointer: nvcc 13 folded that into one
+  // volatile load from a select of the two addresses, the parameter's being invalid (seen by
+  // compute-sanitizer as a read at 0x3d0).
+  uint64_t scale = h.wait_scale;
+  if (h.wait_scale_dev)
+    asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(scale) : "l"(h.wait_scale_dev) : "memory");
+  for (int i = h.wait_begin[at]; i < h.wait_begin[at + 1]; ++i)
     // No printf in this kernel (see dev::fail_wait): a timeout reports through the slot.
-    dev::wait_ge<false>(h.ctx, h.wait_off + 8ull * static_cast<uint64_t>(h.wait_idx[i]), h.wait_val[i] * h.wait_scale,
+    dev::wait_ge<false>(h.ctx, h.wait_off + 8ull * static_cast<uint64_t>(h.wait_idx[i]), h.wait_val[i] * scale,
                         h.wait_peer ? h.wait_peer[i] : -1);
+}
+// Element (row, col) of source i as fp32 (L2, not L1: a peer may have just written it).
+template <class T>
+__device__ inline float src_elem(const KernelParams& p, int i, int64_t row, int64_t col) {
+  const T* q = static_cast<const T*>(p.src[i]) + row * p.ld_src + col;
+  const unsigned short bits = __ldcg(reinterpret_cast<const unsigned short*>(q));
+  return static_cast<float>(*reinterpret_cast<const T*>(&bits));
 }
 __device__ inline void hook_notify(const KernelParams& p, int pos) {
   const GemmHooks& h = p.hooks;
@@ -250,6 +269,43 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
 
 #endif  // WEFT_SM90 wrappers
 
+#if defined(WEFT_SM90)
+// Adds the epilogue sources to the accumulator half h (n8 blocks 16h .. 16h+15) of this
+// thread: rows row and row + 8, columns col + 8 jj + {0, 1}. Loads go in batches of
+// 2 kSrcBatch (one L2 latency each) before their adds: the consumers run at 168 registers, 128 of them the
+// accumulators.
+template <class T, int kSrcBatch = 16>
+__device__ __forceinline__ void add_sources(const KernelParams& p, float* d, int h, int row, int col, int first) {
+#pragma unroll 1
+  for (int i = first; i < p.num_src; ++i) {
+    const T* base = static_cast<const T*>(p.src[i]);
+#pragma unroll
+    for (int q = 0; q < 16 / kSrcBatch; ++q) {
+      uint32_t v[2 * kSrcBatch];
+#pragma unroll
+      for (int j = 0; j < kSrcBatch; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int rr = row + 8 * e, cc = col + 8 * (16 * h + kSrcBatch * q + j);
+          const T* a = base + static_cast<int64_t>(rr) * p.ld_src + cc;
+          v[2 * j + e] = rr >= p.m || cc >= p.n ? 0u
+                         : cc + 1 < p.n         ? __ldcg(reinterpret_cast<const unsigned int*>(a))
+                                        : static_cast<uint32_t>(__ldcg(reinterpret_cast<const unsigned short*>(a)));
+        }
+#pragma unroll
+      for (int j = 0; j < kSrcBatch; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          T two[2];
+          *reinterpret_cast<uint32_t*>(two) = v[2 * j + e];
+          d[4 * (16 * h + kSrcBatch * q + j) + 2 * e] += static_cast<float>(two[0]);
+          d[4 * (16 * h + kSrcBatch * q + j) + 2 * e + 1] += static_cast<float>(two[1]);
+        }
+    }
+  }
+}
+#endif
+
 // ---- sm_90a kernel ---------------------------------------------------------------------
 // CM = 2: launched as clusters of two CTAs taking positions 2q and 2q+1 (M-blocks 2i, 2i+1
 // of one N-block); each producer loads its own A and half of B, multicasting that half into
@@ -268,6 +324,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* se = sb + kStages * kBStage;  // [kConsumers][2 boxes][64][64]
   uint64_t* full = reinterpret_cast<uint64_t*>(se + kConsumers * kEpiBytes);
   uint64_t* empty = full + kStages;
+  uint64_t* srcbar = empty + kStages;  // [kConsumers]: a source half-tile landed in epi
 
   const int wg = threadIdx.x / 128;  // 0..kConsumers-1: consumers; kConsumers: producer
   const int tid = threadIdx.x % 128;
@@ -283,6 +340,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], kConsumers * 4 * CM);  // lane 0 of every consumer warp of the cluster
     }
+    for (int w = 0; w < kConsumers; ++w) mbar_init(&srcbar[w], 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   if (CM == 2)
@@ -301,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         int mb, nb;
         tile_coords(p, pos, mb, nb);
         if (p.hooks.wait_begin && mb < p.tiles_m) {
-          hook_wait(p, pos);
+          hook_wait(p, pos, mb);
           fence_proxy_async_global();
         }
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
@@ -339,11 +397,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Descriptors of stage 0 (this warpgroup's 64 rows of A; B).
     const uint64_t da0 = BKV == 64 ? sw128_desc(smem_u32(sa + wg * (64 * kRow)), 16, 1024)
                                    : sw64_desc(smem_u32(sa + wg * (64 * kRow)), 512);
-    const uint64_t db0 = BKN ? sw128_desc(smem_u32(sb), 64 * BK * 2, 1024)
-                             : BKV == 64 ? sw128_desc(smem_u32(sb), 16, 1024)
-                                         : sw64_desc(smem_u32(sb), 512);
+    const uint64_t db0 = BKN         ? sw128_desc(smem_u32(sb), 64 * BK * 2, 1024)
+                         : BKV == 64 ? sw128_desc(smem_u32(sb), 16, 1024)
+                                     : sw64_desc(smem_u32(sb), 512);
     float d[128];
     uint32_t it = 0;
+    uint32_t src_uses = 0;  // completions of srcbar[wg] waited for
+    // Source 0's half h of tile (mb, nb) into this warpgroup's epilogue buffer (tid 0), once the
+    // buffer's previous store has been read.
+    auto load_src_half = [&](int mb_, int nb_, int h) {
+      bulk_wait_read0();
+      mbar_expect_tx(&srcbar[wg], kEpiBytes);
+      const int x = nb_ * BN + h * kEpiCols, y = mb_ * BM + wg * 64;
+      tma_load_2d(epi, &maps.src, &srcbar[wg], x, y);
+      tma_load_2d(epi + 64 * 128, &maps.src, &srcbar[wg], x + 64, y);
+    };
     auto release = [&](int s) {
       if (lane != 0) return;
       mbar_arrive(&empty[s]);
@@ -359,6 +427,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t ph = (it / kStages) & 1u;
         mbar_wait(&full[s], ph);
         if (kb == 0 && p.hooks.trace && wg == 0 && tid == 0) p.hooks.trace[3 * pos] = globaltimer();
+        // Source 0's first half early, under the main loop (the previous tile's stores from the
+        // buffer have long been read by k-block 2).
+        if (p.src_tma && tid == 0 && mb < p.tiles_m && kb == (kblocks > 2 ? 2 : kblocks - 1)) load_src_half(mb, nb, 0);
+        if (kb == 0 && p.num_src > 0 && !p.direct_c && mb < p.tiles_m) {
+          // The tile's sources into L2 (its waits are done: its first stage arrived), so the
+          // epilogue's loads hit L2: this warpgroup's 64 rows x 512 bytes, 2 lines per thread.
+          for (int i = 0; i < p.num_src; ++i)
+#pragma unroll
+            for (int l = 0; l < 2; ++l) {
+              const int line = 2 * tid + l, row = mb * BM + wg * 64 + line / 4;
+              const int col = nb * BN + (line % 4) * 64;
+              if (row < p.m && col < p.n)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const T*>(p.src[i]) + row * p.ld_src + col));
+            }
+        }
         // Stage s, step kk: the stage-0 descriptors plus offsets in 16-byte units (the start
         // address field; shared memory < 256 KiB, so it never carries into the next field).
         const uint64_t da_s = da0 + static_cast<uint64_t>(s) * (kAStage >> 4);
@@ -367,7 +450,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_regs(d);
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
-          const uint64_t da = da_s + static_cast<uint64_t>(kk * 2);                // 32 bytes of K
+          const uint64_t da = da_s + static_cast<uint64_t>(kk * 2);                   // 32 bytes of K
           const uint64_t db = db_s + static_cast<uint64_t>(BKN ? kk * 128 : kk * 2);  // kn: 16 rows of 128 bytes
           if constexpr (std::is_same_v<T, __nv_bfloat16>)
             sm90::wgmma_m64n256k16_bf16<BKN>(d, da, db, 1u);
@@ -391,6 +474,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (p.direct_c) {
         // ---- epilogue from registers (C rows not 16-byte multiples): element stores ----
         T* c = static_cast<T*>(p.c[dest]);
+#pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int64_t grow = static_cast<int64_t>(mb) * BM + wg * 64 + r + 8 * half;
           const int64_t lr = grow - p.c_row0[dest];
@@ -402,7 +486,9 @@ __global__ void __launch_bounds__(kThreads, 1)
               const int col = nb * BN + 8 * jj + 2 * t0 + e;
               if (col >= p.n) continue;
               T* out = c + lr * p.ldc + col;
-              const T v = static_cast<T>(d[4 * jj + 2 * half + e]);
+              float acc = d[4 * jj + 2 * half + e];
+              for (int i = 0; i < p.num_src; ++i) acc += src_elem<T>(p, i, grow, col);
+              const T v = static_cast<T>(acc);
               if (reduce)
                 atomicAdd(out, v);
               else
@@ -423,8 +509,31 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int row0 = static_cast<int>(static_cast<int64_t>(mb) * BM + wg * 64 - p.c_row0[dest]);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if (tid == 0) bulk_wait_read0();  // the previous store from this buffer has been read
-        named_sync(1 + wg, 128);
+        if (p.src_tma) {
+          // Source 0's half h is (or, for h = 1, is now being) loaded into the buffer, in the
+          // layout this thread writes: add what sits at the addresses it is about to write.
+          if (h == 1 && tid == 0) load_src_half(mb, nb, 1);
+          mbar_wait(&srcbar[wg], src_uses & 1u);
+          ++src_uses;
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            const uint8_t* box = epi + (j / 8) * (64 * 128);
+            const int chunk = (j % 8) ^ (r % 8);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              T two[2];
+              *reinterpret_cast<uint32_t*>(two) =
+                  *reinterpret_cast<const uint32_t*>(box + (r + 8 * e) * 128 + chunk * 16 + t0 * 4);
+              d[4 * (h * 16 + j) + 2 * e] += static_cast<float>(two[0]);
+              d[4 * (h * 16 + j) + 2 * e + 1] += static_cast<float>(two[1]);
+            }
+          }
+          if (p.num_src > 1) add_sources<T>(p, d, h, mb * BM + wg * 64 + r, nb * BN + 2 * t0, 1);
+        } else {
+          if (p.num_src > 0) add_sources<T>(p, d, h, mb * BM + wg * 64 + r, nb * BN + 2 * t0, 0);
+          if (tid == 0) bulk_wait_read0();  // the previous store from this buffer has been read
+          named_sync(1 + wg, 128);
+        }
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
           const int jj = h * 16 + j;  // n8 block of the accumulator
@@ -483,7 +592,7 @@ __global__ void __launch_bounds__(256) gemm_portable_kernel(const KernelParams p
     int mb, nb;
     tile_coords(p, pos, mb, nb);
     if (mb >= p.tiles_m) continue;  // a phantom of a table built for CTA pairs
-    if (threadIdx.x == 0) hook_wait(p, pos);
+    if (threadIdx.x == 0) hook_wait(p, pos, mb);
     if (threadIdx.x == 0 && p.hooks.trace) p.hooks.trace[3 * pos] = globaltimer();
     __syncthreads();
     const int dest = hook_dest(p, pos);
@@ -517,10 +626,12 @@ __global__ void __launch_bounds__(256) gemm_portable_kernel(const KernelParams p
           const int64_t lr = gm - p.c_row0[dest];
           if (gm >= p.m || gn >= p.n || lr < 0 || lr >= rows) continue;
           T* out = c + lr * args.ldc + gn;
+          float v = acc[i][j];
+          for (int q = 0; q < p.num_src; ++q) v += src_elem<T>(p, q, gm, gn);
           if (hook_reduce(p, pos))
-            atomicAdd(out, static_cast<T>(acc[i][j]));
+            atomicAdd(out, static_cast<T>(v));
           else
-            *out = static_cast<T>(acc[i][j]);
+            *out = static_cast<T>(v);
         }
     }
     if (p.hooks.notify_idx) {
@@ -633,6 +744,7 @@ cudaError_t launch(const GemmArgs& a, const KernelParams& kp, bool sm90, cudaStr
                                                : make_map(&maps.b, dt, a.b, a.n, a.k, a.ldb, BN / 2, bk, sw));
     for (int d = 0; ok && !kp.direct_c && d < a.num_dests; ++d)
       ok = make_map(&maps.c[d], dt, a.c[d], a.c_rows[d], a.n, a.ldc, 64, 64);
+    if (ok && kp.src_tma) ok = make_map(&maps.src, dt, a.src[0], a.m, a.n, a.ld_src, 64, 64);
     if (!ok) {
       if (why) *why = "cuTensorMapEncodeTiled refused a tensor map (pointer, stride or shape)";
       return cudaErrorInvalidValue;
@@ -694,6 +806,14 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   if (a.cluster_m < 0 || a.cluster_m > 2) return refuse("cluster_m must be 0 (auto), 1 or 2");
   if (a.k_block != 0 && a.k_block != 32 && a.k_block != 64) return refuse("k_block must be 0 (auto), 32 or 64");
   if (a.cluster_m == 0 && h.order) return refuse("with an order table, say which cluster_m the table was built for");
+  if (a.num_src < 0 || a.num_src > kGemmMaxSrcs) return refuse("num_src must be in [0, 7]");
+  if (a.num_src > 0 && a.ld_src < a.n) return refuse("ld_src is smaller than the row");
+  for (int i = 0; i < a.num_src; ++i) {
+    if (!a.src[i]) return refuse("every source must be non-null");
+    // The TMA-stored epilogue reads sources two elements at a time: other sources take the
+    // epilogue from registers, as C does.
+    if (misaligned(a.src[i]) || a.ld_src % 8 != 0) direct_c = true;
+  }
 
   KernelParams kp{};
   kp.m = a.m;
@@ -730,6 +850,13 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   kp.b_kn = a.b_layout == GemmBLayout::kKN;
   kp.reduce_add = a.out == GemmOut::kReduceAdd;
   for (int d = 0; d < kGemmMaxDests; ++d) kp.c_row0[d] = args.c_row0[d];
+  for (int i = 0; i < kGemmMaxSrcs; ++i) kp.src[i] = i < a.num_src ? a.src[i] : nullptr;
+  kp.num_src = a.num_src;
+  kp.ld_src = a.ld_src;
+  // Source 0 by TMA where C is TMA-stored (same box and swizzle as the stores); $WEFT_GEMM_SRC_TMA=0:
+  // register loads for every source (experiments).
+  kp.src_tma = a.num_src > 0 && !direct_c && sm90;
+  if (const char* env = std::getenv("WEFT_GEMM_SRC_TMA"); env && env[0] == '0') kp.src_tma = 0;
   kp.hooks = h;
   if (a.type == GemmType::kBF16) return launch<__nv_bfloat16>(args, kp, sm90, stream, why);
   return launch<__half>(args, kp, sm90, stream, why);

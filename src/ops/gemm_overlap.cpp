@@ -25,6 +25,7 @@
 #include <nccl.h>
 
 #include "weft/core/cuda_check.hpp"
+#include "weft/kernels/gemm.hpp"
 #include "weft/kernels/gemm_overlap_kernels.hpp"
 #include "weft/kernels/runtime_kernels.hpp"
 
@@ -158,7 +159,9 @@ double predict_baseline(const Cost& c, const Shape& s) {
   return 0;
 }
 
-double predict_decomposed(const Cost& c, const Shape& s, int chunks) {
+// fold: gemm_rs's own block on weft's GEMM, waiting per M-block for the peers' pieces and
+// adding them in its epilogue (no reduce pass); else the own block by cuBLAS, then a reduce.
+double predict_decomposed(const Cost& c, const Shape& s, int chunks, bool fold = false) {
   const double w = s.w, ml = s.m / w, piece = ml / chunks;
   if (s.op == GemmOp::kAgGemm) {
     // Own shard first; then (w-1)*chunks pieces, each arriving after the copies before it.
@@ -171,9 +174,18 @@ double predict_decomposed(const Cost& c, const Shape& s, int chunks) {
   if (s.op == GemmOp::kGemmRs) {
     double t = 0, copy_end = 0;
     const double cp = c.copy(piece * s.n * s.eb);
+    std::vector<double> arrive(static_cast<size_t>(chunks), 0.0);  // piece j of every peer
     for (int i = 0; i < (s.w - 1) * chunks; ++i) {
       t += c.gemm(piece, s.n, s.kl);
       copy_end = std::max(copy_end, t) + cp;
+      arrive[static_cast<size_t>(i % chunks)] = copy_end + c.lat_us;
+    }
+    if (fold) {
+      // One launch; its rows of piece j start once piece j is here.
+      const double per = (c.gemm(ml, s.n, s.kl) - Cost::kGemmLaunchUs) / chunks;
+      t += Cost::kGemmLaunchUs;
+      for (int j = 0; j < chunks; ++j) t = std::max(t, arrive[static_cast<size_t>(j)]) + per;
+      return t;
     }
     t += c.gemm(ml, s.n, s.kl);
     return std::max(t, copy_end + c.lat_us) + (w + 1) * ml * s.n * s.eb / (c.hbm * 1e3) + Cost::kGemmLaunchUs;
@@ -226,6 +238,7 @@ struct GemmOverlap::Impl {
   std::vector<TraceEvent> trace;
   Collectives coll;
   bool fused_gpu = false;
+  bool rs_fold_pick = false;  // gemm_rs decomposed folds its reduction (decide(); rs_fold_possible)
 
   // host backend
   std::unique_ptr<detail::HostGemmExec> host_dec, host_fused;
@@ -248,6 +261,12 @@ struct GemmOverlap::Impl {
   // decomposed gemm_rs: staging [world][m_shard x N] and one signal per (source, chunk)
   uint64_t rs_stage = 0;
   dev::SignalSlab rs_signals{};
+  // ... with the own block on weft's GEMM (rs_fold_wanted): one launch that waits per M-block
+  // for the peers' pieces and adds them in its epilogue -- no reduce pass. Its wait tables.
+  bool rs_fold = false;
+  void* rs_fold_tables = nullptr;
+  kernels::GemmHooks rs_fold_hooks{};
+  cudaEvent_t ev_guard = nullptr;                   // after the epoch guard's barrier on the copy stream
   std::vector<std::pair<int64_t, int64_t>> pieces;  // chunk row ranges
   // fused
   detail::OpPlan fp;
@@ -273,6 +292,7 @@ struct GemmOverlap::Impl {
   ~Impl();
 
   void validate();
+  bool rs_fold_possible() const;
   void decide(const std::vector<GemmMethod>& avail);
   void setup_host();
   std::vector<GemmMethod> available() const;
@@ -343,6 +363,20 @@ void GemmOverlap::Impl::validate() {
   c_cols = c.n;
 }
 
+// gemm_rs decomposed can fold the reduction into its own block's GEMM epilogue where weft's
+// sm_90a GEMM runs (WEFT_RS_FOLD=0: never). Not with SM copies: the fold's GEMM holds every
+// SM while it waits for the peers' pieces. Whether it does: decide().
+bool GemmOverlap::Impl::rs_fold_possible() const {
+#ifdef WEFT_HAVE_CUDA
+  if (cfg.op != GemmOp::kGemmRs || world < 2 || b.kind() != BackendKind::kNccl) return false;
+  if (const char* e = std::getenv("WEFT_RS_FOLD"); e && e[0] == '0') return false;
+  if (const char* e = std::getenv("WEFT_OVERLAP_ENGINE"); e && std::string(e) == "sm") return false;
+  return kernels::gemm_sm90_available();
+#else
+  return false;
+#endif
+}
+
 std::vector<GemmMethod> GemmOverlap::Impl::available() const {
   std::vector<GemmMethod> v{GemmMethod::kBaseline, GemmMethod::kDecomposed};
   if (b.kind() == BackendKind::kHost || fused_gpu) v.push_back(GemmMethod::kFused);
@@ -358,17 +392,27 @@ void GemmOverlap::Impl::decide(const std::vector<GemmMethod>& avail) {
     const plan::DeviceConstants d = device_constants();
     const double ce = link_of(d, plan::Engine::kCopyEngine);
     const Cost c{d.gemm_tflops, ce, 0.66 * ce, d.hbm_gbps, d.signal_latency_us};
+    // gemm_rs: fold the reduction into the own block's GEMM where the reduce pass it removes
+    // is long. Measured on 2xH200 (docs/gemm_overlap.md): removing a ~90 us pass
+    // (8192x8192x14336) saved 115 us; removing 46 / 29 / 10 us passes cost 7-31 us (the
+    // epilogue's source reads slow the own GEMM ~10%, and its rows wait for the last piece).
+    // The model below does not see those costs, hence a threshold. WEFT_RS_FOLD=1 forces it.
+    if (rs_fold_possible()) {
+      const double reduce_us = (world + 1) * (cfg.m / world) * double(cfg.n) * eb / (c.hbm * 1e3);
+      const char* e = std::getenv("WEFT_RS_FOLD");
+      rs_fold_pick = (e && e[0] == '1') || reduce_us >= 60.0;
+    }
     double best = 1e300;
     for (int ch : {1, 2, 4, 8}) {
       if (ch > m_shard) break;
-      const double t = predict_decomposed(c, s, ch);
+      const double t = predict_decomposed(c, s, ch, rs_fold_pick);
       if (t < best) {
         best = t;
         model_chunks = ch;
       }
     }
     autoc.predicted_baseline_us = predict_baseline(c, s);
-    autoc.predicted_decomposed_us = predict_decomposed(c, s, cfg.chunks > 0 ? cfg.chunks : model_chunks);
+    autoc.predicted_decomposed_us = predict_decomposed(c, s, cfg.chunks > 0 ? cfg.chunks : model_chunks, rs_fold_pick);
     if (fused_gpu) autoc.predicted_fused_us = predict_fused(c, s);
   }
   // Tuning cache: rank 0 reads it and tells everyone, so every rank decides alike.
@@ -567,16 +611,14 @@ void GemmOverlap::Impl::setup_gpu() {
               : heap.alloc_bytes(static_cast<size_t>(x.rows * x.cols * x.elem_bytes), tag + ".decomposed." + x.name));
     }
     ag_signals = heap.alloc_signals(static_cast<uint32_t>(ag.max_signals), tag + ".decomposed.signals");
-    // Experimental (WEFT_AG_OWN_IN_PLACE=1; not yet verified on GPUs): this rank's own rows
-    // read in place by the GEMM, and the plan's copy of them into the gathered buffer left
-    // out (its signal is still given), where no transfer forwards from the gathered buffer
-    // (the direct templates push from the input). Measured (2xH200, 2026-11-22 03:35): that
-    // device-local copy is an SM kernel that ran 23-179 us before the first GEMM could start;
-    // without it ag_gemm took 2494.8 / 686.5 / 1227.6 / 94.3 us instead of 2558.0 / 716.6 /
-    // 1375.4 / 112.6 on the ANCHORS shapes. That run also failed the GPU test where a tile
-    // straddled the edge of the own rows (M = 10, 2 chunks: the tile read gathered rows that
-    // were never copied); such shapes now keep the copy, a fix that has not run on a GPU yet
-    // -- hence off by default.
+    // This rank's own rows are read in place by the GEMM and the plan's copy of them into
+    // the gathered buffer is left out (its signal is still given), where no transfer
+    // forwards from the gathered buffer (the direct templates push from the input) and no
+    // tile straddles the edge of the own rows (it would read gathered rows never copied).
+    // Measured (2xH200): that device-local copy is an SM kernel that ran 23-179 us before the
+    // first GEMM could start; without it 2487.6 / 679.0 / 1232.8 / 93.9 us instead of
+    // 2558.0 / 716.6 / 1375.4 / 112.6 on the ANCHORS shapes (docs/gemm_overlap.md).
+    // WEFT_AG_OWN_IN_PLACE=0 keeps the copy (comparisons).
     const plan::LoweredRank& lr = ag.lowered.ranks[static_cast<size_t>(rank)];
     const int64_t own0 = rank * m_shard, own1 = own0 + m_shard;
     bool forwards = false, straddles = false;
@@ -586,11 +628,52 @@ void GemmOverlap::Impl::setup_gpu() {
       straddles |= r0 < own1 && r1 > own0 && (r0 < own0 || r1 > own1);
     }
     const char* env = std::getenv("WEFT_AG_OWN_IN_PLACE");
-    ag_own_in_place = env && env[0] == '1' && !forwards && !straddles;
+    ag_own_in_place = !(env && env[0] == '0') && !forwards && !straddles;
   } else if (cfg.op == GemmOp::kGemmRs) {
     rs_stage = heap.alloc_bytes(static_cast<size_t>(world) * m_shard * cfg.n * eb, tag + ".decomposed.staging");
     rs_signals = heap.alloc_signals(static_cast<uint32_t>(world * chunks), tag + ".decomposed.signals");
     ev_piece.resize(static_cast<size_t>(std::max(1, world - 1) * chunks));
+    rs_fold = rs_fold_pick && !sm_copies;
+    if (rs_fold) {
+      // Per M-block of the own block: wait for piece j of every peer q (signal q * chunks + j
+      // >= the call count) for each piece j its rows overlap.
+      std::vector<int32_t> begin{0}, idx, from;
+      std::vector<uint64_t> val;
+      for (int mb = 0; mb < kernels::gemm_tiles_m(static_cast<int>(m_shard)); ++mb) {
+        const int64_t r0 = int64_t{mb} * kernels::kGemmTileM, r1 = std::min(m_shard, r0 + kernels::kGemmTileM);
+        for (size_t j = 0; j < pieces.size(); ++j)
+          if (pieces[j].first < r1 && pieces[j].second > r0)
+            for (int q = 0; q < world; ++q)
+              if (q != rank) {
+                idx.push_back(q * chunks + static_cast<int>(j));
+                val.push_back(1);
+                from.push_back(q);
+              }
+        begin.push_back(static_cast<int32_t>(idx.size()));
+      }
+      const size_t nb = begin.size() * 4, ne = idx.size();
+      const size_t o_idx = (nb + 15) & ~size_t{15}, o_val = (o_idx + ne * 4 + 15) & ~size_t{15},
+                   o_from = o_val + ne * 8, total = o_from + ne * 4;
+      std::vector<char> blob(total);
+      std::memcpy(blob.data(), begin.data(), nb);
+      if (ne) {
+        std::memcpy(blob.data() + o_idx, idx.data(), ne * 4);
+        std::memcpy(blob.data() + o_val, val.data(), ne * 8);
+        std::memcpy(blob.data() + o_from, from.data(), ne * 4);
+      }
+      WEFT_CUDA_CHECK(cudaMalloc(&rs_fold_tables, std::max<size_t>(total, 16)));
+      WEFT_CUDA_CHECK(cudaMemcpy(rs_fold_tables, blob.data(), total, cudaMemcpyHostToDevice));
+      char* t = static_cast<char*>(rs_fold_tables);
+      kernels::GemmHooks& h = rs_fold_hooks;
+      h.wait_begin = reinterpret_cast<const int32_t*>(t);
+      h.wait_idx = reinterpret_cast<const int32_t*>(t + o_idx);
+      h.wait_val = reinterpret_cast<const uint64_t*>(t + o_val);
+      h.wait_peer = reinterpret_cast<const int32_t*>(t + o_from);
+      h.wait_off = rs_signals.at(0);
+      h.wait_per_mblock = true;
+      h.wait_scale_dev = b.ctx().ptr<const uint64_t>(rank, epoch_off);  // the call counter
+      WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_guard, cudaEventDisableTiming));
+    }
   } else {
     ev_piece.resize(pieces.size());
   }
@@ -833,6 +916,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
     // has finished reading them for the previous call (this stream waited for ev_fork,
     // which follows that call's last GEMM or reduce on the compute stream).
     if (world > 1) WEFT_CUDA_CHECK(kernels::device_barrier(ctx, barrier, cs));
+    if (rs_fold) WEFT_CUDA_CHECK(cudaEventRecord(ev_guard, cs));
     if (cfg.op == GemmOp::kAgGemm) {
       const plan::LoweredRank& lr = ag.lowered.ranks[static_cast<size_t>(rank)];
       const detail::RankExtra& ex = ag.extra[static_cast<size_t>(rank)];
@@ -903,8 +987,10 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
       }
     } else {
       // gemm_rs: partial products for the other ranks first (rotated by rank), each chunk
-      // copied into its owner's staging slot `rank` as soon as it is computed; then this
-      // rank's own block, straight into its own slot; then the owner sums the slots.
+      // copied into its owner's staging slot `rank` as soon as it is computed. Then, folded
+      // (rs_fold): this rank's own block as one launch of weft's GEMM that waits per M-block
+      // for the peers' pieces and adds them in its epilogue, straight into C. Else: the own
+      // block into its own slot, then the owner sums the slots (a reduce pass).
       char* stage_local = ctx.peer_base[rank] + rs_stage;
       const uint64_t slot_bytes = static_cast<uint64_t>(m_shard * N) * eb;
       size_t ev = 0;
@@ -927,15 +1013,64 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
                      static_cast<uint64_t>(r0 * N) * eb,
                  bytes, at(scratch, static_cast<uint64_t>(g0 * N) * eb), bytes, bytes, 1, cs);
           mark_end(x, cs, tracing);
-          kernels::OverlapSignals sig{};
-          sig.count = 1;
-          sig.peer[0] = p;
-          sig.off[0] = rs_signals.at(static_cast<uint32_t>(rank * chunks + static_cast<int>(j)));
-          sig.inc[0] = 1;
-          WEFT_CUDA_CHECK(kernels::overlap_signal(ctx, sig, cs));
+          const uint64_t sig_off = rs_signals.at(static_cast<uint32_t>(rank * chunks + static_cast<int>(j)));
+          if (rs_fold && !sm_copies) {
+            // The signal by the copy engine, after the piece (stream order): the call count,
+            // copied from this rank's counter -- no SM needed while the peer's folded GEMM
+            // holds them all. Equal to what the kernel's +1 per call gives.
+            WEFT_CUDA_CHECK(cudaMemcpyAsync(ctx.peer_base[p] + sig_off, ctx.peer_base[rank] + epoch_off,
+                                            sizeof(uint64_t), cudaMemcpyDefault, cs));
+          } else {
+            kernels::OverlapSignals sig{};
+            sig.count = 1;
+            sig.peer[0] = p;
+            sig.off[0] = sig_off;
+            sig.inc[0] = 1;
+            WEFT_CUDA_CHECK(kernels::overlap_signal(ctx, sig, cs));
+          }
         }
       }
       const int64_t g0 = rank * m_shard;
+      if (rs_fold && !sm_copies) {
+        kernels::GemmArgs ga;
+        ga.m = static_cast<int>(m_shard);
+        ga.n = static_cast<int>(N);
+        ga.k = static_cast<int>(k_local);
+        ga.type = cfg.dtype == dev::DType::kBF16 ? kernels::GemmType::kBF16 : kernels::GemmType::kF16;
+        ga.b_layout = cfg.b_layout == BLayout::kNK ? kernels::GemmBLayout::kNK : kernels::GemmBLayout::kKN;
+        ga.a = at(a, static_cast<uint64_t>(g0 * k_local) * eb);
+        ga.lda = k_local;
+        ga.b = bp;
+        ga.ldb = cfg.b_layout == BLayout::kNK ? k_local : N;
+        ga.c[0] = c;
+        ga.ldc = N;
+        for (int q = 0; q < world; ++q)
+          if (q != rank) ga.src[ga.num_src++] = stage_local + slot_bytes * static_cast<uint64_t>(q);
+        ga.ld_src = N;
+        if (const char* e = std::getenv("WEFT_RS_FOLD_CTAS")) ga.ctas = std::atoi(e);  // experiments
+        kernels::GemmHooks h = rs_fold_hooks;
+        h.ctx = ctx;
+        // Timing experiments only (wrong results): WEFT_RS_FOLD_DEBUG=nosrc|nowait|none drops
+        // the epilogue sources, the waits, or both.
+        if (const char* e = std::getenv("WEFT_RS_FOLD_DEBUG")) {
+          const std::string d = e;
+          if (d == "nosrc" || d == "none") ga.num_src = 0;
+          if (d == "nowait" || d == "none") h.wait_begin = nullptr;
+        }
+        // Not before this rank's epoch barrier has run: the peers' pushes wait for it, and
+        // this GEMM, waiting for them, holds every SM.
+        WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_guard, 0));
+        size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev), 0, "compute stream",
+                        fmt::format("gemm rows [{},{}) (own) + peers' pieces", g0, g0 + m_shard), tracing);
+        const char* why = nullptr;
+        const cudaError_t e = kernels::gemm(ga, h, s, &why);
+        WEFT_REQUIRE(e == cudaSuccess, fmt::format("gemm_rs decomposed: weft's GEMM refused the own block ({}): {}",
+                                                   cudaGetErrorString(e), why ? why : "launch failed"));
+        mark_end(x, s, tracing);
+        WEFT_CUDA_CHECK(cudaEventRecord(ev_join, cs));
+        WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_join, 0));
+        return;
+      }
       size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev), 0, "compute stream",
                       fmt::format("gemm rows [{},{}) (own)", g0, g0 + m_shard), tracing);
       gemm(s, at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp,
@@ -1029,6 +1164,8 @@ GemmOverlap::Impl::~Impl() {
   if (workspace) cudaFree(workspace);
   if (scratch) cudaFree(scratch);
   if (f_tables) cudaFree(f_tables);
+  if (rs_fold_tables) cudaFree(rs_fold_tables);
+  if (ev_guard) cudaEventDestroy(ev_guard);
   if (f_trace) cudaFree(f_trace);
   if (f_trace_count) cudaFree(f_trace_count);
 #endif

@@ -149,6 +149,54 @@ TEST(GemmGpu, ExactOnSmallIntegersForEveryKernelTypeLayoutAndShape) {
   });
 }
 
+// Epilogue sources (GemmArgs::src): C = A*B + s0 + s1, added in fp32 and rounded once, for
+// every kernel, both types, TMA-stored C (N % 8 == 0) and the register epilogue (N odd, or a
+// source off 16 bytes), sources with a longer row stride than C.
+TEST(GemmGpu, EpilogueSourcesAreAddedBeforeTheRounding) {
+  if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
+  in_child([] {
+    const std::vector<Case> cases = {{128, 256, 64}, {300, 520, 136}, {129, 257, 72}, {513, 264, 1000}};
+    int checks = 0;
+    for (int kernel : {0, 1, 2, 3})  // sm90 CTA pairs, sm90 single CTAs, portable, sm90 K 32
+      for (dev::DType t : {dev::DType::kBF16, dev::DType::kF16})
+        for (const auto& c : cases)
+          for (int offset : {0, 1}) {  // elements: 1 moves the second source off 16 bytes
+            const bool portable = kernel == 2;
+            const int64_t ld = c.n + 8;
+            const auto ha = fill(t, static_cast<size_t>(c.m) * c.k, 21, true);
+            const auto hb = fill(t, static_cast<size_t>(c.n) * c.k, 22, true);
+            const auto s0 = fill(t, static_cast<size_t>(c.m) * ld, 23, true, 50);
+            const auto s1 = fill(t, static_cast<size_t>(c.m) * ld + 1, 24, true, 50);
+            DevBuf<uint16_t> a(ha.size()), b(hb.size()), out(static_cast<size_t>(c.m) * c.n), d0(s0.size()),
+                d1(s1.size());
+            a.put(ha);
+            b.put(hb);
+            d0.put(s0);
+            d1.put(s1);
+            auto g = args_for(t, false, c, a.p, b.p, out.p);
+            g.cluster_m = kernel == 0 ? 2 : 1;
+            g.k_block = kernel == 3 ? 32 : 0;
+            g.src[0] = d0.p;
+            g.src[1] = d1.p + offset;
+            g.num_src = 2;
+            g.ld_src = ld;
+            ops::gemm_gpu(g, {}, nullptr, portable);
+            WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+            std::vector<uint16_t> pre(static_cast<size_t>(c.m) * c.n);
+            for (int r = 0; r < c.m; ++r)
+              for (int j = 0; j < c.n; ++j)
+                pre[static_cast<size_t>(r) * c.n + j] =
+                    enc(t, dec(t, s0[static_cast<size_t>(r * ld + j)]) +
+                               dec(t, s1[static_cast<size_t>(r * ld + j + offset)]));
+            expect_equal(out.get(), reference(t, false, c, ha, hb, &pre),
+                         fmt::format("sources: kernel {} {} M={} N={} K={} offset {}", kernel, dev::dtype_name(t), c.m,
+                                     c.n, c.k, offset));
+            ++checks;
+          }
+    std::printf("[gpu] gemm epilogue sources: %d exact checks passed\n", checks);
+  });
+}
+
 TEST(GemmGpu, RandomDataCloseToReference) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
   in_child([] {
@@ -281,71 +329,87 @@ TEST(GemmGpu, HooksOrderDestinationsReduceAddAndNotify) {
 
 // A's rows arrive after the launch (copy engine on another stream, after a 2 ms sleep),
 // each M-block's signal set only after its rows landed: the GEMM must wait for them.
+// mode 0: a wait per position (tables indexed by position); mode 1: the tables indexed by
+// M-block (wait_per_mblock) with the threshold's scale read from device memory (3).
 TEST(GemmGpu, WaitsForRowsThatArriveAfterTheLaunch) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
-  in_child([] {
-    const dev::DType t = dev::DType::kBF16;
-    const Case c{640, 512, 256};  // 5 x 2 tiles: few CTAs, SMs stay free for the other stream
-    const int tm = kernels::gemm_tiles_m(c.m), tn = kernels::gemm_tiles_n(c.n), tiles = tm * tn;
-    const auto ha = fill(t, static_cast<size_t>(c.m) * c.k, 10, true);
-    const auto hb = fill(t, static_cast<size_t>(c.n) * c.k, 11, true);
-    DevBuf<uint16_t> a(ha.size()), b(hb.size()), out(static_cast<size_t>(c.m) * c.n), staged(ha.size());
-    b.put(hb);
-    staged.put(ha);
-    WEFT_CUDA_CHECK(cudaMemset(a.p, 0xFF, ha.size() * 2));  // NaNs until the rows land
-    std::vector<int32_t> widx(tiles), wpeer(tiles, 0), wbegin(tiles + 1);
-    std::vector<uint64_t> wval(tiles, 1);
-    for (int p = 0; p < tiles; ++p) widx[p] = p / tn;  // closed-form order: M-block = p / tn (group_m 1)
-    std::iota(wbegin.begin(), wbegin.end(), 0);        // one wait per position
-    DevBuf<int32_t> d_widx(tiles), d_wpeer(tiles), d_wbegin(tiles + 1);
-    DevBuf<uint64_t> d_wval(tiles), heap(64), d_trace(3 * tiles);
-    d_widx.put(widx);
-    d_wbegin.put(wbegin);
-    d_wpeer.put(wpeer);
-    d_wval.put(wval);
-    kernels::GemmHooks h;
-    h.ctx = one_gpu_ctx(heap);
-    h.wait_begin = d_wbegin.p;
-    h.wait_idx = d_widx.p;
-    h.wait_val = d_wval.p;
-    h.trace = d_trace.p;
-    h.wait_peer = d_wpeer.p;
-    h.wait_off = 0;
-    cudaStream_t s1, s2;
-    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
-    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
-    auto g = args_for(t, false, c, a.p, b.p, out.p);
-    g.group_m = 1;
-    g.cluster_m = 1;
-    // Load the other stream's kernels before the GEMM spins: with lazy module loading, a
-    // first launch while a kernel waits on it would wait for that kernel (a deadlock).
-    WEFT_CUDA_CHECK(kernels::device_sleep(0, s2));
-    WEFT_CUDA_CHECK(set_signals(heap.p + 63, 1, 0, s2));
-    WEFT_CUDA_CHECK(cudaDeviceSynchronize());
-    ops::gemm_gpu(g, h, s1);
-    WEFT_CUDA_CHECK(kernels::device_sleep(2'000'000, s2));
-    const size_t block_bytes = static_cast<size_t>(kernels::kGemmTileM) * c.k * 2;
-    for (int mb = tm - 1; mb >= 0; --mb) {  // last block first: out of order on purpose
-      const size_t off = mb * block_bytes, bytes = std::min(block_bytes, ha.size() * 2 - off);
-      WEFT_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<char*>(a.p) + off, reinterpret_cast<char*>(staged.p) + off,
-                                      bytes, cudaMemcpyDeviceToDevice, s2));
-      WEFT_CUDA_CHECK(set_signals(heap.p + mb, 1, 1, s2));
-    }
-    WEFT_CUDA_CHECK(cudaDeviceSynchronize());
-    expect_equal(out.get(), reference(t, false, c, ha, hb), "GEMM waiting for late rows");
-    // Every tile was traced, and none started before its rows could have landed (2 ms).
-    const auto tr = d_trace.get();
-    uint64_t t_min = ~0ull, t_max = 0;
-    for (int p = 0; p < tiles; ++p) {
-      WEFT_REQUIRE(tr[3 * p] > 0 && tr[3 * p + 1] >= tr[3 * p], fmt::format("trace of position {} missing", p));
-      t_min = std::min(t_min, tr[3 * p]);
-      t_max = std::max(t_max, tr[3 * p + 1]);
-    }
-    std::printf("[gpu] gemm waits: traced tiles span %.1f us\n", (t_max - t_min) / 1e3);
-    cudaStreamDestroy(s1);
-    cudaStreamDestroy(s2);
-    std::printf("[gpu] gemm waits: rows landing 2 ms after launch, out of order: exact\n");
-  });
+  for (int mode : {0, 1})
+    in_child([mode] {
+      const dev::DType t = dev::DType::kBF16;
+      const Case c{640, 512, 256};  // 5 x 2 tiles: few CTAs, SMs stay free for the other stream
+      const int tm = kernels::gemm_tiles_m(c.m), tn = kernels::gemm_tiles_n(c.n), tiles = tm * tn;
+      const auto ha = fill(t, static_cast<size_t>(c.m) * c.k, 10, true);
+      const auto hb = fill(t, static_cast<size_t>(c.n) * c.k, 11, true);
+      DevBuf<uint16_t> a(ha.size()), b(hb.size()), out(static_cast<size_t>(c.m) * c.n), staged(ha.size());
+      b.put(hb);
+      staged.put(ha);
+      WEFT_CUDA_CHECK(cudaMemset(a.p, 0xFF, ha.size() * 2));  // NaNs until the rows land
+      const int entries = mode == 0 ? tiles : tm;
+      std::vector<int32_t> widx(entries), wpeer(entries, 0), wbegin(entries + 1);
+      std::vector<uint64_t> wval(entries, 1);
+      for (int p = 0; p < entries; ++p)
+        widx[p] = mode == 0 ? p / tn : p;          // closed-form order: M-block = p / tn (group_m 1)
+      std::iota(wbegin.begin(), wbegin.end(), 0);  // one wait per position (M-block)
+      DevBuf<int32_t> d_widx(entries), d_wpeer(entries), d_wbegin(entries + 1);
+      DevBuf<uint64_t> d_wval(entries), heap(64), d_trace(3 * tiles);
+      const uint64_t want = mode == 0 ? 1 : 3;  // the signal value that releases a block
+      if (mode == 1)
+        heap.put([tm] {
+          std::vector<uint64_t> h(64, 0);
+          std::fill(h.begin(), h.begin() + tm, 2);  // below 1 x 3: a kernel ignoring the scale reads NaNs
+          h[62] = 3;
+          return h;
+        }());
+      d_widx.put(widx);
+      d_wbegin.put(wbegin);
+      d_wpeer.put(wpeer);
+      d_wval.put(wval);
+      kernels::GemmHooks h;
+      h.ctx = one_gpu_ctx(heap);
+      h.wait_begin = d_wbegin.p;
+      h.wait_idx = d_widx.p;
+      h.wait_val = d_wval.p;
+      h.trace = d_trace.p;
+      h.wait_peer = d_wpeer.p;
+      h.wait_off = 0;
+      h.wait_per_mblock = mode == 1;
+      if (mode == 1) h.wait_scale_dev = heap.p + 62;
+      cudaStream_t s1, s2;
+      WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+      WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+      auto g = args_for(t, false, c, a.p, b.p, out.p);
+      g.group_m = 1;
+      g.cluster_m = 1;
+      // Load the other stream's kernels before the GEMM spins: with lazy module loading, a
+      // first launch while a kernel waits on it would wait for that kernel (a deadlock).
+      WEFT_CUDA_CHECK(kernels::device_sleep(0, s2));
+      WEFT_CUDA_CHECK(set_signals(heap.p + 63, 1, 0, s2));
+      WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+      ops::gemm_gpu(g, h, s1);
+      WEFT_CUDA_CHECK(kernels::device_sleep(2'000'000, s2));
+      const size_t block_bytes = static_cast<size_t>(kernels::kGemmTileM) * c.k * 2;
+      for (int mb = tm - 1; mb >= 0; --mb) {  // last block first: out of order on purpose
+        const size_t off = mb * block_bytes, bytes = std::min(block_bytes, ha.size() * 2 - off);
+        WEFT_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<char*>(a.p) + off, reinterpret_cast<char*>(staged.p) + off,
+                                        bytes, cudaMemcpyDeviceToDevice, s2));
+        WEFT_CUDA_CHECK(set_signals(heap.p + mb, 1, want, s2));
+      }
+      WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+      expect_equal(out.get(), reference(t, false, c, ha, hb), "GEMM waiting for late rows");
+      // Every tile was traced, and none started before its rows could have landed (2 ms).
+      const auto tr = d_trace.get();
+      uint64_t t_min = ~0ull, t_max = 0;
+      for (int p = 0; p < tiles; ++p) {
+        WEFT_REQUIRE(tr[3 * p] > 0 && tr[3 * p + 1] >= tr[3 * p], fmt::format("trace of position {} missing", p));
+        t_min = std::min(t_min, tr[3 * p]);
+        t_max = std::max(t_max, tr[3 * p + 1]);
+      }
+      std::printf("[gpu] gemm waits: traced tiles span %.1f us\n", (t_max - t_min) / 1e3);
+      cudaStreamDestroy(s1);
+      cudaStreamDestroy(s2);
+      std::printf("[gpu] gemm waits (%s): rows landing 2 ms after launch, out of order: exact\n",
+                  mode == 0 ? "per position" : "per M-block, device scale");
+    });
 }
 
 TEST(GemmGpu, BadArgumentsAreRefusedWithTheReason) {

@@ -119,14 +119,23 @@ TEST_P(GemmOverlapGpu, EveryMethodIsExact) {
 
 INSTANTIATE_TEST_SUITE_P(Gpus, GemmOverlapGpu, ::testing::Values(1, 0));
 
-// The experimental in-place own rows of decomposed ag_gemm (WEFT_AG_OWN_IN_PLACE=1): the same
-// exact checks, with shapes whose tiles straddle the edge of a rank's rows (5 rows per rank,
-// 2 and 4 chunks: those keep the copy) and shapes whose tiles do not.
-TEST(GemmOverlapGpuAgInPlace, EveryMethodIsExact) {
+// The suite above runs the decomposed paths the small test shapes get by default: ag_gemm
+// reads its own rows in place (shapes whose tiles straddle a rank's rows keep the copy);
+// gemm_rs runs cuBLAS + a reduce pass (it folds only where that pass would be long). This runs
+// the same exact checks on the other paths: the own rows copied (WEFT_AG_OWN_IN_PLACE=0) and
+// gemm_rs folded into weft's GEMM epilogue (WEFT_RS_FOLD=1; rows not on 128-row blocks, pieces
+// splitting blocks, N odd: the register epilogue).
+TEST(GemmOverlapGpuOtherPaths, EveryMethodIsExact) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
   struct Env {
-    Env() { setenv("WEFT_AG_OWN_IN_PLACE", "1", 1); }
-    ~Env() { unsetenv("WEFT_AG_OWN_IN_PLACE"); }
+    Env() {
+      setenv("WEFT_AG_OWN_IN_PLACE", "0", 1);
+      setenv("WEFT_RS_FOLD", "1", 1);
+    }
+    ~Env() {
+      unsetenv("WEFT_AG_OWN_IN_PLACE");
+      unsetenv("WEFT_RS_FOLD");
+    }
   } env;
   expect_all_ok(run_gpu(gpus(), [] {
     auto b = make_backend();
@@ -134,65 +143,72 @@ TEST(GemmOverlapGpuAgInPlace, EveryMethodIsExact) {
     cudaStream_t s;
     WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     int checks = 0;
-    for (const Shape& sh : {Shape{GemmOp::kAgGemm, 5 * w, 24, 13}, Shape{GemmOp::kAgGemm, 384 * w, 256, 392}}) {
+    for (const Shape& sh : {Shape{GemmOp::kAgGemm, 5 * w, 24, 13}, Shape{GemmOp::kAgGemm, 384 * w, 256, 392},
+                            Shape{GemmOp::kGemmRs, 5 * w, 24 * w, 13}, Shape{GemmOp::kGemmRs, 384 * w, 64 * w, 392}}) {
       checks += run_all_methods(*b, config(sh, dev::DType::kBF16, BLayout::kNK, 2), 2, s);
       checks += run_all_methods(*b, config(sh, dev::DType::kBF16, BLayout::kKN, 1), 1, s);
       checks += run_all_methods(*b, config(sh, dev::DType::kF16, BLayout::kNK, 4), 1, s);
     }
-    if (b->rank() == 0) std::printf("[gpu] ag_gemm own rows in place: %d ranks, %d exact checks passed\n", w, checks);
+    if (b->rank() == 0)
+      std::printf("[gpu] ag_gemm own rows copied, gemm_rs folded: %d ranks, %d exact checks passed\n", w, checks);
     WEFT_CUDA_CHECK(cudaStreamDestroy(s));
   }));
 }
 
 // Captured once, replayed many times with fresh inputs: the device-side epoch advances inside
-// the graph (decomposed waits), and every replay is exact.
+// the graph (decomposed waits; gemm_rs's folded GEMM reads it as its wait scale, and its
+// signals are copies of it), and every replay is exact. Run with and without the fold.
 TEST(GemmOverlapGpuGraph, ReplaysStayExact) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
-  expect_all_ok(run_gpu(gpus(), [] {
-    auto b = make_backend();
-    const int w = b->size(), rank = b->rank();
-    cudaStream_t s;
-    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    for (const Shape& sh : {Shape{GemmOp::kAgGemm, 256 * w, 128, 264}, Shape{GemmOp::kGemmRs, 256 * w, 128 * w, 264},
-                            Shape{GemmOp::kGemmAr, 320, 64 * w, 136}})
-      for (GemmMethod m : {GemmMethod::kBaseline, GemmMethod::kDecomposed}) {
-        GemmOverlap op(*b, config(sh, dev::DType::kBF16, BLayout::kNK, 2));
-        DevBuf a(static_cast<size_t>(op.a_rows() * op.a_cols()) * 2),
-            wt(static_cast<size_t>(op.b_rows() * op.b_cols()) * 2),
-            c(static_cast<size_t>(op.c_rows() * op.c_cols()) * 2);
-        auto load = [&](int64_t e) {
-          const Host h = inputs(op, rank, e);
-          WEFT_CUDA_CHECK(cudaMemcpy(a.p, h.a.data(), h.a.size() * 2, cudaMemcpyHostToDevice));
-          WEFT_CUDA_CHECK(cudaMemcpy(wt.p, h.b.data(), h.b.size() * 2, cudaMemcpyHostToDevice));
-          WEFT_CUDA_CHECK(cudaMemset(c.p, 0xFF, c.bytes));
-          WEFT_CUDA_CHECK(cudaDeviceSynchronize());
-        };
-        load(0);
-        op.run(a.p, wt.p, c.p, {.method = m, .stream = s});  // first call: outside the capture
-        WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
-        b->barrier();
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        WEFT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        op.run(a.p, wt.p, c.p, {.method = m, .stream = s});
-        WEFT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-        WEFT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        std::vector<uint16_t> out(static_cast<size_t>(op.c_rows() * op.c_cols()));
-        for (int64_t e = 1; e <= 10; ++e) {
-          load(e);
-          b->barrier();  // every rank's input is in place before anyone replays
-          WEFT_CUDA_CHECK(cudaGraphLaunch(exec, s));
+  for (const char* fold : {"0", "1"}) {
+    setenv("WEFT_RS_FOLD", fold, 1);
+    expect_all_ok(run_gpu(gpus(), [] {
+      auto b = make_backend();
+      const int w = b->size(), rank = b->rank();
+      cudaStream_t s;
+      WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      for (const Shape& sh : {Shape{GemmOp::kAgGemm, 256 * w, 128, 264}, Shape{GemmOp::kGemmRs, 256 * w, 128 * w, 264},
+                              Shape{GemmOp::kGemmAr, 320, 64 * w, 136}})
+        for (GemmMethod m : {GemmMethod::kBaseline, GemmMethod::kDecomposed}) {
+          GemmOverlap op(*b, config(sh, dev::DType::kBF16, BLayout::kNK, 2));
+          DevBuf a(static_cast<size_t>(op.a_rows() * op.a_cols()) * 2),
+              wt(static_cast<size_t>(op.b_rows() * op.b_cols()) * 2),
+              c(static_cast<size_t>(op.c_rows() * op.c_cols()) * 2);
+          auto load = [&](int64_t e) {
+            const Host h = inputs(op, rank, e);
+            WEFT_CUDA_CHECK(cudaMemcpy(a.p, h.a.data(), h.a.size() * 2, cudaMemcpyHostToDevice));
+            WEFT_CUDA_CHECK(cudaMemcpy(wt.p, h.b.data(), h.b.size() * 2, cudaMemcpyHostToDevice));
+            WEFT_CUDA_CHECK(cudaMemset(c.p, 0xFF, c.bytes));
+            WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+          };
+          load(0);
+          op.run(a.p, wt.p, c.p, {.method = m, .stream = s});  // first call: outside the capture
           WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
-          b->synchronize();
-          WEFT_CUDA_CHECK(cudaMemcpy(out.data(), c.p, c.bytes, cudaMemcpyDeviceToHost));
-          check(op, out, rank, w, e, fmt::format("graph {} {}", to_string(sh.op), to_string(m)));
-          b->barrier();  // nobody refills inputs a peer's replay may still read (baseline all-gather)
+          b->barrier();
+          cudaGraph_t graph;
+          cudaGraphExec_t exec;
+          WEFT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+          op.run(a.p, wt.p, c.p, {.method = m, .stream = s});
+          WEFT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+          WEFT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+          std::vector<uint16_t> out(static_cast<size_t>(op.c_rows() * op.c_cols()));
+          for (int64_t e = 1; e <= 10; ++e) {
+            load(e);
+            b->barrier();  // every rank's input is in place before anyone replays
+            WEFT_CUDA_CHECK(cudaGraphLaunch(exec, s));
+            WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
+            b->synchronize();
+            WEFT_CUDA_CHECK(cudaMemcpy(out.data(), c.p, c.bytes, cudaMemcpyDeviceToHost));
+            check(op, out, rank, w, e, fmt::format("graph {} {}", to_string(sh.op), to_string(m)));
+            b->barrier();  // nobody refills inputs a peer's replay may still read (baseline all-gather)
+          }
+          WEFT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+          WEFT_CUDA_CHECK(cudaGraphDestroy(graph));
         }
-        WEFT_CUDA_CHECK(cudaGraphExecDestroy(exec));
-        WEFT_CUDA_CHECK(cudaGraphDestroy(graph));
-      }
-    WEFT_CUDA_CHECK(cudaStreamDestroy(s));
-  }));
+      WEFT_CUDA_CHECK(cudaStreamDestroy(s));
+    }));
+  }
+  unsetenv("WEFT_RS_FOLD");
 }
 
 // A traced call of decomposed (and fused, when available): chunks on the copy engine, GEMMs

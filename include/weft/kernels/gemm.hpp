@@ -17,7 +17,11 @@
 //  - wait: before the producer loads tile position p, it waits (acquire, with the context's
 //    deadline; a timeout names `wait_peer[i]`) for each entry i in [wait_begin[p],
 //    wait_begin[p+1]) until local signal wait_off + 8*wait_idx[i] >= wait_val[i] * wait_scale, then
-//    fences the async proxy so TMA reads what the peer wrote.
+//    fences the async proxy so TMA reads what the peer wrote. With wait_per_mblock the table
+//    is indexed by the tile's M-block instead of p; with wait_scale_dev the scale is read from
+//    device memory (a call counter advanced on the stream: graph replays wait for new data).
+//  - sources (GemmArgs::src): C = A*B + the sum of the source tiles, added in fp32 and rounded
+//    once, read after the tile's waits (so a source may be data a peer just delivered).
 //  - destination: position p's tile goes to destination dest[p] & 63 (index into c[]; c[d]
 //    may be a peer's buffer), at row (tile row - c_row0[d]); rows outside [0, c_rows[d])
 //    are clipped. out = kReduceAdd, or kGemmDestReduce set in dest[p], adds into the
@@ -45,6 +49,7 @@ inline constexpr int kGemmTileM = 128;
 inline constexpr int kGemmTileN = 256;
 inline constexpr int kGemmTileK = 64;
 inline constexpr int kGemmMaxDests = 8;
+inline constexpr int kGemmMaxSrcs = 7;
 inline constexpr int kGemmNotifyPerTile = 2;   // consumer warpgroups, each notifies once
 inline constexpr int8_t kGemmDestReduce = 64;  // flag in GemmHooks::dest: reduce-add this tile
 
@@ -63,10 +68,16 @@ struct GemmArgs {
   int64_t c_rows[kGemmMaxDests] = {};  // rows destination d holds (0: m - c_row0[d])
   int num_dests = 1;
   GemmOut out = GemmOut::kStore;
+  // Epilogue sources: C[row, col] = (A*B)[row, col] + sum over i < num_src of
+  // src[i][row * ld_src + col] (row: this GEMM's row, 0 .. m-1), in fp32, rounded once.
+  // Same type as C (16-byte aligned with ld_src % 8 == 0, else the slower register epilogue).
+  const void* src[kGemmMaxSrcs] = {};
+  int num_src = 0;
+  int64_t ld_src = 0;
   // Closed-form raster: groups of group_m M-blocks (L2 reuse of B). 0: 16 -- a wave of 132
   // CTAs then covers ~16 M-blocks x 8 N-blocks, near the smallest footprint of A and B rows.
   int group_m = 0;
-  int ctas = 0;     // persistent CTAs; 0: as many as fit at once (never more than positions)
+  int ctas = 0;  // persistent CTAs; 0: as many as fit at once (never more than positions)
   // 2: CTA pairs share B by TMA multicast (sm_90a); 1: single CTAs; 0: automatic (2 when
   // there are an even number of M-blocks, or at least 9; required to be explicit with an
   // order table).
@@ -84,9 +95,11 @@ struct GemmHooks {
   const uint64_t* wait_val = nullptr;   // per entry: wait until signal >= this
   const int32_t* wait_peer = nullptr;   // per entry: the rank expected to signal (timeout message)
   uint64_t wait_off = 0;
-  uint64_t wait_scale = 1;              // thresholds are wait_val * wait_scale (an op's epoch: tables stay fixed)
-  const int8_t* dest = nullptr;         // [positions] destination index (| kGemmDestReduce), null: 0
-  const int32_t* notify_idx = nullptr;  // [num_tiles] -1: no notify
+  uint64_t wait_scale = 1;                   // thresholds are wait_val * wait_scale (an op's epoch: tables stay fixed)
+  const uint64_t* wait_scale_dev = nullptr;  // if set, the scale is *wait_scale_dev (device memory)
+  bool wait_per_mblock = false;              // wait_begin has tiles_m + 1 entries, indexed by M-block
+  const int8_t* dest = nullptr;              // [positions] destination index (| kGemmDestReduce), null: 0
+  const int32_t* notify_idx = nullptr;       // [num_tiles] -1: no notify
   const int32_t* notify_rank = nullptr;
   uint64_t notify_off = 0;
   uint64_t* trace = nullptr;  // [3 * positions] or null
