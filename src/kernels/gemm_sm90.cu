@@ -44,6 +44,7 @@ struct TensorMaps {
   CUtensorMap b;
   CUtensorMap c[kGemmMaxDests];
   CUtensorMap src;  // source 0, when src_tma: read into the epilogue buffer by TMA
+  CUtensorMap a2;   // rows [a2_row0, a2_row0 + a2_rows) of A, when a2_rows > 0
 };
 
 struct KernelParams {
@@ -62,7 +63,8 @@ struct KernelParams {
   const void* src[kGemmMaxSrcs];  // epilogue sources (GemmArgs::src)
   int num_src;
   int64_t ld_src;
-  int src_tma;  // source 0 through TMA into the epilogue buffer (the others: register loads)
+  int src_tma;           // source 0 through TMA into the epilogue buffer (the others: register loads)
+  int a2_row0, a2_rows;  // GemmArgs::a2's rows (a2_rows 0: none)
   GemmHooks hooks;
 };
 
@@ -362,12 +364,16 @@ __global__ void __launch_bounds__(kThreads, 1)
           hook_wait(p, pos, mb);
           fence_proxy_async_global();
         }
+        const bool a2 = p.a2_rows > 0 && mb * BM >= p.a2_row0 && mb * BM < p.a2_row0 + p.a2_rows;
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const int s = it % kStages;
           const uint32_t ph = (it / kStages) & 1u;
           mbar_wait(&empty[s], ph ^ 1u);
           mbar_expect_tx(&full[s], kAStage + kBStage);
-          tma_load_2d(sa + s * kAStage, &maps.a, &full[s], kb * BK, mb * BM);
+          if (a2)
+            tma_load_2d(sa + s * kAStage, &maps.a2, &full[s], kb * BK, mb * BM - p.a2_row0);
+          else
+            tma_load_2d(sa + s * kAStage, &maps.a, &full[s], kb * BK, mb * BM);
           uint8_t* bs = sb + s * kBStage;
           if (CM == 2) {
             // This CTA's half of B (128 of the 256 columns), into both CTAs.
@@ -606,7 +612,10 @@ __global__ void __launch_bounds__(256) gemm_portable_kernel(const KernelParams p
         for (int i = threadIdx.x; i < TM * TK; i += 256) {
           const int r = i / TK, kk = i % TK;
           const int gm = m0 + r, gk = k0 + kk, gn = n0 + r;
-          as[kk][r] = (gm < p.m && gk < p.k) ? ld_f(a + gm * lda + gk) : 0.f;
+          const T* arow = gm >= p.a2_row0 && gm < p.a2_row0 + p.a2_rows
+                              ? static_cast<const T*>(args.a2) + static_cast<int64_t>(gm - p.a2_row0) * lda
+                              : a + static_cast<int64_t>(gm) * lda;
+          as[kk][r] = (gm < p.m && gk < p.k) ? ld_f(arow + gk) : 0.f;
           float bv = 0.f;
           if (gn < p.n && gk < p.k) bv = p.b_kn ? ld_f(b + gk * ldb + gn) : ld_f(b + gn * ldb + gk);
           bs[kk][r] = bv;
@@ -740,6 +749,7 @@ cudaError_t launch(const GemmArgs& a, const KernelParams& kp, bool sm90, cudaStr
     const int bk = kp.k_block;
     const auto sw = bk == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
     bool ok = make_map(&maps.a, dt, a.a, a.m, a.k, a.lda, BM, bk, sw);
+    if (ok && kp.a2_rows > 0) ok = make_map(&maps.a2, dt, a.a2, a.a2_rows, a.k, a.lda, BM, bk, sw);
     ok = ok && (a.b_layout == GemmBLayout::kKN ? make_map(&maps.b, dt, a.b, a.k, a.n, a.ldb, bk, 64)
                                                : make_map(&maps.b, dt, a.b, a.n, a.k, a.ldb, BN / 2, bk, sw));
     for (int d = 0; ok && !kp.direct_c && d < a.num_dests; ++d)
@@ -792,7 +802,12 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   // kernel runs instead (same results and hooks, slower).
   auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) != 0; };
   if (!a.a || !a.b) return refuse("A and B must be non-null");
-  const bool tma_ab = a.lda % 8 == 0 && a.ldb % 8 == 0 && !misaligned(a.a) && !misaligned(a.b);
+  if (a.a2_rows < 0 || a.a2_row0 < 0 || a.a2_row0 + a.a2_rows > a.m) return refuse("a2's rows are outside A");
+  if (a.a2_rows > 0 && !a.a2) return refuse("a2 must be non-null when a2_rows > 0");
+  if (a.a2_rows > 0 && (a.a2_row0 % kGemmTileM != 0 || (a.a2_rows % kGemmTileM != 0 && a.a2_row0 + a.a2_rows != a.m)))
+    return refuse("a2's rows must start on a 128-row block and end on one (or at m)");
+  const bool tma_ab =
+      a.lda % 8 == 0 && a.ldb % 8 == 0 && !misaligned(a.a) && !misaligned(a.b) && (a.a2_rows == 0 || !misaligned(a.a2));
   GemmArgs args = a;
   // C rows that are not 16-byte multiples (or a C not 16-byte aligned) cannot be TMA-stored:
   // the kernel then stores from registers (correct, slower).
@@ -853,6 +868,8 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   for (int i = 0; i < kGemmMaxSrcs; ++i) kp.src[i] = i < a.num_src ? a.src[i] : nullptr;
   kp.num_src = a.num_src;
   kp.ld_src = a.ld_src;
+  kp.a2_row0 = static_cast<int>(a.a2_row0);
+  kp.a2_rows = static_cast<int>(a.a2_rows);
   // Source 0 by TMA where C is TMA-stored (same box and swizzle as the stores); $WEFT_GEMM_SRC_TMA=0:
   // register loads for every source (experiments).
   kp.src_tma = a.num_src > 0 && !direct_c && sm90;

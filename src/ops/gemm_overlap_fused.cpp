@@ -99,6 +99,11 @@ struct State {
   std::vector<TensorDesc> tensors;
   std::vector<uint64_t> signal_total;  // per transfer: increments to its signal per epoch, up to and including it
   std::vector<uint64_t> signal_epoch_total;
+  // ag_gemm: this rank's own rows read in place by the GEMM (GemmArgs::a2), their local copy
+  // left out (its signal still written).
+  bool own_in_place = false;
+  int64_t own_row0 = 0, own_rows = 0;
+  int cluster = 1;  // ag_gemm: 2 where the order table pairs M-blocks for CTA pairs
   // GEMM tables
   int positions = 0;
   int32_t* order = nullptr;
@@ -245,6 +250,23 @@ void build_ag(const FusedArgs& A, State& st) {
     WEFT_REQUIRE(t.src_rank == A.ctx.rank,
                  fmt::format("fused ag_gemm: chunk {} is read from rank {}", t.chunk, t.src_rank));
   }
+  // Own rows in place: where the plan copies them from the input into the gathered A and they
+  // sit on whole 128-row blocks (a2's rule). Measured: that device-local copy is an SM kernel
+  // that ran 23-179 us before the GEMM could start (docs/gemm_overlap.md). WEFT_AG_OWN_IN_PLACE=0:
+  // keep the copy.
+  {
+    const int me = A.ctx.rank;
+    st.own_rows = A.m / world;
+    st.own_row0 = me * st.own_rows;
+    bool ok = A.m % world == 0 && st.own_row0 % kernels::kGemmTileM == 0 &&
+              (st.own_rows % kernels::kGemmTileM == 0 || st.own_row0 + st.own_rows == A.m);
+    for (const auto& t : st.transfers)
+      if (t.dst_rank == me)
+        ok = ok && t.src_tensor == A.input_tensor && t.dst_tensor == A.gemm_tensor && t.dst_row >= st.own_row0 &&
+             t.dst_row + t.rows <= st.own_row0 + st.own_rows;
+    const char* env = std::getenv("WEFT_AG_OWN_IN_PLACE");
+    st.own_in_place = ok && !(env && env[0] == '0');
+  }
   // Per-epoch totals of each signal this rank bumps (it must be the signal's only producer:
   // the direct all-gather gives every chunk its own signal).
   std::map<std::pair<int, int>, uint64_t> total;
@@ -282,15 +304,32 @@ void build_ag(const FusedArgs& A, State& st) {
   WEFT_REQUIRE(static_cast<int>(block_order.size()) == tiles_m, "fused ag_gemm: the plan's tiles miss row blocks");
   std::vector<int32_t> order, wbegin{0}, widx, wpeer;
   std::vector<uint64_t> wait_per_epoch;
-  grouped(block_order, tiles_n, [&](int mb, int nb, size_t) {
+  auto emit = [&](int mb, int nb, size_t) {
     order.push_back(mb * tiles_n + nb);
-    for (auto [sig, th] : block_waits[mb]) {
-      widx.push_back(sig);
-      wait_per_epoch.push_back(static_cast<uint64_t>(th));
-      wpeer.push_back(sig < nsig ? producer[sig] : -1);
-    }
+    if (mb < tiles_m)  // a phantom partner waits for nothing
+      for (auto [sig, th] : block_waits[mb]) {
+        widx.push_back(sig);
+        wait_per_epoch.push_back(static_cast<uint64_t>(th));
+        wpeer.push_back(sig < nsig ? producer[sig] : -1);
+      }
     wbegin.push_back(static_cast<int32_t>(widx.size()));
-  });
+  };
+  // CTA pairs (B multicast to two M-blocks of one N-block; the plain GEMM's default, measured
+  // faster under load: docs/gemm.md) on consecutive blocks of the arrival order, an odd count
+  // padded with a phantom block; groups of 16 blocks, N-blocks outer. WEFT_FUSED_PAIRS=0:
+  // single CTAs, groups of 8.
+  const char* pairs_env = std::getenv("WEFT_FUSED_PAIRS");
+  st.cluster = pairs_env && pairs_env[0] == '0' ? 1 : 2;
+  if (st.cluster == 2) {
+    std::vector<int> blocks = block_order;
+    if (blocks.size() % 2) blocks.push_back(tiles_m);  // the phantom
+    constexpr size_t kGroup = 16;
+    for (size_t g = 0; g < blocks.size(); g += kGroup)
+      for (int nb = 0; nb < tiles_n; ++nb)
+        for (size_t i = g; i < std::min(blocks.size(), g + kGroup); ++i) emit(blocks[i], nb, i);
+  } else {
+    grouped(block_order, tiles_n, emit);
+  }
   upload_schedule(st, order, wbegin, widx, wpeer, wait_per_epoch);
 }
 
@@ -321,8 +360,9 @@ void run_ag(const FusedArgs& A, State& st, cudaStream_t s) {
                                   static_cast<size_t>(t.src_row * in.cols) * eb;
       char* dst = A.ctx.ptr<char>(t.dst_rank, dt.offset) + static_cast<size_t>(t.dst_row * dt.cols) * eb;
       if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.chunk_ev[2 * i], q));
-      WEFT_CUDA_CHECK(
-          cudaMemcpyAsync(dst, src, static_cast<size_t>(t.rows * t.cols) * eb, cudaMemcpyDeviceToDevice, q));
+      if (!(pass == 0 && st.own_in_place))
+        WEFT_CUDA_CHECK(
+            cudaMemcpyAsync(dst, src, static_cast<size_t>(t.rows * t.cols) * eb, cudaMemcpyDeviceToDevice, q));
       if (t.signal >= 0)
         write_value(q, A.ctx.ptr<uint64_t>(t.signal_rank, A.signals.at(static_cast<uint32_t>(t.signal))),
                     static_cast<uint64_t>(e - 1) * st.signal_epoch_total[i] + st.signal_total[i]);
@@ -333,6 +373,12 @@ void run_ag(const FusedArgs& A, State& st, cudaStream_t s) {
   const TensorDesc& ga = st.tensors[static_cast<size_t>(A.gemm_tensor)];
   auto g = gemm_args(A, A.ctx.ptr<const char>(me, ga.offset), ga.cols);
   g.c[0] = A.c;
+  g.cluster_m = st.cluster;
+  if (st.own_in_place) {
+    g.a2 = A.a;
+    g.a2_row0 = st.own_row0;
+    g.a2_rows = st.own_rows;
+  }
   if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.gemm_ev, s));
   launch_gemm(g, gemm_hooks(A, st, A.signals.offset), s, "ag_gemm");
   // Done with this call's gathered A: tell every peer (their next call's pushes wait on it).
@@ -543,7 +589,7 @@ void collect_trace(const FusedArgs& A, State& st, cudaStream_t s) {
   std::vector<TraceRecord> recs;
   uint64_t first = ~0ull;
   for (int p = 0; p < st.positions; ++p) {
-    if (!tr[3 * p]) continue;
+    if (!tr[3 * p] || !tr[3 * p + 1]) continue;  // not run, or a pair's phantom
     first = std::min(first, tr[3 * p]);
     recs.push_back({0, static_cast<int32_t>(tr[3 * p + 2]), p, tr[3 * p], tr[3 * p + 1]});
   }

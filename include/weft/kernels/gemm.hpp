@@ -59,6 +59,11 @@ struct GemmArgs {
   GemmBLayout b_layout = GemmBLayout::kNK;
   const void* a = nullptr;  // [m, k] row-major, lda elements between rows
   int64_t lda = 0;
+  // Rows [a2_row0, a2_row0 + a2_rows) of A read from a2 instead (row r at a2 + (r - a2_row0) *
+  // lda): a rank's own rows in place beside gathered ones. a2_row0 a multiple of 128, and
+  // a2_rows too unless the range ends at m.
+  const void* a2 = nullptr;
+  int64_t a2_row0 = 0, a2_rows = 0;
   const void* b = nullptr;  // kNK: [n, k]; kKN: [k, n]; ldb elements between rows
   int64_t ldb = 0;
   // Destinations: c[0] is the ordinary output. ldc elements between rows (all destinations).
