@@ -5,7 +5,9 @@
 # Every GPU test, compute-sanitizer memcheck of the GEMM+communication tests, then
 # `weft bench OP` for each op named (default: ag_gemm gemm_rs), then (TORCH=1) PyTorch's fused
 # ops on the same shapes (bench/torch_symm_mem_peer.py). Extra environment for the
-# benches: BENCH_ENV (e.g. "WEFT_AG_OWN_IN_PLACE=0"). Everything lands in $OUT as one archive.
+# benches: BENCH_ENV (e.g. "WEFT_AG_OWN_IN_PLACE=0"); TRACE=1 keeps one traced call (fused
+# ag_gemm, decomposed gemm_rs, largest shape) with its PNG; SKIP_TESTS=1, SKIP_MEMCHECK=1 leave
+# those out. Everything lands in $OUT as one archive.
 set -uo pipefail
 BIN=${1:-.gpu}
 shift || true
@@ -13,9 +15,11 @@ OPS=${*:-ag_gemm gemm_rs}
 source "$(dirname "$0")/env.sh"
 export WEFT_TIMEOUT_MS=${WEFT_TIMEOUT_MS:-15000}
 status=0
-step "every GPU test (1 and 2 GPUs)"
-timeout 300 "$BIN/weft_gpu_tests" > "$OUT/gpu_tests.log" 2>&1 || status=1
-grep -E "^\[ *(FAILED|PASSED)|\[gpu\]|Failure" "$OUT/gpu_tests.log" | head -40
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  step "every GPU test (1 and 2 GPUs)"
+  timeout 300 "$BIN/weft_gpu_tests" > "$OUT/gpu_tests.log" 2>&1 || status=1
+  grep -E "^\[ *(FAILED|PASSED)|\[gpu\]|Failure" "$OUT/gpu_tests.log" | head -40
+fi
 if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then
   step "compute-sanitizer memcheck (GEMM+communication tests)"
   WEFT_TEST_TIMEOUT_MS=200000 WEFT_TIMEOUT_MS=200000 timeout 280 compute-sanitizer --tool memcheck --report-api-errors no \
@@ -24,9 +28,20 @@ if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then
 fi
 for op in $OPS; do
   step "weft bench $op ${BENCH_ENV:-}"
-  env ${BENCH_ENV:-} timeout 150 "$BIN/weft" bench "$op" --out "$OUT" > "$OUT/bench_$op.log" 2> "$OUT/bench_${op}_progress.log" || status=1
+  trace_args=()
+  [ "${TRACE:-0}" = 1 ] && trace_args=(--trace-dir "$OUT/traces")
+  env ${BENCH_ENV:-} timeout 150 "$BIN/weft" bench "$op" --out "$OUT" "${trace_args[@]}" > "$OUT/bench_$op.log" \
+    2> "$OUT/bench_${op}_progress.log" || status=1
   grep -E "^MxKxN|^[0-9]+x" "$OUT/bench_$op.log"
 done
+if [ "${TRACE:-0}" = 1 ]; then  # keep the largest shape's fused ag_gemm and decomposed gemm_rs, with PNGs
+  step "traces"
+  mkdir -p "$OUT/keep"
+  for f in "$OUT"/traces/ag_gemm-8192x8192x14336-fused-*.json "$OUT"/traces/gemm_rs-8192x8192x14336-decomposed-*.json; do
+    [ -e "$f" ] && cp "$f" "$OUT/keep/" && "$BIN/weft" trace "$f" --png "$OUT/keep/$(basename "${f%.json}").png" | tail -4
+  done
+  rm -rf "$OUT/traces"
+fi
 if [ "${TORCH:-0}" = 1 ]; then
   step "PyTorch peer (2 ranks)"
   timeout 200 torchrun --nproc-per-node 2 bench/torch_symm_mem_peer.py --out "$OUT/torch-symm-mem-2r.json" > "$OUT/torch_peer.log" 2>&1 || status=1
