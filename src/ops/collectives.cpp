@@ -193,8 +193,12 @@ Method Collectives::auto_all_reduce(uint64_t bytes) const {
 
 Method Collectives::auto_exchange(uint64_t bytes_to_peers) const {
   // direct pays a handshake and a completion flag round (~2 x 1.3 µs) on top of the push;
-  // LL one crossing at twice the bytes: expected ahead up to ~512 KiB sent per rank.
-  return bytes_to_peers <= (512ull << 10) ? Method::kLowLatency : Method::kDirect;
+  // LL one crossing at twice the bytes. Measured (bench/results/collectives-nccl-2r-20261122-030825.json,
+  // collectives-nccl-4r-20261122-062209.json): LL ahead at every point up to 1.5 MiB sent per
+  // rank -- 2 ranks, 1 MiB sent: all-gather 9.8 vs 10.5 us; 4 ranks, 1.5 MiB: all-gather
+  // 14.5 vs 18.2, 768 KiB: reduce-scatter 9.9 vs 12.3, all-to-all 10.0 vs 16.1 -- and behind
+  // at 3 MiB (4-rank all-gather, 24.5 vs 22.9). (The first rule, 512 KiB, came from 2 ranks.)
+  return bytes_to_peers <= (3ull << 19) ? Method::kLowLatency : Method::kDirect;
 }
 
 void Collectives::check_symmetric_out(uint64_t out_off, uint64_t elems, dev::DType t, const char* what) const {

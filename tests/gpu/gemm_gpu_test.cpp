@@ -96,6 +96,13 @@ kernels::GemmArgs args_for(dev::DType t, bool kn, const Case& c, const void* a, 
   return g;
 }
 
+// The kernels the tests sweep: 0 sm90 CTA pairs, 1 sm90 single CTAs, 2 portable (the caller
+// passes force_portable), 3 sm90 with 8 stages of K 32.
+void use_kernel(kernels::GemmArgs& g, int kernel) {
+  g.cluster_m = kernel == 0 ? 2 : 1;
+  g.k_block = kernel == 3 ? 32 : 0;
+}
+
 std::vector<uint16_t> reference(dev::DType t, bool kn, const Case& c, const std::vector<uint16_t>& a,
                                 const std::vector<uint16_t>& b, const std::vector<uint16_t>* prefill = nullptr) {
   std::vector<uint16_t> out = prefill ? *prefill : std::vector<uint16_t>(static_cast<size_t>(c.m) * c.n);
@@ -131,8 +138,7 @@ TEST(GemmGpu, ExactOnSmallIntegersForEveryKernelTypeLayoutAndShape) {
             a.put(ha);
             b.put(hb);
             auto g = args_for(t, kn, c, a.p, b.p, out.p);
-            g.cluster_m = kernel == 0 ? 2 : 1;
-            g.k_block = kernel == 3 ? 32 : 0;
+            use_kernel(g, kernel);
             ops::gemm_gpu(g, {}, nullptr, portable);
             WEFT_CUDA_CHECK(cudaDeviceSynchronize());
             expect_equal(out.get(), reference(t, kn, c, ha, hb),
@@ -174,8 +180,7 @@ TEST(GemmGpu, EpilogueSourcesAreAddedBeforeTheRounding) {
             d0.put(s0);
             d1.put(s1);
             auto g = args_for(t, false, c, a.p, b.p, out.p);
-            g.cluster_m = kernel == 0 ? 2 : 1;
-            g.k_block = kernel == 3 ? 32 : 0;
+            use_kernel(g, kernel);
             g.src[0] = d0.p;
             g.src[1] = d1.p + offset;
             g.num_src = 2;
@@ -224,8 +229,7 @@ TEST(GemmGpu, RowsFromASecondPointer) {
           a2.put(own);
           b.put(hb);
           auto g = args_for(t, kn, c, a.p, b.p, out.p);
-          g.cluster_m = kernel == 0 ? 2 : 1;
-          g.k_block = kernel == 3 ? 32 : 0;
+          use_kernel(g, kernel);
           g.a2 = a2.p;
           g.a2_row0 = sp.row0;
           g.a2_rows = sp.rows;
