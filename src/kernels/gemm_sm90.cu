@@ -272,38 +272,39 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
 #endif  // WEFT_SM90 wrappers
 
 #if defined(WEFT_SM90)
-// Adds the epilogue sources to the accumulator half h (n8 blocks 16h .. 16h+15) of this
-// thread: rows row and row + 8, columns col + 8 jj + {0, 1}. Loads go in batches of
-// 2 kSrcBatch (one L2 latency each) before their adds: the consumers run at 168 registers, 128 of them the
-// accumulators.
-template <class T, int kSrcBatch = 16>
+// d[i], d[i + 1] += the two elements packed in `bits` (a 4-byte load of C's type).
+template <class T>
+__device__ __forceinline__ void add_packed(float* d, int i, uint32_t bits) {
+  T two[2];
+  *reinterpret_cast<uint32_t*>(two) = bits;
+  d[i] += static_cast<float>(two[0]);
+  d[i + 1] += static_cast<float>(two[1]);
+}
+
+// Adds sources first .. num_src-1 to the accumulator half h (n8 blocks 16h .. 16h+15) of this
+// thread: rows row and row + 8, columns col + 8 jj + {0, 1}. A source's 32 loads go out
+// before its adds (one L2 latency); the consumers run at 168 registers, 128 of them the
+// accumulators, which leaves room for these 32 and no more.
+template <class T>
 __device__ __forceinline__ void add_sources(const KernelParams& p, float* d, int h, int row, int col, int first) {
 #pragma unroll 1
   for (int i = first; i < p.num_src; ++i) {
     const T* base = static_cast<const T*>(p.src[i]);
+    uint32_t v[32];
 #pragma unroll
-    for (int q = 0; q < 16 / kSrcBatch; ++q) {
-      uint32_t v[2 * kSrcBatch];
+    for (int j = 0; j < 16; ++j)
 #pragma unroll
-      for (int j = 0; j < kSrcBatch; ++j)
+      for (int e = 0; e < 2; ++e) {
+        const int rr = row + 8 * e, cc = col + 8 * (16 * h + j);
+        const T* a = base + static_cast<int64_t>(rr) * p.ld_src + cc;
+        v[2 * j + e] = rr >= p.m || cc >= p.n ? 0u
+                       : cc + 1 < p.n         ? __ldcg(reinterpret_cast<const unsigned int*>(a))
+                                      : static_cast<uint32_t>(__ldcg(reinterpret_cast<const unsigned short*>(a)));
+      }
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int rr = row + 8 * e, cc = col + 8 * (16 * h + kSrcBatch * q + j);
-          const T* a = base + static_cast<int64_t>(rr) * p.ld_src + cc;
-          v[2 * j + e] = rr >= p.m || cc >= p.n ? 0u
-                         : cc + 1 < p.n         ? __ldcg(reinterpret_cast<const unsigned int*>(a))
-                                        : static_cast<uint32_t>(__ldcg(reinterpret_cast<const unsigned short*>(a)));
-        }
+    for (int j = 0; j < 16; ++j)
 #pragma unroll
-      for (int j = 0; j < kSrcBatch; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          T two[2];
-          *reinterpret_cast<uint32_t*>(two) = v[2 * j + e];
-          d[4 * (16 * h + kSrcBatch * q + j) + 2 * e] += static_cast<float>(two[0]);
-          d[4 * (16 * h + kSrcBatch * q + j) + 2 * e + 1] += static_cast<float>(two[1]);
-        }
-    }
+      for (int e = 0; e < 2; ++e) add_packed<T>(d, 4 * (16 * h + j) + 2 * e, v[2 * j + e]);
   }
 }
 #endif
@@ -526,13 +527,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             const uint8_t* box = epi + (j / 8) * (64 * 128);
             const int chunk = (j % 8) ^ (r % 8);
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              T two[2];
-              *reinterpret_cast<uint32_t*>(two) =
-                  *reinterpret_cast<const uint32_t*>(box + (r + 8 * e) * 128 + chunk * 16 + t0 * 4);
-              d[4 * (h * 16 + j) + 2 * e] += static_cast<float>(two[0]);
-              d[4 * (h * 16 + j) + 2 * e + 1] += static_cast<float>(two[1]);
-            }
+            for (int e = 0; e < 2; ++e)
+              add_packed<T>(d, 4 * (h * 16 + j) + 2 * e,
+                            *reinterpret_cast<const uint32_t*>(box + (r + 8 * e) * 128 + chunk * 16 + t0 * 4));
           }
           if (p.num_src > 1) add_sources<T>(p, d, h, mb * BM + wg * 64 + r, nb * BN + 2 * t0, 1);
         } else {
@@ -870,10 +867,8 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   kp.ld_src = a.ld_src;
   kp.a2_row0 = static_cast<int>(a.a2_row0);
   kp.a2_rows = static_cast<int>(a.a2_rows);
-  // Source 0 by TMA where C is TMA-stored (same box and swizzle as the stores); $WEFT_GEMM_SRC_TMA=0:
-  // register loads for every source (experiments).
+  // Source 0 by TMA where C is TMA-stored (same box and swizzle as the stores).
   kp.src_tma = a.num_src > 0 && !direct_c && sm90;
-  if (const char* env = std::getenv("WEFT_GEMM_SRC_TMA"); env && env[0] == '0') kp.src_tma = 0;
   kp.hooks = h;
   if (a.type == GemmType::kBF16) return launch<__nv_bfloat16>(args, kp, sm90, stream, why);
   return launch<__half>(args, kp, sm90, stream, why);

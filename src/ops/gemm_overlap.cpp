@@ -238,7 +238,7 @@ struct GemmOverlap::Impl {
   std::vector<TraceEvent> trace;
   Collectives coll;
   bool fused_gpu = false;
-  bool rs_fold_pick = false;  // gemm_rs decomposed folds its reduction (decide(); rs_fold_possible)
+  bool rs_fold_pick = false;  // gemm_rs decomposed folds its reduction (decide(): rs_fold_wanted)
 
   // host backend
   std::unique_ptr<detail::HostGemmExec> host_dec, host_fused;
@@ -261,9 +261,8 @@ struct GemmOverlap::Impl {
   // decomposed gemm_rs: staging [world][m_shard x N] and one signal per (source, chunk)
   uint64_t rs_stage = 0;
   dev::SignalSlab rs_signals{};
-  // ... with the own block on weft's GEMM (rs_fold_wanted): one launch that waits per M-block
+  // ... with the own block on weft's GEMM (rs_fold_pick): one launch that waits per M-block
   // for the peers' pieces and adds them in its epilogue -- no reduce pass. Its wait tables.
-  bool rs_fold = false;
   void* rs_fold_tables = nullptr;
   kernels::GemmHooks rs_fold_hooks{};
   cudaEvent_t ev_guard = nullptr;                   // after the epoch guard's barrier on the copy stream
@@ -292,7 +291,7 @@ struct GemmOverlap::Impl {
   ~Impl();
 
   void validate();
-  bool rs_fold_possible() const;
+  bool rs_fold_wanted(double hbm_gbps) const;
   void decide(const std::vector<GemmMethod>& avail);
   void setup_host();
   std::vector<GemmMethod> available() const;
@@ -363,16 +362,24 @@ void GemmOverlap::Impl::validate() {
   c_cols = c.n;
 }
 
-// gemm_rs decomposed can fold the reduction into its own block's GEMM epilogue where weft's
-// sm_90a GEMM runs (WEFT_RS_FOLD=0: never). Not with SM copies: the fold's GEMM holds every
-// SM while it waits for the peers' pieces. Whether it does: decide().
-bool GemmOverlap::Impl::rs_fold_possible() const {
+// Whether gemm_rs decomposed folds the reduction into its own block's GEMM epilogue. Only
+// where weft's sm_90a GEMM runs, and not with SM copies (the fold's GEMM holds every SM while
+// it waits for the peers' pieces). Then where the reduce pass it removes is long: measured on
+// 2xH200 (docs/gemm_overlap.md), removing a ~90 us pass (8192x8192x14336) saved 115 us;
+// removing 46 / 29 / 10 us passes cost 7-31 us (the epilogue's source reads slow the own GEMM
+// ~10%, and its rows wait for the last piece). The cost model does not see those costs, hence
+// a threshold. WEFT_RS_FOLD=1 forces it, =0 never.
+bool GemmOverlap::Impl::rs_fold_wanted(double hbm_gbps) const {
 #ifdef WEFT_HAVE_CUDA
   if (cfg.op != GemmOp::kGemmRs || world < 2 || b.kind() != BackendKind::kNccl) return false;
-  if (const char* e = std::getenv("WEFT_RS_FOLD"); e && e[0] == '0') return false;
+  const char* force = std::getenv("WEFT_RS_FOLD");
+  if (force && force[0] == '0') return false;
   if (const char* e = std::getenv("WEFT_OVERLAP_ENGINE"); e && std::string(e) == "sm") return false;
-  return kernels::gemm_sm90_available();
+  if (!kernels::gemm_sm90_available()) return false;
+  const double reduce_us = (world + 1) * (cfg.m / world) * double(cfg.n) * eb / (hbm_gbps * 1e3);
+  return (force && force[0] == '1') || reduce_us >= 60.0;
 #else
+  (void)hbm_gbps;
   return false;
 #endif
 }
@@ -392,16 +399,7 @@ void GemmOverlap::Impl::decide(const std::vector<GemmMethod>& avail) {
     const plan::DeviceConstants d = device_constants();
     const double ce = link_of(d, plan::Engine::kCopyEngine);
     const Cost c{d.gemm_tflops, ce, 0.66 * ce, d.hbm_gbps, d.signal_latency_us};
-    // gemm_rs: fold the reduction into the own block's GEMM where the reduce pass it removes
-    // is long. Measured on 2xH200 (docs/gemm_overlap.md): removing a ~90 us pass
-    // (8192x8192x14336) saved 115 us; removing 46 / 29 / 10 us passes cost 7-31 us (the
-    // epilogue's source reads slow the own GEMM ~10%, and its rows wait for the last piece).
-    // The model below does not see those costs, hence a threshold. WEFT_RS_FOLD=1 forces it.
-    if (rs_fold_possible()) {
-      const double reduce_us = (world + 1) * (cfg.m / world) * double(cfg.n) * eb / (c.hbm * 1e3);
-      const char* e = std::getenv("WEFT_RS_FOLD");
-      rs_fold_pick = (e && e[0] == '1') || reduce_us >= 60.0;
-    }
+    rs_fold_pick = rs_fold_wanted(c.hbm);
     double best = 1e300;
     for (int ch : {1, 2, 4, 8}) {
       if (ch > m_shard) break;
@@ -557,6 +555,36 @@ namespace {
 cudaDataType_t cuda_type(dev::DType t) { return t == dev::DType::kF16 ? CUDA_R_16F : CUDA_R_16BF; }
 ncclDataType_t nccl_type(dev::DType t) { return t == dev::DType::kF16 ? ncclFloat16 : ncclBfloat16; }
 char* at(const void* p, uint64_t bytes) { return static_cast<char*>(const_cast<void*>(p)) + bytes; }
+// ag_gemm (decomposed and fused) reads this rank's own rows in place where the shape allows;
+// WEFT_AG_OWN_IN_PLACE=0 copies them into the gathered A instead (comparisons).
+bool own_rows_in_place_allowed() {
+  const char* e = std::getenv("WEFT_AG_OWN_IN_PLACE");
+  return !(e && e[0] == '0');
+}
+
+// Host tables packed into one device allocation, each 16-byte aligned: add() them in order,
+// upload() once (the caller frees the allocation), then table(dev, i) is the i-th one there.
+struct TableBlob {
+  std::vector<char> bytes;
+  std::vector<size_t> offs;
+  template <class V>
+  void add(const V& v) {
+    const size_t o = (bytes.size() + 15) & ~size_t{15}, n = v.size() * sizeof(v[0]);
+    bytes.resize(o + n);
+    if (n) std::memcpy(bytes.data() + o, v.data(), n);
+    offs.push_back(o);
+  }
+  void* upload() const {
+    void* d = nullptr;
+    WEFT_CUDA_CHECK(cudaMalloc(&d, std::max<size_t>(bytes.size(), 16)));
+    WEFT_CUDA_CHECK(cudaMemcpy(d, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+    return d;
+  }
+  template <class T>
+  const T* table(void* dev, int i) const {
+    return reinterpret_cast<const T*>(static_cast<char*>(dev) + offs[static_cast<size_t>(i)]);
+  }
+};
 }  // namespace
 
 void GemmOverlap::Impl::setup_gpu() {
@@ -618,7 +646,6 @@ void GemmOverlap::Impl::setup_gpu() {
     // Measured (2xH200): that device-local copy is an SM kernel that ran 23-179 us before the
     // first GEMM could start; without it 2487.6 / 679.0 / 1232.8 / 93.9 us instead of
     // 2558.0 / 716.6 / 1375.4 / 112.6 on the ANCHORS shapes (docs/gemm_overlap.md).
-    // WEFT_AG_OWN_IN_PLACE=0 keeps the copy (comparisons).
     const plan::LoweredRank& lr = ag.lowered.ranks[static_cast<size_t>(rank)];
     const int64_t own0 = rank * m_shard, own1 = own0 + m_shard;
     bool forwards = false, straddles = false;
@@ -627,14 +654,12 @@ void GemmOverlap::Impl::setup_gpu() {
       const int64_t r0 = int64_t{t.m} * ag.schedule.tile_rows, r1 = std::min(cfg.m, r0 + ag.schedule.tile_rows);
       straddles |= r0 < own1 && r1 > own0 && (r0 < own0 || r1 > own1);
     }
-    const char* env = std::getenv("WEFT_AG_OWN_IN_PLACE");
-    ag_own_in_place = !(env && env[0] == '0') && !forwards && !straddles;
+    ag_own_in_place = own_rows_in_place_allowed() && !forwards && !straddles;
   } else if (cfg.op == GemmOp::kGemmRs) {
     rs_stage = heap.alloc_bytes(static_cast<size_t>(world) * m_shard * cfg.n * eb, tag + ".decomposed.staging");
     rs_signals = heap.alloc_signals(static_cast<uint32_t>(world * chunks), tag + ".decomposed.signals");
     ev_piece.resize(static_cast<size_t>(std::max(1, world - 1) * chunks));
-    rs_fold = rs_fold_pick && !sm_copies;
-    if (rs_fold) {
+    if (rs_fold_pick) {  // (never with SM copies: rs_fold_wanted)
       // Per M-block of the own block: wait for piece j of every peer q (signal q * chunks + j
       // >= the call count) for each piece j its rows overlap.
       std::vector<int32_t> begin{0}, idx, from;
@@ -651,24 +676,17 @@ void GemmOverlap::Impl::setup_gpu() {
               }
         begin.push_back(static_cast<int32_t>(idx.size()));
       }
-      const size_t nb = begin.size() * 4, ne = idx.size();
-      const size_t o_idx = (nb + 15) & ~size_t{15}, o_val = (o_idx + ne * 4 + 15) & ~size_t{15},
-                   o_from = o_val + ne * 8, total = o_from + ne * 4;
-      std::vector<char> blob(total);
-      std::memcpy(blob.data(), begin.data(), nb);
-      if (ne) {
-        std::memcpy(blob.data() + o_idx, idx.data(), ne * 4);
-        std::memcpy(blob.data() + o_val, val.data(), ne * 8);
-        std::memcpy(blob.data() + o_from, from.data(), ne * 4);
-      }
-      WEFT_CUDA_CHECK(cudaMalloc(&rs_fold_tables, std::max<size_t>(total, 16)));
-      WEFT_CUDA_CHECK(cudaMemcpy(rs_fold_tables, blob.data(), total, cudaMemcpyHostToDevice));
-      char* t = static_cast<char*>(rs_fold_tables);
+      TableBlob blob;
+      blob.add(begin);
+      blob.add(idx);
+      blob.add(val);
+      blob.add(from);
+      rs_fold_tables = blob.upload();
       kernels::GemmHooks& h = rs_fold_hooks;
-      h.wait_begin = reinterpret_cast<const int32_t*>(t);
-      h.wait_idx = reinterpret_cast<const int32_t*>(t + o_idx);
-      h.wait_val = reinterpret_cast<const uint64_t*>(t + o_val);
-      h.wait_peer = reinterpret_cast<const int32_t*>(t + o_from);
+      h.wait_begin = blob.table<int32_t>(rs_fold_tables, 0);
+      h.wait_idx = blob.table<int32_t>(rs_fold_tables, 1);
+      h.wait_val = blob.table<uint64_t>(rs_fold_tables, 2);
+      h.wait_peer = blob.table<int32_t>(rs_fold_tables, 3);
       h.wait_off = rs_signals.at(0);
       h.wait_per_mblock = true;
       h.wait_scale_dev = b.ctx().ptr<const uint64_t>(rank, epoch_off);  // the call counter
@@ -712,29 +730,20 @@ void GemmOverlap::Impl::setup_gpu() {
       const auto& x = fp.plan.tensors[t];
       td.push_back({f_tensor_off[t], x.rows, x.cols, x.elem_bytes, 0});
     }
-    std::vector<char> blob;
-    std::vector<size_t> offs;
-    auto put = [&](const void* p, size_t bytes) {
-      const size_t o = (blob.size() + 15) & ~size_t{15};
-      blob.resize(o + bytes);
-      if (bytes) std::memcpy(blob.data() + o, p, bytes);
-      offs.push_back(o);
-    };
-    auto vput = [&](const auto& v) { put(v.data(), v.size() * sizeof(v[0])); };
-    vput(lr.tiles);
-    vput(lr.tile_waits);
-    vput(lr.transfers);
-    vput(lr.transfer_waits);
-    vput(ex.tt_begin);
-    vput(ex.tt_waits);
-    vput(ex.notify_begin);
-    vput(ex.notify_ranks);
-    vput(ex.producer);
-    vput(ex.final_waits);
-    vput(td);
-    WEFT_CUDA_CHECK(cudaMalloc(&f_tables, std::max<size_t>(blob.size(), 16)));
-    WEFT_CUDA_CHECK(cudaMemcpy(f_tables, blob.data(), blob.size(), cudaMemcpyHostToDevice));
-    auto dp = [&](int i) { return static_cast<char*>(f_tables) + offs[static_cast<size_t>(i)]; };
+    TableBlob blob;
+    blob.add(lr.tiles);
+    blob.add(lr.tile_waits);
+    blob.add(lr.transfers);
+    blob.add(lr.transfer_waits);
+    blob.add(ex.tt_begin);
+    blob.add(ex.tt_waits);
+    blob.add(ex.notify_begin);
+    blob.add(ex.notify_ranks);
+    blob.add(ex.producer);
+    blob.add(ex.final_waits);
+    blob.add(td);
+    f_tables = blob.upload();
+    auto dp = [&](int i) { return blob.table<char>(f_tables, i); };
     fused::FusedArgs& A = f_args;
     A.op = static_cast<fused::Op>(static_cast<int32_t>(cfg.op));
     A.dtype = cfg.dtype;
@@ -769,6 +778,7 @@ void GemmOverlap::Impl::setup_gpu() {
     A.counters = f_counters;
     A.barrier = f_barrier;
     A.epoch_off = f_epoch_off;
+    A.own_rows_in_place = own_rows_in_place_allowed() ? 1 : 0;
     f_trace_capacity = static_cast<uint32_t>(lr.tiles.size() + lr.transfers.size() + 64);
     WEFT_CUDA_CHECK(cudaMalloc(&f_trace, f_trace_capacity * sizeof(fused::TraceRecord)));
     WEFT_CUDA_CHECK(cudaMalloc(&f_trace_count, sizeof(uint32_t)));
@@ -916,7 +926,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
     // has finished reading them for the previous call (this stream waited for ev_fork,
     // which follows that call's last GEMM or reduce on the compute stream).
     if (world > 1) WEFT_CUDA_CHECK(kernels::device_barrier(ctx, barrier, cs));
-    if (rs_fold) WEFT_CUDA_CHECK(cudaEventRecord(ev_guard, cs));
+    if (rs_fold_pick) WEFT_CUDA_CHECK(cudaEventRecord(ev_guard, cs));
     if (cfg.op == GemmOp::kAgGemm) {
       const plan::LoweredRank& lr = ag.lowered.ranks[static_cast<size_t>(rank)];
       const detail::RankExtra& ex = ag.extra[static_cast<size_t>(rank)];
@@ -988,7 +998,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
     } else {
       // gemm_rs: partial products for the other ranks first (rotated by rank), each chunk
       // copied into its owner's staging slot `rank` as soon as it is computed. Then, folded
-      // (rs_fold): this rank's own block as one launch of weft's GEMM that waits per M-block
+      // (rs_fold_pick): this rank's own block as one launch of weft's GEMM that waits per M-block
       // for the peers' pieces and adds them in its epilogue, straight into C. Else: the own
       // block into its own slot, then the owner sums the slots (a reduce pass).
       char* stage_local = ctx.peer_base[rank] + rs_stage;
@@ -1014,7 +1024,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
                  bytes, at(scratch, static_cast<uint64_t>(g0 * N) * eb), bytes, bytes, 1, cs);
           mark_end(x, cs, tracing);
           const uint64_t sig_off = rs_signals.at(static_cast<uint32_t>(rank * chunks + static_cast<int>(j)));
-          if (rs_fold && !sm_copies) {
+          if (rs_fold_pick && !sm_copies) {
             // The signal by the copy engine, after the piece (stream order): the call count,
             // copied from this rank's counter -- no SM needed while the peer's folded GEMM
             // holds them all. Equal to what the kernel's +1 per call gives.
@@ -1031,7 +1041,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
         }
       }
       const int64_t g0 = rank * m_shard;
-      if (rs_fold && !sm_copies) {
+      if (rs_fold_pick && !sm_copies) {
         kernels::GemmArgs ga;
         ga.m = static_cast<int>(m_shard);
         ga.n = static_cast<int>(N);
@@ -1067,28 +1077,26 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
         WEFT_REQUIRE(e == cudaSuccess, fmt::format("gemm_rs decomposed: weft's GEMM refused the own block ({}): {}",
                                                    cudaGetErrorString(e), why ? why : "launch failed"));
         mark_end(x, s, tracing);
-        WEFT_CUDA_CHECK(cudaEventRecord(ev_join, cs));
-        WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_join, 0));
-        return;
-      }
-      size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev), 0, "compute stream",
-                      fmt::format("gemm rows [{},{}) (own)", g0, g0 + m_shard), tracing);
-      gemm(s, at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp,
-           stage_local + slot_bytes * static_cast<uint64_t>(rank), m_shard, k_local, 0, N);
-      mark_end(x, s, tracing);
-      for (size_t j = 0; j < pieces.size(); ++j) {
-        const auto [r0, r1] = pieces[j];
-        std::vector<std::tuple<int, uint64_t, int64_t>> waits;
-        for (int q = 0; q < world; ++q)
-          if (q != rank)
-            waits.emplace_back(q, rs_signals.at(static_cast<uint32_t>(q * chunks + static_cast<int>(j))), 1);
-        wait_list(s, waits);
-        x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev + 1 + j), 0, "compute stream",
-                 fmt::format("reduce rows [{},{})", r0, r1), tracing);
-        WEFT_CUDA_CHECK(kernels::overlap_reduce(
-            stage_local + static_cast<uint64_t>(r0 * N) * eb, static_cast<uint64_t>(m_shard * N), world,
-            at(c, static_cast<uint64_t>(r0 * N) * eb), static_cast<uint64_t>((r1 - r0) * N), cfg.dtype, s));
+      } else {
+        size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev), 0, "compute stream",
+                        fmt::format("gemm rows [{},{}) (own)", g0, g0 + m_shard), tracing);
+        gemm(s, at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp,
+             stage_local + slot_bytes * static_cast<uint64_t>(rank), m_shard, k_local, 0, N);
         mark_end(x, s, tracing);
+        for (size_t j = 0; j < pieces.size(); ++j) {
+          const auto [r0, r1] = pieces[j];
+          std::vector<std::tuple<int, uint64_t, int64_t>> waits;
+          for (int q = 0; q < world; ++q)
+            if (q != rank)
+              waits.emplace_back(q, rs_signals.at(static_cast<uint32_t>(q * chunks + static_cast<int>(j))), 1);
+          wait_list(s, waits);
+          x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev + 1 + j), 0, "compute stream",
+                   fmt::format("reduce rows [{},{})", r0, r1), tracing);
+          WEFT_CUDA_CHECK(kernels::overlap_reduce(
+              stage_local + static_cast<uint64_t>(r0 * N) * eb, static_cast<uint64_t>(m_shard * N), world,
+              at(c, static_cast<uint64_t>(r0 * N) * eb), static_cast<uint64_t>((r1 - r0) * N), cfg.dtype, s));
+          mark_end(x, s, tracing);
+        }
       }
     }
   }

@@ -149,15 +149,15 @@ std::map<StateKey, std::unique_ptr<State>> g_states;
 
 uint64_t slot_off(const FusedArgs& A, int idx) { return A.counters.at(static_cast<uint32_t>(idx)); }
 
-// Positions over row blocks `blocks` (in that order) and every N-block: groups of 8
-// consecutive row blocks, N-blocks outer, row blocks inner, so a wave of CTAs shares B tiles
-// in L2 (as the plain GEMM's raster does).
+// Positions over row blocks `blocks` (in that order) and every N-block: groups of `group`
+// consecutive row blocks (8 for single CTAs; 16, even, for CTA pairs, so positions 2q, 2q+1
+// are consecutive blocks of one N-block), N-blocks outer, row blocks inner, so a wave of CTAs
+// shares B tiles in L2 (as the plain GEMM's raster does).
 template <class F>
-void grouped(const std::vector<int>& blocks, int tiles_n, F&& emit) {
-  constexpr size_t kGroup = 8;
-  for (size_t g = 0; g < blocks.size(); g += kGroup)
+void grouped(const std::vector<int>& blocks, int tiles_n, F&& emit, size_t group = 8) {
+  for (size_t g = 0; g < blocks.size(); g += group)
     for (int nb = 0; nb < tiles_n; ++nb)
-      for (size_t i = g; i < std::min(blocks.size(), g + kGroup); ++i) emit(blocks[i], nb, i);
+      for (size_t i = g; i < std::min(blocks.size(), g + group); ++i) emit(blocks[i], nb, i);
 }
 
 int gemm_ctas() {
@@ -250,10 +250,9 @@ void build_ag(const FusedArgs& A, State& st) {
     WEFT_REQUIRE(t.src_rank == A.ctx.rank,
                  fmt::format("fused ag_gemm: chunk {} is read from rank {}", t.chunk, t.src_rank));
   }
-  // Own rows in place: where the plan copies them from the input into the gathered A and they
-  // sit on whole 128-row blocks (a2's rule). Measured: that device-local copy is an SM kernel
-  // that ran 23-179 us before the GEMM could start (docs/gemm_overlap.md). WEFT_AG_OWN_IN_PLACE=0:
-  // keep the copy.
+  // Own rows in place: where the op allows it, the plan copies them from the input into the
+  // gathered A and they sit on whole 128-row blocks (a2's rule). Measured: that device-local
+  // copy is an SM kernel that ran 23-179 us before the GEMM could start (docs/gemm_overlap.md).
   {
     const int me = A.ctx.rank;
     st.own_rows = A.m / world;
@@ -264,8 +263,7 @@ void build_ag(const FusedArgs& A, State& st) {
       if (t.dst_rank == me)
         ok = ok && t.src_tensor == A.input_tensor && t.dst_tensor == A.gemm_tensor && t.dst_row >= st.own_row0 &&
              t.dst_row + t.rows <= st.own_row0 + st.own_rows;
-    const char* env = std::getenv("WEFT_AG_OWN_IN_PLACE");
-    st.own_in_place = ok && !(env && env[0] == '0');
+    st.own_in_place = ok && A.own_rows_in_place != 0;
   }
   // Per-epoch totals of each signal this rank bumps (it must be the signal's only producer:
   // the direct all-gather gives every chunk its own signal).
@@ -323,10 +321,7 @@ void build_ag(const FusedArgs& A, State& st) {
   if (st.cluster == 2) {
     std::vector<int> blocks = block_order;
     if (blocks.size() % 2) blocks.push_back(tiles_m);  // the phantom
-    constexpr size_t kGroup = 16;
-    for (size_t g = 0; g < blocks.size(); g += kGroup)
-      for (int nb = 0; nb < tiles_n; ++nb)
-        for (size_t i = g; i < std::min(blocks.size(), g + kGroup); ++i) emit(blocks[i], nb, i);
+    grouped(blocks, tiles_n, emit, 16);
   } else {
     grouped(block_order, tiles_n, emit);
   }

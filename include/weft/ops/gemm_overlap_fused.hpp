@@ -114,6 +114,10 @@ struct FusedArgs {
   // counter: a CUDA-graph replay passes the same `epoch` every time, so a replayable kernel
   // advances this word instead (as ops::Collectives does).
   uint64_t epoch_off;
+  // ag_gemm: this rank's own rows may be read in place from `a` instead of copied into the
+  // gathered A (the op's choice: WEFT_AG_OWN_IN_PLACE); the kernel does so where they sit on
+  // whole 128-row blocks.
+  int32_t own_rows_in_place;
 
   TraceRecord* trace;  // nullptr: tracing off
   uint32_t* trace_count;
