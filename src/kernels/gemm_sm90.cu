@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <type_traits>
+#include <vector>
 
 #include "weft/device/signal.hpp"
 #include "weft/kernels/gemm.hpp"
@@ -63,8 +64,9 @@ struct KernelParams {
   const void* src[kGemmMaxSrcs];  // epilogue sources (GemmArgs::src)
   int num_src;
   int64_t ld_src;
-  int src_tma;           // source 0 through TMA into the epilogue buffer (the others: register loads)
-  int a2_row0, a2_rows;  // GemmArgs::a2's rows (a2_rows 0: none)
+  int src_tma;             // source 0 through TMA into the epilogue buffer (the others: register loads)
+  int src_row0, src_rows;  // GemmArgs::src_row0 / src_rows (src_rows resolved: > 0)
+  int a2_row0, a2_rows;    // GemmArgs::a2's rows (a2_rows 0: none)
   GemmHooks hooks;
 };
 
@@ -116,9 +118,14 @@ __device__ inline void hook_wait(const KernelParams& p, int pos, int mb) {
 // Element (row, col) of source i as fp32 (L2, not L1: a peer may have just written it).
 template <class T>
 __device__ inline float src_elem(const KernelParams& p, int i, int64_t row, int64_t col) {
-  const T* q = static_cast<const T*>(p.src[i]) + row * p.ld_src + col;
+  const T* q = static_cast<const T*>(p.src[i]) + (row - p.src_row0) * p.ld_src + col;
   const unsigned short bits = __ldcg(reinterpret_cast<const unsigned short*>(q));
   return static_cast<float>(*reinterpret_cast<const T*>(&bits));
+}
+// Whether M-block mb's tiles add the sources (their rows lie in [src_row0, src_row0 + src_rows)).
+__device__ inline bool has_src(const KernelParams& p, int mb) {
+  const int r = mb * BM;
+  return p.num_src > 0 && r >= p.src_row0 && r < p.src_row0 + p.src_rows;
 }
 __device__ inline void hook_notify(const KernelParams& p, int pos) {
   const GemmHooks& h = p.hooks;
@@ -296,7 +303,7 @@ __device__ __forceinline__ void add_sources(const KernelParams& p, float* d, int
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int rr = row + 8 * e, cc = col + 8 * (16 * h + j);
-        const T* a = base + static_cast<int64_t>(rr) * p.ld_src + cc;
+        const T* a = base + static_cast<int64_t>(rr - p.src_row0) * p.ld_src + cc;
         v[2 * j + e] = rr >= p.m || cc >= p.n ? 0u
                        : cc + 1 < p.n         ? __ldcg(reinterpret_cast<const unsigned int*>(a))
                                       : static_cast<uint32_t>(__ldcg(reinterpret_cast<const unsigned short*>(a)));
@@ -327,7 +334,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* se = sb + kStages * kBStage;  // [kConsumers][2 boxes][64][64]
   uint64_t* full = reinterpret_cast<uint64_t*>(se + kConsumers * kEpiBytes);
   uint64_t* empty = full + kStages;
-  uint64_t* srcbar = empty + kStages;  // [kConsumers]: a source half-tile landed in epi
+  uint64_t* srcbar = empty + kStages;       // [kConsumers]: a source half-tile landed in epi
+  uint64_t* waitbar = srcbar + kConsumers;  // the producer met the tile's waits (wait_at_epilogue)
+  uint64_t* waitfree = waitbar + 1;         // both consumer warpgroups saw waitbar's last phase
 
   const int wg = threadIdx.x / 128;  // 0..kConsumers-1: consumers; kConsumers: producer
   const int tid = threadIdx.x % 128;
@@ -344,6 +353,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&empty[s], kConsumers * 4 * CM);  // lane 0 of every consumer warp of the cluster
     }
     for (int w = 0; w < kConsumers; ++w) mbar_init(&srcbar[w], 1);
+    mbar_init(waitbar, 1);
+    mbar_init(waitfree, kConsumers);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   if (CM == 2)
@@ -351,17 +362,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   else
     __syncthreads();
 
+  // GemmHooks::wait_at_epilogue: the producer meets a tile's waits after issuing its last
+  // k-block (the main loop never waits for them) and arrives on waitbar; the consumers wait on
+  // waitbar (shared memory, once per position) a k-block or two before the epilogue, then read
+  // the sources. The slow part -- the table and signal loads -- stays off the consumers.
+  const bool epi_waits = p.hooks.wait_begin && p.hooks.wait_at_epilogue;
   if (wg == kConsumers) {
     // ---- producer ----
     setmaxnreg_dec<40>();
     if (tid == 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(&maps.a) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(&maps.b) : "memory");
-      uint32_t it = 0;
+      uint32_t it = 0, arrivals = 0;
       for (int pos = first; pos < p.num_positions; pos += step) {
         int mb, nb;
         tile_coords(p, pos, mb, nb);
-        if (p.hooks.wait_begin && mb < p.tiles_m) {
+        if (p.hooks.wait_begin && mb < p.tiles_m && !epi_waits) {
           hook_wait(p, pos, mb);
           fence_proxy_async_global();
         }
@@ -394,6 +410,17 @@ __global__ void __launch_bounds__(kThreads, 1)
             tma_load_2d(bs + (BN / 2) * kRow, &maps.b, &full[s], kb * BK, nb * BN + BN / 2);
           }
         }
+        if (epi_waits) {
+          if (mb < p.tiles_m) {
+            hook_wait(p, pos, mb);
+            fence_proxy_async_global();
+          }
+          // One phase per position, never ahead of the consumers (with K of a few k-blocks the
+          // ring would let the producer run several positions ahead).
+          if (arrivals > 0) mbar_wait(waitfree, (arrivals - 1) & 1u);
+          mbar_arrive(waitbar);
+          ++arrivals;
+        }
       }
     }
   } else {
@@ -415,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto load_src_half = [&](int mb_, int nb_, int h) {
       bulk_wait_read0();
       mbar_expect_tx(&srcbar[wg], kEpiBytes);
-      const int x = nb_ * BN + h * kEpiCols, y = mb_ * BM + wg * 64;
+      const int x = nb_ * BN + h * kEpiCols, y = mb_ * BM + wg * 64 - p.src_row0;
       tma_load_2d(epi, &maps.src, &srcbar[wg], x, y);
       tma_load_2d(epi + 64 * 128, &maps.src, &srcbar[wg], x + 64, y);
     };
@@ -424,9 +451,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_arrive(&empty[s]);
       if (CM == 2) mbar_arrive_cta(&empty[s], crank ^ 1u);
     };
+    // The k-block at which a tile's sources are first touched: 2 (early, under the main loop),
+    // or, with waits at the epilogue, 2 before the last (once the producer met the waits).
+    const int src_kb = epi_waits ? (kblocks > 2 ? kblocks - 2 : 0) : (kblocks > 2 ? 2 : kblocks - 1);
+    uint32_t waits_met = 0;  // completions of waitbar waited for
     for (int pos = first; pos < p.num_positions; pos += step) {
       int mb, nb;
       tile_coords(p, pos, mb, nb);
+      const bool tile_src = mb < p.tiles_m && has_src(p, mb);
 #pragma unroll
       for (int i = 0; i < 128; ++i) d[i] = 0.f;
       for (int kb = 0; kb < kblocks; ++kb, ++it) {
@@ -434,10 +466,23 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t ph = (it / kStages) & 1u;
         mbar_wait(&full[s], ph);
         if (kb == 0 && p.hooks.trace && wg == 0 && tid == 0) p.hooks.trace[3 * pos] = globaltimer();
+        if (kb == src_kb && epi_waits) {
+          // The producer met this tile's waits (GemmHooks::wait_at_epilogue): the main loop ran
+          // while the peers' data came; every thread's source reads come after this.
+          mbar_wait(waitbar, waits_met & 1u);
+          ++waits_met;
+          if (tid == 0) {
+            mbar_arrive(waitfree);
+            fence_proxy_async_global();
+          }
+        }
         // Source 0's first half early, under the main loop (the previous tile's stores from the
-        // buffer have long been read by k-block 2).
-        if (p.src_tma && tid == 0 && mb < p.tiles_m && kb == (kblocks > 2 ? 2 : kblocks - 1)) load_src_half(mb, nb, 0);
-        if (kb == 0 && p.num_src > 0 && !p.direct_c && mb < p.tiles_m) {
+        // buffer have long been read by k-block 2), or right after the waits.
+        if (kb == src_kb && tile_src && p.src_tma) {
+          if (tid == 0) load_src_half(mb, nb, 0);
+          __syncwarp();
+        }
+        if (kb == (epi_waits ? src_kb : 0) && tile_src && !p.direct_c) {
           // The tile's sources into L2 (its waits are done: its first stage arrived), so the
           // epilogue's loads hit L2: this warpgroup's 64 rows x 512 bytes, 2 lines per thread.
           for (int i = 0; i < p.num_src; ++i)
@@ -446,7 +491,8 @@ __global__ void __launch_bounds__(kThreads, 1)
               const int line = 2 * tid + l, row = mb * BM + wg * 64 + line / 4;
               const int col = nb * BN + (line % 4) * 64;
               if (row < p.m && col < p.n)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const T*>(p.src[i]) + row * p.ld_src + col));
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const T*>(p.src[i]) +
+                                                              (row - p.src_row0) * p.ld_src + col));
             }
         }
         // Stage s, step kk: the stage-0 descriptors plus offsets in 16-byte units (the start
@@ -494,7 +540,8 @@ __global__ void __launch_bounds__(kThreads, 1)
               if (col >= p.n) continue;
               T* out = c + lr * p.ldc + col;
               float acc = d[4 * jj + 2 * half + e];
-              for (int i = 0; i < p.num_src; ++i) acc += src_elem<T>(p, i, grow, col);
+              if (has_src(p, mb))
+                for (int i = 0; i < p.num_src; ++i) acc += src_elem<T>(p, i, grow, col);
               const T v = static_cast<T>(acc);
               if (reduce)
                 atomicAdd(out, v);
@@ -516,7 +563,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int row0 = static_cast<int>(static_cast<int64_t>(mb) * BM + wg * 64 - p.c_row0[dest]);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if (p.src_tma) {
+        if (p.src_tma && tile_src) {
           // Source 0's half h is (or, for h = 1, is now being) loaded into the buffer, in the
           // layout this thread writes: add what sits at the addresses it is about to write.
           if (h == 1 && tid == 0) load_src_half(mb, nb, 1);
@@ -533,7 +580,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           if (p.num_src > 1) add_sources<T>(p, d, h, mb * BM + wg * 64 + r, nb * BN + 2 * t0, 1);
         } else {
-          if (p.num_src > 0) add_sources<T>(p, d, h, mb * BM + wg * 64 + r, nb * BN + 2 * t0, 0);
+          if (tile_src) add_sources<T>(p, d, h, mb * BM + wg * 64 + r, nb * BN + 2 * t0, 0);
           if (tid == 0) bulk_wait_read0();  // the previous store from this buffer has been read
           named_sync(1 + wg, 128);
         }
@@ -633,7 +680,8 @@ __global__ void __launch_bounds__(256) gemm_portable_kernel(const KernelParams p
           if (gm >= p.m || gn >= p.n || lr < 0 || lr >= rows) continue;
           T* out = c + lr * args.ldc + gn;
           float v = acc[i][j];
-          for (int q = 0; q < p.num_src; ++q) v += src_elem<T>(p, q, gm, gn);
+          if (has_src(p, mb))
+            for (int q = 0; q < p.num_src; ++q) v += src_elem<T>(p, q, gm, gn);
           if (hook_reduce(p, pos))
             atomicAdd(out, static_cast<T>(v));
           else
@@ -751,7 +799,7 @@ cudaError_t launch(const GemmArgs& a, const KernelParams& kp, bool sm90, cudaStr
                                                : make_map(&maps.b, dt, a.b, a.n, a.k, a.ldb, BN / 2, bk, sw));
     for (int d = 0; ok && !kp.direct_c && d < a.num_dests; ++d)
       ok = make_map(&maps.c[d], dt, a.c[d], a.c_rows[d], a.n, a.ldc, 64, 64);
-    if (ok && kp.src_tma) ok = make_map(&maps.src, dt, a.src[0], a.m, a.n, a.ld_src, 64, 64);
+    if (ok && kp.src_tma) ok = make_map(&maps.src, dt, a.src[0], kp.src_rows, a.n, a.ld_src, 64, 64);
     if (!ok) {
       if (why) *why = "cuTensorMapEncodeTiled refused a tensor map (pointer, stride or shape)";
       return cudaErrorInvalidValue;
@@ -769,7 +817,29 @@ cudaError_t launch(const GemmArgs& a, const KernelParams& kp, bool sm90, cudaStr
   return cudaGetLastError();
 }
 
+// The kernels launch() may pick for element type T: portable first, then the sm_90a ones.
+template <class T>
+std::vector<const void*> kernels_of() {
+  return {reinterpret_cast<const void*>(gemm_portable_kernel<T>),
+          reinterpret_cast<const void*>(gemm_sm90_kernel<T, 0, 1, 64>),
+          reinterpret_cast<const void*>(gemm_sm90_kernel<T, 1, 1, 64>),
+          reinterpret_cast<const void*>(gemm_sm90_kernel<T, 0, 2, 64>),
+          reinterpret_cast<const void*>(gemm_sm90_kernel<T, 1, 2, 64>),
+          reinterpret_cast<const void*>(gemm_sm90_kernel<T, 0, 1, 32>),
+          reinterpret_cast<const void*>(gemm_sm90_kernel<T, 1, 1, 32>)};
+}
+
 }  // namespace
+
+cudaError_t gemm_preload() {
+  cudaFuncAttributes fa;
+  for (auto fns : {kernels_of<__nv_bfloat16>(), kernels_of<__half>()}) {
+    if (!gemm_sm90_available()) fns.resize(1);  // sm_90a code loads only there
+    for (const void* f : fns)
+      if (const cudaError_t e = cudaFuncGetAttributes(&fa, f); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
 
 void gemm_last_launch(int* ctas, int* cluster) {
   *ctas = g_last_ctas;
@@ -820,6 +890,11 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   if (a.cluster_m == 0 && h.order) return refuse("with an order table, say which cluster_m the table was built for");
   if (a.num_src < 0 || a.num_src > kGemmMaxSrcs) return refuse("num_src must be in [0, 7]");
   if (a.num_src > 0 && a.ld_src < a.n) return refuse("ld_src is smaller than the row");
+  const int64_t src_rows = a.src_rows > 0 ? a.src_rows : a.m - a.src_row0;
+  if (a.num_src > 0 && (a.src_row0 < 0 || src_rows <= 0 || a.src_row0 + src_rows > a.m))
+    return refuse("the sources' rows are outside C");
+  if (a.num_src > 0 && (a.src_row0 % kGemmTileM != 0 || (src_rows % kGemmTileM != 0 && a.src_row0 + src_rows != a.m)))
+    return refuse("the sources' rows must start on a 128-row block and end on one (or at m)");
   for (int i = 0; i < a.num_src; ++i) {
     if (!a.src[i]) return refuse("every source must be non-null");
     // The TMA-stored epilogue reads sources two elements at a time: other sources take the
@@ -865,6 +940,8 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   for (int i = 0; i < kGemmMaxSrcs; ++i) kp.src[i] = i < a.num_src ? a.src[i] : nullptr;
   kp.num_src = a.num_src;
   kp.ld_src = a.ld_src;
+  kp.src_row0 = static_cast<int>(a.src_row0);
+  kp.src_rows = static_cast<int>(src_rows);
   kp.a2_row0 = static_cast<int>(a.a2_row0);
   kp.a2_rows = static_cast<int>(a.a2_rows);
   // Source 0 by TMA where C is TMA-stored (same box and swizzle as the stores).

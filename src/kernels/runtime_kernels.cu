@@ -24,6 +24,13 @@ __global__ void sleep_kernel(uint64_t ns) {
 
 }  // namespace
 
+cudaError_t runtime_preload() {
+  cudaFuncAttributes fa;
+  for (const void* f : {reinterpret_cast<const void*>(barrier_kernel), reinterpret_cast<const void*>(sleep_kernel)})
+    if (const cudaError_t e = cudaFuncGetAttributes(&fa, f); e != cudaSuccess) return e;
+  return cudaSuccess;
+}
+
 cudaError_t device_sleep(uint64_t ns, cudaStream_t stream) {
   sleep_kernel<<<1, 1, 0, stream>>>(ns);
   return cudaGetLastError();

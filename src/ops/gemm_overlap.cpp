@@ -588,6 +588,11 @@ struct TableBlob {
 }  // namespace
 
 void GemmOverlap::Impl::setup_gpu() {
+  // Every kernel a spinning GEMM or wait of this op may wait behind, loaded now: with lazy
+  // module loading a first launch can wait behind a kernel that spins (kernels::overlap_preload).
+  WEFT_CUDA_CHECK(kernels::gemm_preload());
+  WEFT_CUDA_CHECK(kernels::overlap_preload());
+  WEFT_CUDA_CHECK(kernels::runtime_preload());
   WEFT_CUBLAS_CHECK(cublasCreate(&handle));
   const size_t ws = 32ull << 20;  // set explicitly: cuBLAS in CUDA graphs needs a user workspace
   WEFT_CUDA_CHECK(cudaMalloc(&workspace, ws));
@@ -779,6 +784,7 @@ void GemmOverlap::Impl::setup_gpu() {
     A.barrier = f_barrier;
     A.epoch_off = f_epoch_off;
     A.own_rows_in_place = own_rows_in_place_allowed() ? 1 : 0;
+    A.stage_off = cfg.op == GemmOp::kGemmRs ? rs_stage : 0;
     f_trace_capacity = static_cast<uint32_t>(lr.tiles.size() + lr.transfers.size() + 64);
     WEFT_CUDA_CHECK(cudaMalloc(&f_trace, f_trace_capacity * sizeof(fused::TraceRecord)));
     WEFT_CUDA_CHECK(cudaMalloc(&f_trace_count, sizeof(uint32_t)));
@@ -1058,8 +1064,16 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
           if (q != rank) ga.src[ga.num_src++] = stage_local + slot_bytes * static_cast<uint64_t>(q);
         ga.ld_src = N;
         if (const char* e = std::getenv("WEFT_RS_FOLD_CTAS")) ga.ctas = std::atoi(e);  // experiments
+        // Row blocks in piece order (a raster group per piece, <= 16 blocks), so the first
+        // waves need the first pieces only.
+        ga.group_m = static_cast<int>(std::clamp<int64_t>(
+            ceil_div(ceil_div(m_shard, static_cast<int64_t>(pieces.size())), kernels::kGemmTileM), 1, 16));
         kernels::GemmHooks h = rs_fold_hooks;
         h.ctx = ctx;
+        // Waits before each tile's main loop (not wait_at_epilogue): the peers' pieces were
+        // computed before this GEMM and have mostly landed, and the first source half then
+        // loads early under the main loop. (With the waits at the epilogue the fold measured
+        // 1.13x the GEMM alone at 8192x8192x14336, against 1.08x before: no gain, 2026-11-22.)
         // Timing experiments only (wrong results): WEFT_RS_FOLD_DEBUG=nosrc|nowait|none drops
         // the epilogue sources, the waits, or both.
         if (const char* e = std::getenv("WEFT_RS_FOLD_DEBUG")) {

@@ -1,23 +1,28 @@
 // The fused method of ops::GemmOverlap on GPUs (include/weft/ops/gemm_overlap_fused.hpp):
 // weft's persistent GEMM (kernels/gemm.hpp) with in-kernel waits and notifies, ordered by
-// the plan; data moved by the copy engine, signalled by stream memory operations (no SM is
-// taken from the GEMM, no kernel launch can wait behind it).
+// the plan; data moved by the copy engine. The GEMM runs on all SMs but one; the side
+// stream's only kernels (the epoch barrier, gemm_rs's 1-thread piece waits) run on that one,
+// so nothing a peer needs queues behind the GEMM. Calls are CUDA-graph replayable: every
+// call advances a device-side call counter on the stream, signals are set to it by 8-byte
+// copies, the GEMM's waits scale by it, and the epoch guard is a device barrier on the side
+// stream (begin_call).
 //
 // ag_gemm: the plan's transfers (this rank's pushes of A_r chunks into every rank's gathered
-//   A) run on a side stream as cudaMemcpyAsync (copy engine), each followed by a 64-bit
-//   stream write of its signal's new value on the receiving rank. The GEMM takes 128-row
-//   blocks in the plan's arrival order (own shard first); before loading a block it waits for
-//   the plan's signals of those rows. Epoch guard: before pushing call e into rank p, the side
-//   stream waits until p wrote "done with call e-1" into this rank's slot (p writes it after
-//   its GEMM of e-1).
-// gemm_rs: a reduce-scatter fused into the GEMM's epilogue as a chain: at step i this rank
-//   computes the rows owned by rank o = (r + i + 1) % W (128-row blocks, never shared by two
-//   owners within one launch: see chain_of); step 0 stores its partial tiles straight into o's
-//   output (TMA store to a peer), later steps wait for the previous contributor's notify of the
-//   same row block and reduce-add (TMA reduce-add) into it, the last step (o = r) ends the
-//   chain on this rank. Then output -> C. Offered only with WEFT_FUSED_RS=1 (fused_supports).
-// gemm_ar: gemm_rs's chain (owners on whole 128-row blocks, any M), then each rank's reduced
-//   rows are pushed to every rank's output (copy engine) and signalled.
+//   A) run on a side stream as cudaMemcpyAsync (copy engine), each signal set to the call
+//   count after its last transfer. The GEMM takes 128-row blocks in the plan's arrival order
+//   (own shard first, read in place); before loading a block it waits for those signals.
+// gemm_rs: the copy-engine fold (build_rs_ce): the peers' blocks' tiles first, piece by piece
+//   into an outbox, each piece copied to its owner as soon as its tiles are in (a 1-thread
+//   wait on a counter the tiles notify); then the own block's tiles, which add the
+//   peers' pieces in their epilogue (GEMM sources) after waiting for them, straight into C.
+// WEFT_FUSED_RS=1 (comparisons): gemm_rs and gemm_ar as a reduce chain through the epilogue:
+//   at step i this rank computes the rows owned by rank o = (r + i + 1) % W (128-row blocks,
+//   never shared by two owners within one launch: see chain_of); step 0 stores its partial
+//   tiles straight into o's output (TMA store to a peer), later steps wait for the previous
+//   contributor's notify of the same row block and reduce-add (TMA reduce-add) into it, the
+//   last step (o = r) ends the chain on this rank. gemm_ar then pushes each owner's rows to
+//   every rank's output (copy engine). The chain waits on the host's call count: not
+//   replayable.
 #include "weft/ops/gemm_overlap_fused.hpp"
 
 #include <cuda.h>
@@ -36,6 +41,8 @@
 #include "weft/core/cuda_check.hpp"
 #include "weft/core/error.hpp"
 #include "weft/kernels/gemm.hpp"
+#include "weft/kernels/gemm_overlap_kernels.hpp"
+#include "weft/kernels/runtime_kernels.hpp"
 #include "weft/plan/plan.hpp"
 
 namespace weft::ops::fused {
@@ -97,8 +104,9 @@ struct State {
   cudaEvent_t gemm_ev = nullptr;      // just before the GEMM (tracing: CUDA-event to globaltimer anchor)
   std::vector<plan::TransferDesc> transfers;
   std::vector<TensorDesc> tensors;
-  std::vector<uint64_t> signal_total;  // per transfer: increments to its signal per epoch, up to and including it
-  std::vector<uint64_t> signal_epoch_total;
+  // ag_gemm, per transfer: whether it is the last of this call to write its signal (then the
+  // signal is set to the call count, copied from the device counter, after it).
+  std::vector<char> signal_last;
   // ag_gemm: this rank's own rows read in place by the GEMM (GemmArgs::a2), their local copy
   // left out (its signal still written).
   bool own_in_place = false;
@@ -115,7 +123,16 @@ struct State {
   int32_t* notify_idx = nullptr;
   int32_t* notify_rank = nullptr;
   uint64_t* trace = nullptr;
-  int done_base = 0;  // gemm_rs/gemm_ar: first counter after the reduce chain's
+  int done_base = 0;              // gemm_rs/gemm_ar: first counter after the reduce chain's
+  std::vector<int64_t> chunk_id;  // per pair of chunk_ev: the trace id of that copy
+  // gemm_rs, copy-engine fold (build_rs_ce): pieces per peer block, rows per piece, the
+  // counters' layout, and whether the GEMM is one launch over all M (else one per block).
+  bool ce_fold = false;
+  int pieces = 0;
+  int64_t piece_rows = 0;
+  int notify_base = 0, recv_base = 0;
+  std::vector<uint64_t> piece_notifies;  // per piece: notifies its tiles give (2 per tile)
+  int32_t* own_wait_begin = nullptr;     // the own block's waits, per M-block of its launch
   // gemm_rs/gemm_ar: the GEMM launches (in chain order) and each owner's rows.
   struct Launch {
     int owner;      // -1: one launch over all M (a destination per owner); else that owner's rows only
@@ -129,9 +146,10 @@ struct State {
   State(const State&) = delete;
   State& operator=(const State&) = delete;
   ~State() {
-    for (void* p : {static_cast<void*>(order), static_cast<void*>(wait_begin), static_cast<void*>(wait_idx),
-                    static_cast<void*>(wait_val), static_cast<void*>(wait_peer), static_cast<void*>(dest),
-                    static_cast<void*>(notify_idx), static_cast<void*>(notify_rank), static_cast<void*>(trace)})
+    for (void* p : {static_cast<void*>(order), static_cast<void*>(wait_begin), static_cast<void*>(own_wait_begin),
+                    static_cast<void*>(wait_idx), static_cast<void*>(wait_val), static_cast<void*>(wait_peer),
+                    static_cast<void*>(dest), static_cast<void*>(notify_idx), static_cast<void*>(notify_rank),
+                    static_cast<void*>(trace)})
       if (p) cudaFree(p);
     for (cudaEvent_t e : chunk_ev) cudaEventDestroy(e);
     for (cudaEvent_t e : {fork, join, gemm_ev})
@@ -148,6 +166,13 @@ using StateKey = std::tuple<const void*, const void*, int, int64_t, int64_t, int
 std::map<StateKey, std::unique_ptr<State>> g_states;
 
 uint64_t slot_off(const FusedArgs& A, int idx) { return A.counters.at(static_cast<uint32_t>(idx)); }
+
+// WEFT_FUSED_RS=1: gemm_rs and gemm_ar run the reduce chain (below; slower than decomposed,
+// waits on the host's call count, so not CUDA-graph replayable): comparisons only.
+bool fused_rs_chain() {
+  const char* e = std::getenv("WEFT_FUSED_RS");
+  return e && e[0] == '1' && e[1] == '\0';
+}
 
 // Positions over row blocks `blocks` (in that order) and every N-block: groups of `group`
 // consecutive row blocks (8 for single CTAs; 16, even, for CTA pairs, so positions 2q, 2q+1
@@ -191,7 +216,11 @@ kernels::GemmArgs gemm_args(const FusedArgs& A, const void* a, int64_t lda) {
 // The schedule, waits, destinations and notifies from `st` for the launch whose positions
 // start at `pos_begin` (wait_begin entries are absolute offsets into the wait tables, which
 // are shared), thresholds scaled by the call's epoch; waits and notifies on `sig_off`.
-kernels::GemmHooks gemm_hooks(const FusedArgs& A, const State& st, uint64_t sig_off, int pos_begin = 0) {
+// With `device_epoch` the scale is this rank's call counter in device memory (A.epoch_off,
+// advanced on the stream by every call: CUDA-graph replays wait for new data), else the
+// host's call number (the reduce chain: not replayable).
+kernels::GemmHooks gemm_hooks(const FusedArgs& A, const State& st, uint64_t sig_off, int pos_begin = 0,
+                              bool device_epoch = false) {
   auto from = [pos_begin](auto* table) { return table ? table + pos_begin : table; };
   kernels::GemmHooks h;
   h.ctx = A.ctx;
@@ -202,6 +231,7 @@ kernels::GemmHooks gemm_hooks(const FusedArgs& A, const State& st, uint64_t sig_
   h.wait_peer = st.wait_peer;
   h.wait_off = sig_off;
   h.wait_scale = static_cast<uint64_t>(A.epoch);
+  if (device_epoch) h.wait_scale_dev = A.ctx.ptr<const uint64_t>(A.ctx.rank, A.epoch_off);
   h.dest = from(st.dest);
   h.notify_idx = from(st.notify_idx);
   h.notify_rank = from(st.notify_rank);
@@ -230,6 +260,26 @@ void launch_gemm(const kernels::GemmArgs& g, const kernels::GemmHooks& h, cudaSt
   WEFT_CUDA_CHECK(err);
 }
 
+// The start of a replayable call (ag_gemm, gemm_rs's copy-engine fold): this rank's call
+// counter +1 on the stream (returns its address), then the side stream forks and runs the
+// epoch guard -- a device barrier, so no rank writes into a peer's buffers before that peer
+// has finished the previous call (its side stream forks after its GEMM of that call). The
+// barrier takes one CTA on the SM the GEMM leaves free (gemm_ctas).
+const uint64_t* begin_call(const FusedArgs& A, State& st, cudaStream_t s) {
+  WEFT_CUDA_CHECK(kernels::overlap_epoch_bump(A.ctx, A.epoch_off, s));
+  WEFT_CUDA_CHECK(cudaEventRecord(st.fork, s));
+  WEFT_CUDA_CHECK(cudaStreamWaitEvent(st.side, st.fork, 0));
+  if (A.ctx.world > 1) WEFT_CUDA_CHECK(kernels::device_barrier(A.ctx, A.barrier, st.side));
+  return A.ctx.ptr<const uint64_t>(A.ctx.rank, A.epoch_off);
+}
+
+// Sets a signal (possibly a peer's) to this rank's call count, in stream order: an 8-byte copy
+// from the device counter, so it needs no SM while a peer's GEMM holds them and a graph
+// replay writes the new count.
+void copy_count(uint64_t* signal, const uint64_t* epoch, cudaStream_t q) {
+  WEFT_CUDA_CHECK(cudaMemcpyAsync(signal, epoch, sizeof(uint64_t), cudaMemcpyDeviceToDevice, q));
+}
+
 // ---- ag_gemm ---------------------------------------------------------------------------
 void build_ag(const FusedArgs& A, State& st) {
   const int world = A.ctx.world;
@@ -238,8 +288,6 @@ void build_ag(const FusedArgs& A, State& st) {
   WEFT_REQUIRE(
       A.tile_rows == kernels::kGemmTileM,
       fmt::format("fused ag_gemm: the plan's tile rows ({}) must be the GEMM's {}", A.tile_rows, kernels::kGemmTileM));
-  WEFT_REQUIRE(static_cast<int64_t>(A.counters.count) >= world,
-               fmt::format("fused ag_gemm: {} counters, need {} (one done-slot per rank)", A.counters.count, world));
   st.transfers = fetch(A.transfers, static_cast<size_t>(A.num_transfers));
   for (const auto& t : st.transfers) {
     WEFT_REQUIRE(t.wait_count == 0 && (t.kind == static_cast<int32_t>(plan::Kind::kPush) ||
@@ -265,18 +313,27 @@ void build_ag(const FusedArgs& A, State& st) {
              t.dst_row + t.rows <= st.own_row0 + st.own_rows;
     st.own_in_place = ok && A.own_rows_in_place != 0;
   }
-  // Per-epoch totals of each signal this rank bumps (it must be the signal's only producer:
-  // the direct all-gather gives every chunk its own signal).
-  std::map<std::pair<int, int>, uint64_t> total;
-  for (const auto& t : st.transfers)
-    if (t.signal >= 0) {
-      total[{t.signal_rank, t.signal}] += static_cast<uint64_t>(t.increment);
-      st.signal_total.push_back(total[{t.signal_rank, t.signal}]);
-    } else {
-      st.signal_total.push_back(0);
+  // Signals hold the call count (copied from the device counter A.epoch_off after the last
+  // transfer of the call that writes them: graph replays write new values), so a wait is
+  // "signal >= call": every transfer of a signal must run on one stream (this rank's own
+  // rows on the main stream, the pushes on the side stream), in table order.
+  {
+    const int me = A.ctx.rank;
+    std::map<std::pair<int, int>, size_t> last;
+    std::map<std::pair<int, int>, bool> own;
+    for (size_t i = 0; i < st.transfers.size(); ++i) {
+      const auto& t = st.transfers[i];
+      if (t.signal < 0) continue;
+      const std::pair<int, int> key{t.signal_rank, t.signal};
+      const bool mine = t.dst_rank == me;
+      WEFT_REQUIRE(!own.count(key) || own[key] == mine,
+                   fmt::format("fused ag_gemm: signal {} is written by local and remote transfers", t.signal));
+      own[key] = mine;
+      last[key] = i;
     }
-  for (const auto& t : st.transfers)
-    st.signal_epoch_total.push_back(t.signal >= 0 ? total[{t.signal_rank, t.signal}] : 0);
+    st.signal_last.assign(st.transfers.size(), 0);
+    for (const auto& [key, i] : last) st.signal_last[i] = 1;
+  }
   // GEMM order: M-blocks in the order the plan's tiles first name them; per block, the union
   // of its tiles' waits (highest threshold per signal).
   const auto tiles = fetch(A.tiles, static_cast<size_t>(A.num_tiles));
@@ -306,8 +363,9 @@ void build_ag(const FusedArgs& A, State& st) {
     order.push_back(mb * tiles_n + nb);
     if (mb < tiles_m)  // a phantom partner waits for nothing
       for (auto [sig, th] : block_waits[mb]) {
+        if (th <= 0) continue;
         widx.push_back(sig);
-        wait_per_epoch.push_back(static_cast<uint64_t>(th));
+        wait_per_epoch.push_back(1);  // the signal holds the call count once all its transfers ran
         wpeer.push_back(sig < nsig ? producer[sig] : -1);
       }
     wbegin.push_back(static_cast<int32_t>(widx.size()));
@@ -329,15 +387,9 @@ void build_ag(const FusedArgs& A, State& st) {
 }
 
 void run_ag(const FusedArgs& A, State& st, cudaStream_t s) {
-  const int me = A.ctx.rank, world = A.ctx.world;
-  const int64_t e = A.epoch;
+  const int me = A.ctx.rank;
   const size_t eb = A.dtype == dev::DType::kF32 ? 4 : 2;
-  // Side stream: pushes, after each peer is done with the previous call.
-  WEFT_CUDA_CHECK(cudaEventRecord(st.fork, s));
-  WEFT_CUDA_CHECK(cudaStreamWaitEvent(st.side, st.fork, 0));
-  if (e > 1)
-    for (int p = 0; p < world; ++p)
-      if (p != me) wait_value(st.side, A.ctx.ptr<uint64_t>(me, slot_off(A, p)), static_cast<uint64_t>(e - 1));
+  const uint64_t* epoch = begin_call(A, st, s);
   const TensorDesc& in = st.tensors[static_cast<size_t>(A.input_tensor)];
   // This rank's own rows are copied on the main stream before the GEMM (a device-local copy
   // may run as a kernel: it must not wait behind the GEMM's CTAs); peers' on the side stream.
@@ -358,9 +410,8 @@ void run_ag(const FusedArgs& A, State& st, cudaStream_t s) {
       if (!(pass == 0 && st.own_in_place))
         WEFT_CUDA_CHECK(
             cudaMemcpyAsync(dst, src, static_cast<size_t>(t.rows * t.cols) * eb, cudaMemcpyDeviceToDevice, q));
-      if (t.signal >= 0)
-        write_value(q, A.ctx.ptr<uint64_t>(t.signal_rank, A.signals.at(static_cast<uint32_t>(t.signal))),
-                    static_cast<uint64_t>(e - 1) * st.signal_epoch_total[i] + st.signal_total[i]);
+      if (t.signal >= 0 && st.signal_last[i])
+        copy_count(A.ctx.ptr<uint64_t>(t.signal_rank, A.signals.at(static_cast<uint32_t>(t.signal))), epoch, q);
       if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.chunk_ev[2 * i + 1], q));
     }
   WEFT_CUDA_CHECK(cudaEventRecord(st.join, st.side));
@@ -375,10 +426,7 @@ void run_ag(const FusedArgs& A, State& st, cudaStream_t s) {
     g.a2_rows = st.own_rows;
   }
   if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.gemm_ev, s));
-  launch_gemm(g, gemm_hooks(A, st, A.signals.offset), s, "ag_gemm");
-  // Done with this call's gathered A: tell every peer (their next call's pushes wait on it).
-  for (int p = 0; p < world; ++p)
-    if (p != me) write_value(s, A.ctx.ptr<uint64_t>(p, slot_off(A, me)), static_cast<uint64_t>(e));
+  launch_gemm(g, gemm_hooks(A, st, A.signals.offset, 0, true), s, "ag_gemm");
   WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, st.join, 0));
 }
 
@@ -575,6 +623,189 @@ void run_rs(const FusedArgs& A, State& st, cudaStream_t s) {
     if (p != me) write_value(s, A.ctx.ptr<uint64_t>(p, slot_off(A, done_base + me)), static_cast<uint64_t>(e));
 }
 
+// ---- gemm_rs: the copy-engine fold ---------------------------------------------------------
+// One persistent GEMM per call (or one launch per rank's block where a block is not whole
+// 128-row GEMM blocks). Tiles of the peers' blocks come first (peer me+1's block first, as
+// the decomposed method), in `pieces` pieces per block, each piece's tiles before the next's;
+// they store this rank's partial rows into the plan's partial-product tensor (an outbox) and
+// notify a local counter per piece. The side stream waits for a piece's count, copies the piece into its owner's
+// staging slot `me` (copy engine) and sets the owner's signal for (me, piece) to the call count (copy_count). Then the
+// own block's tiles: their main loops run at once; a few k-blocks before its epilogue each tile waits for every peer's
+// piece of its rows and adds the peers' slots in the epilogue (GEMM sources: fp32, one rounding), storing straight into
+// C. No reduce pass, no kernel launch between GEMMs; what the peers need runs on the copy engine and on the one SM the
+// GEMM leaves free (the barrier of begin_call, the 1-thread piece waits). Graph-replayable: the waits and signals use
+// the device call counter. Counters: [notify_base, + (world-1) * pieces) local piece counts; [recv_base, + world *
+// pieces) "rank q's piece j is in my slot q".
+int pick_pieces(int blocks, int tiles_n, int ctas) {
+  if (const char* e = std::getenv("WEFT_FUSED_RS_PIECES"); e && std::atoi(e) > 0)  // experiments
+    return std::min(blocks, std::atoi(e));
+  // Pieces of >= 8 M-blocks (a wave of CTAs then reads few B tiles: the raster's L2 reuse),
+  // at most 8, dividing the block's M-blocks evenly; one where a block is about a wave.
+  int want = std::clamp(blocks / 8, 1, 8);
+  if (blocks * tiles_n <= ctas) want = 1;
+  while (want > 1 && blocks % want != 0) --want;
+  return want;
+}
+
+void build_rs_ce(const FusedArgs& A, State& st) {
+  const int me = A.ctx.rank, world = A.ctx.world;
+  constexpr int64_t TM = kernels::kGemmTileM;
+  WEFT_REQUIRE(A.m % world == 0, fmt::format("fused gemm_rs: M = {} is not a multiple of {} ranks", A.m, world));
+  WEFT_REQUIRE(A.stage_off != 0 || world == 1, "fused gemm_rs: the op gave no staging slots");
+  const TensorDesc& outbox = st.tensors[static_cast<size_t>(A.input_tensor)];
+  WEFT_REQUIRE(outbox.rows == A.m && outbox.cols == A.n, "fused gemm_rs: the plan's partial product is not [M x N]");
+  const int64_t ms = A.m / world;
+  const int tiles_n = kernels::gemm_tiles_n(static_cast<int>(A.n));
+  const int blocks = static_cast<int>((ms + TM - 1) / TM);  // GEMM M-blocks per rank's block
+  const bool single = ms % TM == 0;
+  st.ce_fold = true;
+  st.pieces = pick_pieces(blocks, tiles_n, gemm_ctas());
+  const int bpp = (blocks + st.pieces - 1) / st.pieces;  // M-blocks per piece
+  st.pieces = (blocks + bpp - 1) / bpp;
+  st.piece_rows = bpp * TM;
+  st.notify_base = 0;
+  st.recv_base = (world - 1) * st.pieces;
+  const int need = st.recv_base + world * st.pieces;
+  WEFT_REQUIRE(static_cast<int64_t>(A.counters.count) >= need,
+               fmt::format("fused gemm_rs: {} counters, need {}", A.counters.count, need));
+  // CTA pairs (positions 2q, 2q+1: consecutive M-blocks of one N-block) where every piece has
+  // an even number of M-blocks and one launch runs everything.
+  st.cluster = single && bpp % 2 == 0 && blocks % bpp == 0 ? 2 : 1;
+  std::vector<int32_t> order, nidx, nrank;
+  std::vector<int8_t> dest;
+  st.launches.clear();
+  st.piece_notifies.assign(static_cast<size_t>(st.pieces), 0);
+  for (int d = 1; d <= world; ++d) {
+    const int p = (me + d) % world;  // d == world: this rank's own block, last
+    const bool own = p == me;
+    const int first = single ? p * blocks : 0;  // global M-block of the block's first row
+    if (!single) st.launches.push_back({p, static_cast<int>(order.size()), 0});
+    for (int j = 0; j < st.pieces; ++j) {
+      std::vector<int> bl;
+      for (int b = j * bpp; b < std::min(blocks, (j + 1) * bpp); ++b) bl.push_back(first + b);
+      grouped(
+          bl, tiles_n,
+          [&](int mb, int nb, size_t) {
+            order.push_back(mb * tiles_n + nb);
+            dest.push_back(static_cast<int8_t>(own || !single ? 0 : 1));
+            nidx.push_back(own ? -1 : st.notify_base + (d - 1) * st.pieces + j);
+            nrank.push_back(me);
+            if (!own) st.piece_notifies[static_cast<size_t>(j)] += kernels::kGemmNotifyPerTile;
+          },
+          std::min<size_t>(bl.size(), 16));
+    }
+    if (!single) st.launches.back().positions = static_cast<int>(order.size()) - st.launches.back().pos_begin;
+  }
+  if (single) st.launches.push_back({-1, 0, static_cast<int>(order.size())});
+  // The piece counts were summed over the world - 1 peer blocks: per block.
+  for (auto& n : st.piece_notifies) n /= static_cast<uint64_t>(std::max(1, world - 1));
+  // The own block's waits, per M-block of its launch (global M-blocks when single).
+  const int launch_blocks = single ? kernels::gemm_tiles_m(static_cast<int>(A.m)) : blocks;
+  const int own_first = single ? me * blocks : 0;
+  std::vector<int32_t> wbegin{0}, widx, wpeer;
+  std::vector<uint64_t> wval;
+  for (int mb = 0; mb < launch_blocks; ++mb) {
+    if (mb >= own_first && mb < own_first + blocks)
+      for (int q = 0; q < world; ++q)
+        if (q != me) {
+          widx.push_back(st.recv_base + q * st.pieces + (mb - own_first) / bpp);
+          wval.push_back(1);  // >= the call count
+          wpeer.push_back(q);
+        }
+    wbegin.push_back(static_cast<int32_t>(widx.size()));
+  }
+  for (const auto& l : st.launches) {
+    const int64_t m = l.owner < 0 ? A.m : ms;
+    const int kernel_positions = kernels::gemm_positions(static_cast<int>(m), static_cast<int>(A.n), st.cluster);
+    WEFT_REQUIRE(l.positions == kernel_positions,
+                 fmt::format("fused gemm_rs: a launch's table has {} positions, the GEMM runs {} (M = {}, N = {})",
+                             l.positions, kernel_positions, m, A.n));
+  }
+  upload_schedule(st, order, {0}, widx, wpeer, wval);
+  st.own_wait_begin = upload(wbegin);
+  st.dest = upload(dest);
+  st.notify_idx = upload(nidx);
+  st.notify_rank = upload(nrank);
+  for (int d = 1; d < world; ++d)
+    for (int j = 0; j < st.pieces; ++j) st.chunk_id.push_back((d - 1) * st.pieces + j);
+}
+
+void run_rs_ce(const FusedArgs& A, State& st, cudaStream_t s) {
+  const int me = A.ctx.rank, world = A.ctx.world;
+  const size_t eb = 2;
+  const int64_t ms = A.m / world;
+  const uint64_t slot_bytes = static_cast<uint64_t>(ms * A.n) * eb;
+  const TensorDesc& outbox_t = st.tensors[static_cast<size_t>(A.input_tensor)];
+  char* outbox = A.ctx.ptr<char>(me, outbox_t.offset);
+  const uint64_t* epoch = begin_call(A, st, s);
+  // Side stream (after the epoch guard): each piece to its owner as soon as its tiles are in.
+  for (int d = 1; d < world; ++d) {
+    const int p = (me + d) % world;
+    for (int j = 0; j < st.pieces; ++j) {
+      const size_t ci = static_cast<size_t>((d - 1) * st.pieces + j);
+      // The piece's tiles are in: its counter >= notifies per call x the call count. A 1-thread
+      // kernel on the SM the GEMM leaves free, not a stream memory wait: it has the backend's
+      // deadline (a GEMM that failed cannot leave this stream, and the caller, hanging).
+      kernels::OverlapWaits w{};
+      w.count = 1;
+      w.from[0] = me;
+      w.off[0] = slot_off(A, st.notify_base + static_cast<int>(ci));
+      w.threshold[0] = static_cast<int64_t>(st.piece_notifies[static_cast<size_t>(j)]);
+      WEFT_CUDA_CHECK(kernels::overlap_wait(A.ctx, A.epoch_off, w, st.side));
+      const int64_t r0 = j * st.piece_rows, r1 = std::min(ms, r0 + st.piece_rows);
+      if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.chunk_ev[2 * ci], st.side));
+      WEFT_CUDA_CHECK(cudaMemcpyAsync(A.ctx.ptr<char>(p, A.stage_off) + slot_bytes * static_cast<uint64_t>(me) +
+                                          static_cast<uint64_t>(r0 * A.n) * eb,
+                                      outbox + static_cast<uint64_t>((p * ms + r0) * A.n) * eb,
+                                      static_cast<size_t>((r1 - r0) * A.n) * eb, cudaMemcpyDeviceToDevice, st.side));
+      copy_count(A.ctx.ptr<uint64_t>(p, slot_off(A, st.recv_base + me * st.pieces + j)), epoch, st.side);
+      if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.chunk_ev[2 * ci + 1], st.side));
+    }
+  }
+  WEFT_CUDA_CHECK(cudaEventRecord(st.join, st.side));
+  if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.gemm_ev, s));
+  const char* stage = A.ctx.ptr<const char>(me, A.stage_off);
+  auto own_sources = [&](kernels::GemmArgs& g, int64_t row0) {
+    for (int q = 0; q < world; ++q)
+      if (q != me) g.src[g.num_src++] = stage + slot_bytes * static_cast<uint64_t>(q);
+    g.ld_src = A.n;
+    g.src_row0 = row0;
+    g.src_rows = ms;
+  };
+  for (const auto& l : st.launches) {
+    kernels::GemmHooks h = gemm_hooks(A, st, A.counters.offset, l.pos_begin, true);
+    h.wait_begin = nullptr;
+    h.wait_per_mblock = true;
+    h.wait_at_epilogue = true;
+    kernels::GemmArgs g;
+    if (l.owner < 0) {  // one launch: dest 0 = C (this rank's rows), dest 1 = the outbox (all rows)
+      g = gemm_args(A, A.a, A.k_local);
+      g.cluster_m = st.cluster;
+      g.num_dests = 2;
+      g.c[0] = A.c;
+      g.c_row0[0] = me * ms;
+      g.c_rows[0] = ms;
+      g.c[1] = outbox;
+      g.c_row0[1] = 0;
+      g.c_rows[1] = A.m;
+      if (world > 1) {
+        own_sources(g, me * ms);
+        h.wait_begin = st.own_wait_begin;
+      }
+    } else {  // rank `owner`'s block alone (A and the destination offset to its rows)
+      g = gemm_args(A, static_cast<const char*>(A.a) + static_cast<size_t>(l.owner * ms * A.k_local) * eb, A.k_local);
+      g.m = static_cast<int>(ms);
+      g.c[0] = l.owner == me ? A.c : outbox + static_cast<size_t>(l.owner * ms * A.n) * eb;
+      if (l.owner == me && world > 1) {
+        own_sources(g, 0);
+        h.wait_begin = st.own_wait_begin;
+      }
+    }
+    launch_gemm(g, h, s, "gemm_rs");
+  }
+  WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, st.join, 0));
+}
+
 // Converts the GEMM's per-position globaltimer stamps and the side stream's CUDA events into
 // TraceRecords (events are placed on the globaltimer axis through the GEMM launch event and
 // the first tile's start: an offset, good to a few microseconds).
@@ -588,7 +819,7 @@ void collect_trace(const FusedArgs& A, State& st, cudaStream_t s) {
     first = std::min(first, tr[3 * p]);
     recs.push_back({0, static_cast<int32_t>(tr[3 * p + 2]), p, tr[3 * p], tr[3 * p + 1]});
   }
-  for (size_t i = 0; i < st.transfers.size() && first != ~0ull; ++i) {
+  for (size_t i = 0; i < st.chunk_id.size() && first != ~0ull; ++i) {
     float t0 = 0, t1 = 0;
     if (cudaEventElapsedTime(&t0, st.gemm_ev, st.chunk_ev[2 * i]) != cudaSuccess ||
         cudaEventElapsedTime(&t1, st.gemm_ev, st.chunk_ev[2 * i + 1]) != cudaSuccess)
@@ -596,7 +827,7 @@ void collect_trace(const FusedArgs& A, State& st, cudaStream_t s) {
     const auto at = [&](float ms) {
       return static_cast<uint64_t>(static_cast<int64_t>(first) + static_cast<int64_t>(ms * 1e6));
     };
-    recs.push_back({1, -1, st.transfers[i].chunk, at(t0), at(t1)});
+    recs.push_back({1, -1, st.chunk_id[i], at(t0), at(t1)});
   }
   const uint32_t n = static_cast<uint32_t>(std::min<size_t>(recs.size(), A.trace_capacity));
   WEFT_CUDA_CHECK(cudaMemcpy(A.trace, recs.data(), n * sizeof(TraceRecord), cudaMemcpyHostToDevice));
@@ -609,25 +840,15 @@ bool fused_available() {
   return kernels::gemm_sm90_available() && driver_ops().write != nullptr && driver_ops().wait != nullptr;
 }
 
-// gemm_rs / gemm_ar: NOT offered by default. On 2 H200s the chain gave wrong sums for a 10 x 13
-// output (gemm_overlap_gpu_test, 2026-11-22): its tables named a 128-row block shared by two
-// owners once per owner, more positions than the kernel runs (gemm_positions), so the last
-// step of every rank (the owner's own contribution) was dropped -- fixed above (owners on
-// whole blocks / one launch per step; exact on 1 and 2 H200s since), but the chain is slower
-// than `decomposed` on every ANCHORS shape (docs/gemm_overlap.md). WEFT_FUSED_RS=1 offers it
-// (tests, benchmarks).
-static bool fused_rs_enabled() {
-  const char* e = std::getenv("WEFT_FUSED_RS");
-  return e && e[0] == '1' && e[1] == '\0';
-}
-bool fused_supports(Op op) { return op == Op::kAgGemm || fused_rs_enabled(); }
+bool fused_supports(Op op) { return op != Op::kGemmAr || fused_rs_chain(); }
 
 void run_fused(const FusedArgs& A) {
   if (!fused_available()) throw Error("fused method: needs an sm_90 GPU and stream memory operations");
   if (!fused_supports(A.op))
     throw Error(
-        "fused method: gemm_rs and gemm_ar are disabled by default (slower than decomposed; "
-        "docs/gemm_overlap.md); WEFT_FUSED_RS=1 enables them");
+        "fused method: gemm_ar's reduce chain is disabled by default (slower than decomposed, and its "
+        "waits use the host's call count: not CUDA-graph replayable; docs/gemm_overlap.md); WEFT_FUSED_RS=1 "
+        "enables it");
   WEFT_REQUIRE(A.dtype == dev::DType::kBF16 || A.dtype == dev::DType::kF16, "fused method: bf16 or f16 only");
   auto s = static_cast<cudaStream_t>(A.stream);
   std::lock_guard<std::mutex> lock(g_mu);
@@ -642,17 +863,23 @@ void run_fused(const FusedArgs& A) {
     WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&st->fork, cudaEventDisableTiming));
     WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&st->join, cudaEventDisableTiming));
     WEFT_CUDA_CHECK(cudaEventCreate(&st->gemm_ev));
-    if (A.op == Op::kAgGemm)
+    if (A.op == Op::kAgGemm) {
       build_ag(A, *st);
-    else
+      for (const auto& t : st->transfers) st->chunk_id.push_back(t.chunk);
+    } else if (A.op == Op::kGemmRs && !fused_rs_chain()) {
+      build_rs_ce(A, *st);
+    } else {
       build_rs(A, *st);
-    st->chunk_ev.resize(2 * st->transfers.size());
+    }
+    st->chunk_ev.resize(2 * st->chunk_id.size());
     for (auto& ev : st->chunk_ev) WEFT_CUDA_CHECK(cudaEventCreate(&ev));
     slot = std::move(st);
   }
   State& st = *slot;
   if (A.op == Op::kAgGemm)
     run_ag(A, st, s);
+  else if (st.ce_fold)
+    run_rs_ce(A, st, s);
   else
     run_rs(A, st, s);
   if (A.trace) collect_trace(A, st, s);

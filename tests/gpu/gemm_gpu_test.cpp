@@ -65,6 +65,26 @@ std::vector<uint16_t> fill(dev::DType t, size_t n, uint32_t seed, bool integers,
   return v;
 }
 
+// A wait table (GemmHooks::wait_begin / idx / val / peer) in device memory.
+struct WaitTables {
+  DevBuf<int32_t> begin, idx, peer;
+  DevBuf<uint64_t> val;
+  WaitTables(const std::vector<int32_t>& b, const std::vector<int32_t>& i, const std::vector<uint64_t>& v,
+             const std::vector<int32_t>& from)
+      : begin(b.size()), idx(i.size()), peer(from.size()), val(v.size()) {
+    begin.put(b);
+    idx.put(i);
+    val.put(v);
+    peer.put(from);
+  }
+  void set(kernels::GemmHooks& h) const {
+    h.wait_begin = begin.p;
+    h.wait_idx = idx.p;
+    h.wait_val = val.p;
+    h.wait_peer = peer.p;
+  }
+};
+
 // A one-rank context whose heap is `heap` (signals at offset 0), 10 s deadline.
 dev::DeviceCtx one_gpu_ctx(const DevBuf<uint64_t>& heap) {
   dev::DeviceCtx ctx{};
@@ -397,8 +417,8 @@ TEST(GemmGpu, WaitsForRowsThatArriveAfterTheLaunch) {
       for (int p = 0; p < entries; ++p)
         widx[p] = mode == 0 ? p / tn : p;          // closed-form order: M-block = p / tn (group_m 1)
       std::iota(wbegin.begin(), wbegin.end(), 0);  // one wait per position (M-block)
-      DevBuf<int32_t> d_widx(entries), d_wpeer(entries), d_wbegin(entries + 1);
-      DevBuf<uint64_t> d_wval(entries), heap(64), d_trace(3 * tiles);
+      const WaitTables waits(wbegin, widx, wval, wpeer);
+      DevBuf<uint64_t> heap(64), d_trace(3 * tiles);
       const uint64_t want = mode == 0 ? 1 : 3;  // the signal value that releases a block
       if (mode == 1)
         heap.put([tm] {
@@ -407,17 +427,10 @@ TEST(GemmGpu, WaitsForRowsThatArriveAfterTheLaunch) {
           h[62] = 3;
           return h;
         }());
-      d_widx.put(widx);
-      d_wbegin.put(wbegin);
-      d_wpeer.put(wpeer);
-      d_wval.put(wval);
       kernels::GemmHooks h;
       h.ctx = one_gpu_ctx(heap);
-      h.wait_begin = d_wbegin.p;
-      h.wait_idx = d_widx.p;
-      h.wait_val = d_wval.p;
+      waits.set(h);
       h.trace = d_trace.p;
-      h.wait_peer = d_wpeer.p;
       h.wait_off = 0;
       h.wait_per_mblock = mode == 1;
       if (mode == 1) h.wait_scale_dev = heap.p + 62;
@@ -456,6 +469,77 @@ TEST(GemmGpu, WaitsForRowsThatArriveAfterTheLaunch) {
       cudaStreamDestroy(s2);
       std::printf("[gpu] gemm waits (%s): rows landing 2 ms after launch, out of order: exact\n",
                   mode == 0 ? "per position" : "per M-block, device scale");
+    });
+}
+
+// The gemm_rs fold's pattern: sources that land after the launch, guarded by waits at the
+// epilogue (GemmHooks::wait_at_epilogue: A and B are ready, the main loop runs first), on
+// rows [128, 640) only (GemmArgs::src_row0): the source is NaN until each M-block's rows are
+// copied in (2 ms after the launch, last block first) and its signal set. Rows 0..127 take no
+// source (reading it would give NaN). Every kernel (pairs, single CTAs, portable, K 32).
+TEST(GemmGpu, SourcesThatArriveAfterTheLaunchAreWaitedForAtTheEpilogue) {
+  if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
+  for (int kernel : {0, 1, 2, 3})
+    in_child([kernel] {
+      const dev::DType t = dev::DType::kBF16;
+      const Case c{640, 512, 512};  // 5 x 2 tiles, 8 k-blocks: the waits come after k-block 4
+      const int tm = kernels::gemm_tiles_m(c.m);
+      const int src_row0 = 128, src_rows = c.m - src_row0;
+      const auto ha = fill(t, static_cast<size_t>(c.m) * c.k, 31, true);
+      const auto hb = fill(t, static_cast<size_t>(c.n) * c.k, 32, true);
+      const auto hs = fill(t, static_cast<size_t>(src_rows) * c.n, 33, true, 50);
+      DevBuf<uint16_t> a(ha.size()), b(hb.size()), out(static_cast<size_t>(c.m) * c.n), src(hs.size()),
+          staged(hs.size());
+      a.put(ha);
+      b.put(hb);
+      staged.put(hs);
+      WEFT_CUDA_CHECK(cudaMemset(src.p, 0xFF, hs.size() * 2));  // NaNs until the rows land
+      // Waits per M-block: block 0 none, block mb >= 1 its signal mb.
+      std::vector<int32_t> widx, wpeer, wbegin{0, 0};
+      std::vector<uint64_t> wval;
+      for (int mb = 1; mb < tm; ++mb) {
+        widx.push_back(mb);
+        wpeer.push_back(0);
+        wval.push_back(1);
+        wbegin.push_back(static_cast<int32_t>(widx.size()));
+      }
+      const WaitTables waits(wbegin, widx, wval, wpeer);
+      DevBuf<uint64_t> heap(64);  // zeroed
+      kernels::GemmHooks h;
+      h.ctx = one_gpu_ctx(heap);
+      waits.set(h);
+      h.wait_per_mblock = true;
+      h.wait_at_epilogue = true;
+      cudaStream_t s1, s2;
+      WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+      WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+      auto g = args_for(t, false, c, a.p, b.p, out.p);
+      use_kernel(g, kernel);
+      g.src[0] = src.p;
+      g.num_src = 1;
+      g.ld_src = c.n;
+      g.src_row0 = src_row0;
+      g.src_rows = src_rows;
+      WEFT_CUDA_CHECK(kernels::device_sleep(0, s2));  // loaded before the GEMM spins (see above)
+      WEFT_CUDA_CHECK(set_signals(heap.p + 63, 1, 0, s2));
+      WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+      ops::gemm_gpu(g, h, s1, kernel == 2);
+      WEFT_CUDA_CHECK(kernels::device_sleep(2'000'000, s2));
+      const size_t block_bytes = static_cast<size_t>(kernels::kGemmTileM) * c.n * 2;
+      for (int mb = tm - 1; mb >= 1; --mb) {  // last block first
+        const size_t off = (mb - 1) * block_bytes;
+        WEFT_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<char*>(src.p) + off, reinterpret_cast<char*>(staged.p) + off,
+                                        block_bytes, cudaMemcpyDeviceToDevice, s2));
+        WEFT_CUDA_CHECK(set_signals(heap.p + mb, 1, 1, s2));
+      }
+      WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<uint16_t> pre(static_cast<size_t>(c.m) * c.n, enc(t, 0.f));
+      std::copy(hs.begin(), hs.end(), pre.begin() + static_cast<size_t>(src_row0) * c.n);
+      expect_equal(out.get(), reference(t, false, c, ha, hb, &pre),
+                   fmt::format("sources landing late, waits at the epilogue, kernel {}", kernel));
+      cudaStreamDestroy(s1);
+      cudaStreamDestroy(s2);
+      std::printf("[gpu] gemm sources after the launch, waits at the epilogue, kernel %d: exact\n", kernel);
     });
 }
 
@@ -499,5 +583,14 @@ TEST(GemmGpu, BadArgumentsAreRefusedWithTheReason) {
     g = base;
     g.a2_rows = 32;
     expect_refused(g, "outside A");
+    g = base;
+    g.src[0] = c.p;
+    g.num_src = 1;
+    g.ld_src = 16;
+    g.src_row0 = 8;
+    expect_refused(g, "sources' rows must start");
+    g.src_row0 = 0;
+    g.src_rows = 32;
+    expect_refused(g, "sources' rows are outside");
   });
 }

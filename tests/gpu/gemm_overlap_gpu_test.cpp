@@ -59,6 +59,17 @@ GemmOverlapConfig config(const Shape& s, dev::DType t, BLayout l, int chunks) {
   return overlap_config(s, t, l, chunks);
 }
 
+// WEFT_TEST_PROGRESS=PATH: each rank appends the call it is about to make to PATH.<rank> (a
+// run killed for hanging then shows where).
+void progress(int rank, const std::string& what) {
+  const char* path = std::getenv("WEFT_TEST_PROGRESS");
+  if (!path) return;
+  if (FILE* f = std::fopen(fmt::format("{}.{}", path, rank).c_str(), "a")) {
+    std::fprintf(f, "%s\n", what.c_str());
+    std::fclose(f);
+  }
+}
+
 int run_all_methods(Backend& b, const GemmOverlapConfig& cfg, int calls, cudaStream_t s) {
   GemmOverlap op(b, cfg);
   const int rank = b.rank(), world = b.size();
@@ -78,13 +89,15 @@ int run_all_methods(Backend& b, const GemmOverlapConfig& cfg, int calls, cudaStr
       WEFT_CUDA_CHECK(cudaMemcpy(w.p, h.b.data(), h.b.size() * 2, cudaMemcpyHostToDevice));
       WEFT_CUDA_CHECK(cudaMemset(c.p, 0xFF, c.bytes));  // NaN
       WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::string what =
+          fmt::format("{} {}x{}x{} {} {} {} world {} chunks {}", to_string(cfg.op), cfg.m, cfg.k, cfg.n, to_string(m),
+                      dev::dtype_name(cfg.dtype), to_string(cfg.b_layout), world, op.chunks());
+      progress(rank, what);
       op.run(a.p, w.p, c.p, {.method = m, .stream = s});
       WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
       b.synchronize();
       WEFT_CUDA_CHECK(cudaMemcpy(out.data(), c.p, c.bytes, cudaMemcpyDeviceToHost));
-      check(op, out, rank, world, e,
-            fmt::format("{} {} {} {} world {} chunks {}", to_string(cfg.op), to_string(m), dev::dtype_name(cfg.dtype),
-                        to_string(cfg.b_layout), world, op.chunks()));
+      check(op, out, rank, world, e, what);
       ++checks;
     }
   return checks;
@@ -156,8 +169,10 @@ TEST(GemmOverlapGpuOtherPaths, EveryMethodIsExact) {
 }
 
 // Captured once, replayed many times with fresh inputs: the device-side epoch advances inside
-// the graph (decomposed waits; gemm_rs's folded GEMM reads it as its wait scale, and its
-// signals are copies of it), and every replay is exact. Run with and without the fold.
+// the graph (decomposed waits; gemm_rs's folded GEMM and the fused ag_gemm / gemm_rs read it as
+// their wait scale, and their signals are copies of it), and every replay is exact: a wait
+// satisfied by an earlier replay's signal would let a GEMM read the previous inputs. Run with
+// and without the decomposed fold; the fused method where the op offers it.
 TEST(GemmOverlapGpuGraph, ReplaysStayExact) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
   for (const char* fold : {"0", "1"}) {
@@ -169,8 +184,10 @@ TEST(GemmOverlapGpuGraph, ReplaysStayExact) {
       WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
       for (const Shape& sh : {Shape{GemmOp::kAgGemm, 256 * w, 128, 264}, Shape{GemmOp::kGemmRs, 256 * w, 128 * w, 264},
                               Shape{GemmOp::kGemmAr, 320, 64 * w, 136}})
-        for (GemmMethod m : {GemmMethod::kBaseline, GemmMethod::kDecomposed}) {
+        for (GemmMethod m : {GemmMethod::kBaseline, GemmMethod::kDecomposed, GemmMethod::kFused}) {
           GemmOverlap op(*b, config(sh, dev::DType::kBF16, BLayout::kNK, 2));
+          const auto avail = op.available_methods();
+          if (std::find(avail.begin(), avail.end(), m) == avail.end()) continue;
           DevBuf a(static_cast<size_t>(op.a_rows() * op.a_cols()) * 2),
               wt(static_cast<size_t>(op.b_rows() * op.b_cols()) * 2),
               c(static_cast<size_t>(op.c_rows() * op.c_cols()) * 2);

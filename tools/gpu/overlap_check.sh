@@ -17,13 +17,14 @@ export WEFT_TIMEOUT_MS=${WEFT_TIMEOUT_MS:-15000}
 status=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   step "every GPU test (1 and 2 GPUs)"
-  timeout 300 "$BIN/weft_gpu_tests" > "$OUT/gpu_tests.log" 2>&1 || status=1
+  WEFT_TEST_PROGRESS=$OUT/progress timeout -s KILL 300 "$BIN/weft_gpu_tests" > "$OUT/gpu_tests.log" 2>&1 || status=1
+  pkill -9 -x weft_gpu_tests 2>/dev/null || true  # ranks of a killed run must not hold the GPUs for the benches
   grep -E "^\[ *(FAILED|PASSED)|\[gpu\]|Failure" "$OUT/gpu_tests.log" | head -40
 fi
 if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then
   step "compute-sanitizer memcheck (GEMM+communication tests)"
   WEFT_TEST_TIMEOUT_MS=200000 WEFT_TIMEOUT_MS=200000 timeout 280 compute-sanitizer --tool memcheck --report-api-errors no \
-    --target-processes all "$BIN/weft_gpu_tests" --gtest_filter='*GemmOverlap*:GemmGpu.Epilogue*:GemmGpu.Waits*' > "$OUT/memcheck_gemm_overlap.log" 2>&1 || status=1
+    --target-processes all "$BIN/weft_gpu_tests" --gtest_filter='*GemmOverlap*:GemmGpu.Epilogue*:GemmGpu.Waits*:GemmGpu.Sources*:GemmGpu.Rows*' > "$OUT/memcheck_gemm_overlap.log" 2>&1 || status=1
   grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/memcheck_gemm_overlap.log" | head -6
 fi
 for op in $OPS; do

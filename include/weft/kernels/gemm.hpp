@@ -20,8 +20,10 @@
 //    fences the async proxy so TMA reads what the peer wrote. With wait_per_mblock the table
 //    is indexed by the tile's M-block instead of p; with wait_scale_dev the scale is read from
 //    device memory (a call counter advanced on the stream: graph replays wait for new data).
+//    With wait_at_epilogue the waits guard only the sources: the main loop runs before them.
 //  - sources (GemmArgs::src): C = A*B + the sum of the source tiles, added in fp32 and rounded
-//    once, read after the tile's waits (so a source may be data a peer just delivered).
+//    once, read after the tile's waits (so a source may be data a peer just delivered); only
+//    rows [src_row0, src_row0 + src_rows) take them.
 //  - destination: position p's tile goes to destination dest[p] & 63 (index into c[]; c[d]
 //    may be a peer's buffer), at row (tile row - c_row0[d]); rows outside [0, c_rows[d])
 //    are clipped. out = kReduceAdd, or kGemmDestReduce set in dest[p], adds into the
@@ -79,6 +81,10 @@ struct GemmArgs {
   const void* src[kGemmMaxSrcs] = {};
   int num_src = 0;
   int64_t ld_src = 0;
+  // Only rows [src_row0, src_row0 + src_rows) of C take the sources (src_rows 0: up to m), and
+  // source row = row - src_row0 (a GEMM whose other rows go elsewhere, e.g. to peers).
+  // src_row0 a multiple of 128, and src_rows too unless the range ends at m.
+  int64_t src_row0 = 0, src_rows = 0;
   // Closed-form raster: groups of group_m M-blocks (L2 reuse of B). 0: 16 -- a wave of 132
   // CTAs then covers ~16 M-blocks x 8 N-blocks, near the smallest footprint of A and B rows.
   int group_m = 0;
@@ -103,8 +109,11 @@ struct GemmHooks {
   uint64_t wait_scale = 1;                   // thresholds are wait_val * wait_scale (an op's epoch: tables stay fixed)
   const uint64_t* wait_scale_dev = nullptr;  // if set, the scale is *wait_scale_dev (device memory)
   bool wait_per_mblock = false;              // wait_begin has tiles_m + 1 entries, indexed by M-block
-  const int8_t* dest = nullptr;              // [positions] destination index (| kGemmDestReduce), null: 0
-  const int32_t* notify_idx = nullptr;       // [num_tiles] -1: no notify
+  // The waits guard only the epilogue's sources (A and B are ready at launch): the sm_90a
+  // kernel runs a tile's main loop first and waits a few k-blocks before its epilogue.
+  bool wait_at_epilogue = false;
+  const int8_t* dest = nullptr;         // [positions] destination index (| kGemmDestReduce), null: 0
+  const int32_t* notify_idx = nullptr;  // [num_tiles] -1: no notify
   const int32_t* notify_rank = nullptr;
   uint64_t notify_off = 0;
   uint64_t* trace = nullptr;  // [3 * positions] or null
@@ -127,6 +136,10 @@ inline int gemm_positions(int m, int n, int cluster_m) {
 // `force_portable` runs the portable kernel even on sm_90.
 cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, const char** why = nullptr,
                  bool force_portable = false);
+
+// Loads every GEMM kernel now (see kernels::overlap_preload: with lazy module loading a
+// first launch behind a spinning kernel can deadlock). Ops whose GEMM waits call it first.
+cudaError_t gemm_preload();
 
 // The grid of this process's last sm_90a launch: CTAs and cluster size (diagnostics).
 void gemm_last_launch(int* ctas, int* cluster);

@@ -15,6 +15,8 @@ cudaError_t lsa_bases(ncclWindow_t win, int world, char** out, cudaStream_t stre
 cudaError_t symmetry_write(const dev::DeviceCtx& c, cudaStream_t stream);
 // One thread per rank runs dev::barrier: lines GPUs up before a timed region.
 cudaError_t device_barrier(const dev::DeviceCtx& c, dev::BarrierHandle bar, cudaStream_t stream);
+// Loads this file's barrier and sleep kernels now (see kernels::overlap_preload: lazy loading).
+cudaError_t runtime_preload();
 
 // Keeps the stream busy for about `ns` nanoseconds (one thread): lets the host enqueue what
 // follows before the GPU reaches it, so launch latency stays out of timed regions.

@@ -118,6 +118,9 @@ struct FusedArgs {
   // gathered A (the op's choice: WEFT_AG_OWN_IN_PLACE); the kernel does so where they sit on
   // whole 128-row blocks.
   int32_t own_rows_in_place;
+  // gemm_rs: the op's staging slots [world][M/world x N] (heap offset; 0: none), where each
+  // peer's partial rows of this rank's block land (the copy-engine fold, below).
+  uint64_t stage_off;
 
   TraceRecord* trace;  // nullptr: tracing off
   uint32_t* trace_count;
@@ -129,8 +132,8 @@ struct FusedArgs {
 // True when a real fused kernel is linked in (the stub: false).
 bool fused_available();
 // True when the fused method runs `op` (GemmOverlap offers `fused` only then). CUDA builds:
-// ag_gemm; gemm_rs and gemm_ar only with the environment variable WEFT_FUSED_RS=1 (read when
-// an op is constructed; for tests and benchmarks of the reduce chain).
+// ag_gemm and gemm_rs; gemm_ar only with the environment variable WEFT_FUSED_RS=1 (read when
+// an op is constructed; it also switches gemm_rs to the reduce chain: comparisons).
 bool fused_supports(Op op);
 // Enqueues one call. Throws weft::Error on failure (the stub always throws).
 void run_fused(const FusedArgs& args);
