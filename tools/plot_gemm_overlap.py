@@ -12,8 +12,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-METHODS = ["baseline", "gemm_only", "decomposed", "fused", "auto"]
-LABELS = {"baseline": "NCCL + cuBLAS", "gemm_only": "GEMM alone (cuBLAS)", "decomposed": "weft decomposed",
+METHODS = ["baseline", "gemm_only", "gemm_only_weft", "decomposed", "fused", "auto"]
+LABELS = {"baseline": "NCCL + cuBLAS", "gemm_only": "GEMM alone (cuBLAS)", "gemm_only_weft": "GEMM alone (weft)",
+          "decomposed": "weft decomposed",
           "fused": "weft fused", "auto": "weft auto", "torch": "PyTorch fused"}
 
 

@@ -182,6 +182,12 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
     {
       std::string note;
       add("gemm_only", timed([&] { op.run_gemm_only(a, w, c, s); }, note), 0, note);
+      // weft's GEMM alone, timed the same way: what the fused methods' GEMM costs without
+      // communication (sm_90 GPUs only).
+      if (gpu) {
+        std::string wnote;
+        add("gemm_only_weft", timed([&] { op.run_gemm_only(a, w, c, s, true); }, wnote), 0, wnote);
+      }
     }
     run_method(GemmMethod::kDecomposed);
     run_method(GemmMethod::kFused);
@@ -247,8 +253,8 @@ nlohmann::json to_json(const OverlapBenchResult& r) {
 std::string to_table(const OverlapBenchResult& r) {
   std::string out = fmt::format("{} on {} ({} backend, {} ranks), bf16, W[N,K]; times in us per call (median)\n", r.op,
                                 r.device, r.backend, r.world);
-  out += fmt::format("{:<18} {:>10} {:>10} {:>12} {:>10} {:>10} {:>16} {:>10} {:>10}\n", "MxKxN", "baseline",
-                     "gemm only", "decomposed", "fused", "auto", "auto chose", "best/base", "gemm/best");
+  out += fmt::format("{:<18} {:>10} {:>10} {:>10} {:>12} {:>10} {:>10} {:>16} {:>10} {:>10}\n", "MxKxN", "baseline",
+                     "gemm only", "weft gemm", "decomposed", "fused", "auto", "auto chose", "best/base", "gemm/best");
   for (size_t i = 0; i < r.points.size();) {
     size_t j = i;
     std::map<std::string, const OverlapPoint*> t;
@@ -269,16 +275,16 @@ std::string to_table(const OverlapBenchResult& r) {
     const std::string dec = us("decomposed") > 0 && t.count("decomposed")
                                 ? fmt::format("{} ({})", cell("decomposed"), t["decomposed"]->chunks)
                                 : "-";
-    out += fmt::format("{:<18} {:>10} {:>10} {:>12} {:>10} {:>10} {:>16} {:>10} {:>10}\n",
+    out += fmt::format("{:<18} {:>10} {:>10} {:>10} {:>12} {:>10} {:>10} {:>16} {:>10} {:>10}\n",
                        fmt::format("{}x{}x{}", r.points[i].m, r.points[i].k, r.points[i].n), cell("baseline"),
-                       cell("gemm_only"), dec, cell("fused"), cell("auto"), chose,
+                       cell("gemm_only"), cell("gemm_only_weft"), dec, cell("fused"), cell("auto"), chose,
                        best > 0 && us("baseline") > 0 ? fmt::format("{:.2f}", best / us("baseline")) : "-",
                        best > 0 && us("gemm_only") > 0 ? fmt::format("{:.2f}", us("gemm_only") / best) : "-");
     i = j;
   }
   out +=
-      "decomposed: time (chunks per shard); best/base < 1: weft beats the baseline; gemm/best = 1: communication "
-      "fully hidden\n";
+      "gemm only: cuBLAS; weft gemm: weft's GEMM (the fused methods' kernel); decomposed: time (chunks per shard); "
+      "best/base < 1: weft beats the baseline; gemm/best = 1: communication fully hidden\n";
   for (const auto& p : r.points)
     if (p.median_us == 0 && !p.note.empty())
       out += fmt::format("note: {} {}x{}x{}: {}\n", p.method, p.m, p.k, p.n, p.note);

@@ -947,6 +947,8 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   // Source 0 by TMA where C is TMA-stored (same box and swizzle as the stores).
   kp.src_tma = a.num_src > 0 && !direct_c && sm90;
   kp.hooks = h;
+  // With K = 0 there is no k-block to meet the waits in: meet them before the tile.
+  if (a.k == 0) kp.hooks.wait_at_epilogue = false;
   if (a.type == GemmType::kBF16) return launch<__nv_bfloat16>(args, kp, sm90, stream, why);
   return launch<__half>(args, kp, sm90, stream, why);
 }

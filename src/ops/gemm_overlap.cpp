@@ -1240,7 +1240,7 @@ void GemmOverlap::run(const void* a, const void* b, void* c, const GemmRunOption
 #endif
 }
 
-void GemmOverlap::run_gemm_only(const void* a, const void* b, void* c, void* stream) {
+void GemmOverlap::run_gemm_only(const void* a, const void* b, void* c, void* stream, bool weft_gemm) {
   Impl& I = *impl_;
   I.check_ptr(a, "A", 0);
   I.check_ptr(b, "B", 0);
@@ -1263,12 +1263,29 @@ void GemmOverlap::run_gemm_only(const void* a, const void* b, void* c, void* str
   }
 #ifdef WEFT_HAVE_CUDA
   auto s = static_cast<cudaStream_t>(stream);
-  if (I.cfg.op == GemmOp::kAgGemm)
-    I.gemm(s, I.scratch, b, c, I.cfg.m, I.k_local, 0, I.cfg.n);
-  else
-    I.gemm(s, a, b, I.cfg.op == GemmOp::kGemmRs ? I.scratch : c, I.cfg.m, I.k_local, 0, I.cfg.n);
+  const void* ga = I.cfg.op == GemmOp::kAgGemm ? I.scratch : a;
+  void* gc = I.cfg.op == GemmOp::kGemmRs ? I.scratch : c;
+  if (!weft_gemm) return I.gemm(s, ga, b, gc, I.cfg.m, I.k_local, 0, I.cfg.n);
+  if (!kernels::gemm_sm90_available()) throw Error("weft's GEMM alone: needs an sm_90 GPU");
+  kernels::GemmArgs g;
+  g.m = static_cast<int>(I.cfg.m);
+  g.n = static_cast<int>(I.cfg.n);
+  g.k = static_cast<int>(I.k_local);
+  g.type = I.cfg.dtype == dev::DType::kBF16 ? kernels::GemmType::kBF16 : kernels::GemmType::kF16;
+  g.b_layout = I.cfg.b_layout == BLayout::kNK ? kernels::GemmBLayout::kNK : kernels::GemmBLayout::kKN;
+  g.a = ga;
+  g.lda = I.k_local;
+  g.b = b;
+  g.ldb = I.cfg.b_layout == BLayout::kNK ? I.k_local : I.cfg.n;
+  g.c[0] = gc;
+  g.ldc = I.cfg.n;
+  const char* why = nullptr;
+  const cudaError_t e = kernels::gemm(g, {}, s, &why);
+  if (e != cudaSuccess)
+    throw Error(fmt::format("weft's GEMM alone: {} ({})", why ? why : "launch failed", cudaGetErrorString(e)));
 #else
   (void)stream;
+  if (weft_gemm) throw Error("weft's GEMM alone: not built (CUDA)");
 #endif
 }
 

@@ -101,8 +101,9 @@ class GemmOverlap {
   void run(const void* a, const void* b, void* c, const GemmRunOptions& opt = {});
   // The local GEMM alone, no communication (the overlap ceiling in benchmarks): ag_gemm
   // multiplies whatever the baseline's gathered A holds; gemm_rs/gemm_ar write A_r * B_r
-  // into c (gemm_rs: into internal scratch, c untouched).
-  void run_gemm_only(const void* a, const void* b, void* c, void* stream = nullptr);
+  // into c (gemm_rs: into internal scratch, c untouched). cuBLAS, or with `weft_gemm` weft's
+  // sm_90a GEMM (kernels/gemm.hpp: what the fused methods run; Error where it cannot run).
+  void run_gemm_only(const void* a, const void* b, void* c, void* stream = nullptr, bool weft_gemm = false);
 
   // Methods this build and backend can run (fused only when fused_available() on GPUs).
   std::vector<GemmMethod> available_methods() const;
