@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -273,11 +274,13 @@ const uint64_t* begin_call(const FusedArgs& A, State& st, cudaStream_t s) {
   return A.ctx.ptr<const uint64_t>(A.ctx.rank, A.epoch_off);
 }
 
-// Sets a signal (possibly a peer's) to this rank's call count, in stream order: an 8-byte copy
-// from the device counter, so it needs no SM while a peer's GEMM holds them and a graph
-// replay writes the new count.
-void copy_count(uint64_t* signal, const uint64_t* epoch, cudaStream_t q) {
-  WEFT_CUDA_CHECK(cudaMemcpyAsync(signal, epoch, sizeof(uint64_t), cudaMemcpyDeviceToDevice, q));
+// Sets signal `off` on rank `peer` to this rank's call count, in stream order after the
+// transfers it guards: an 8-byte copy from the device counter (copy engine: no SM needed,
+// and a graph replay writes the new count). A 1-thread kernel adding 1 instead measured the
+// same (2xH200, 2026-11-22 08:49; docs/gemm_overlap.md).
+void set_count(const FusedArgs& A, int peer, uint64_t off, const uint64_t* epoch, cudaStream_t q) {
+  WEFT_CUDA_CHECK(
+      cudaMemcpyAsync(A.ctx.ptr<uint64_t>(peer, off), epoch, sizeof(uint64_t), cudaMemcpyDeviceToDevice, q));
 }
 
 // ---- ag_gemm ---------------------------------------------------------------------------
@@ -357,13 +360,20 @@ void build_ag(const FusedArgs& A, State& st) {
     }
   }
   WEFT_REQUIRE(static_cast<int>(block_order.size()) == tiles_m, "fused ag_gemm: the plan's tiles miss row blocks");
+  // Own rows read in place: nothing moves them, so the GEMM waits for none of their signals
+  // (nor does the main stream set them: an 8-byte copy there cost ~13 us before the GEMM,
+  // 2xH200 trace of 2026-11-22).
+  std::set<int32_t> local_sigs;
+  if (st.own_in_place)
+    for (const auto& t : st.transfers)
+      if (t.dst_rank == A.ctx.rank && t.signal >= 0) local_sigs.insert(t.signal);
   std::vector<int32_t> order, wbegin{0}, widx, wpeer;
   std::vector<uint64_t> wait_per_epoch;
   auto emit = [&](int mb, int nb, size_t) {
     order.push_back(mb * tiles_n + nb);
     if (mb < tiles_m)  // a phantom partner waits for nothing
       for (auto [sig, th] : block_waits[mb]) {
-        if (th <= 0) continue;
+        if (th <= 0 || local_sigs.count(sig)) continue;
         widx.push_back(sig);
         wait_per_epoch.push_back(1);  // the signal holds the call count once all its transfers ran
         wpeer.push_back(sig < nsig ? producer[sig] : -1);
@@ -406,12 +416,12 @@ void run_ag(const FusedArgs& A, State& st, cudaStream_t s) {
                             : A.ctx.ptr<const char>(me, st.tensors[static_cast<size_t>(t.src_tensor)].offset) +
                                   static_cast<size_t>(t.src_row * in.cols) * eb;
       char* dst = A.ctx.ptr<char>(t.dst_rank, dt.offset) + static_cast<size_t>(t.dst_row * dt.cols) * eb;
+      if (pass == 0 && st.own_in_place) continue;  // read in place, waited for by nobody
       if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.chunk_ev[2 * i], q));
-      if (!(pass == 0 && st.own_in_place))
-        WEFT_CUDA_CHECK(
-            cudaMemcpyAsync(dst, src, static_cast<size_t>(t.rows * t.cols) * eb, cudaMemcpyDeviceToDevice, q));
+      WEFT_CUDA_CHECK(
+          cudaMemcpyAsync(dst, src, static_cast<size_t>(t.rows * t.cols) * eb, cudaMemcpyDeviceToDevice, q));
       if (t.signal >= 0 && st.signal_last[i])
-        copy_count(A.ctx.ptr<uint64_t>(t.signal_rank, A.signals.at(static_cast<uint32_t>(t.signal))), epoch, q);
+        set_count(A, t.signal_rank, A.signals.at(static_cast<uint32_t>(t.signal)), epoch, q);
       if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.chunk_ev[2 * i + 1], q));
     }
   WEFT_CUDA_CHECK(cudaEventRecord(st.join, st.side));
@@ -629,7 +639,7 @@ void run_rs(const FusedArgs& A, State& st, cudaStream_t s) {
 // the decomposed method), in `pieces` pieces per block, each piece's tiles before the next's;
 // they store this rank's partial rows into the plan's partial-product tensor (an outbox) and
 // notify a local counter per piece. The side stream waits for a piece's count, copies the piece into its owner's
-// staging slot `me` (copy engine) and sets the owner's signal for (me, piece) to the call count (copy_count). Then the
+// staging slot `me` (copy engine) and sets the owner's signal for (me, piece) to the call count (set_count). Then the
 // own block's tiles: their main loops run at once; a few k-blocks before its epilogue each tile waits for every peer's
 // piece of its rows and adds the peers' slots in the epilogue (GEMM sources: fp32, one rounding), storing straight into
 // C. No reduce pass, no kernel launch between GEMMs; what the peers need runs on the copy engine and on the one SM the
@@ -758,7 +768,7 @@ void run_rs_ce(const FusedArgs& A, State& st, cudaStream_t s) {
                                           static_cast<uint64_t>(r0 * A.n) * eb,
                                       outbox + static_cast<uint64_t>((p * ms + r0) * A.n) * eb,
                                       static_cast<size_t>((r1 - r0) * A.n) * eb, cudaMemcpyDeviceToDevice, st.side));
-      copy_count(A.ctx.ptr<uint64_t>(p, slot_off(A, st.recv_base + me * st.pieces + j)), epoch, st.side);
+      set_count(A, p, slot_off(A, st.recv_base + me * st.pieces + j), epoch, st.side);
       if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.chunk_ev[2 * ci + 1], st.side));
     }
   }
@@ -822,8 +832,10 @@ void collect_trace(const FusedArgs& A, State& st, cudaStream_t s) {
   for (size_t i = 0; i < st.chunk_id.size() && first != ~0ull; ++i) {
     float t0 = 0, t1 = 0;
     if (cudaEventElapsedTime(&t0, st.gemm_ev, st.chunk_ev[2 * i]) != cudaSuccess ||
-        cudaEventElapsedTime(&t1, st.gemm_ev, st.chunk_ev[2 * i + 1]) != cudaSuccess)
+        cudaEventElapsedTime(&t1, st.gemm_ev, st.chunk_ev[2 * i + 1]) != cudaSuccess) {
+      (void)cudaGetLastError();  // a copy that never ran (own rows in place): not an error later
       continue;
+    }
     const auto at = [&](float ms) {
       return static_cast<uint64_t>(static_cast<int64_t>(first) + static_cast<int64_t>(ms * 1e6));
     };
