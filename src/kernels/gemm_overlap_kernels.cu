@@ -1,5 +1,6 @@
 #include "weft/device/api.hpp"
 #include "weft/kernels/gemm_overlap_kernels.hpp"
+#include "weft/kernels/runtime_kernels.hpp"
 
 namespace weft::kernels {
 namespace {
@@ -85,15 +86,15 @@ cudaError_t reduce_typed(const void* slots, uint64_t stride, int nslots, void* o
 }  // namespace
 
 cudaError_t overlap_preload() {
-  cudaFuncAttributes fa;
-  for (const void* f : {reinterpret_cast<const void*>(epoch_bump_kernel), reinterpret_cast<const void*>(signal_kernel),
-                        reinterpret_cast<const void*>(wait_kernel), reinterpret_cast<const void*>(copy_kernel),
-                        reinterpret_cast<const void*>(reduce_kernel<dev::bf16_t>),
-                        reinterpret_cast<const void*>(reduce_kernel<dev::f16_t>),
-                        reinterpret_cast<const void*>(reduce_kernel_vec<dev::bf16_t>),
-                        reinterpret_cast<const void*>(reduce_kernel_vec<dev::f16_t>)})
-    if (const cudaError_t e = cudaFuncGetAttributes(&fa, f); e != cudaSuccess) return e;
-  return cudaSuccess;
+  const void* fns[] = {reinterpret_cast<const void*>(epoch_bump_kernel),
+                       reinterpret_cast<const void*>(signal_kernel),
+                       reinterpret_cast<const void*>(wait_kernel),
+                       reinterpret_cast<const void*>(copy_kernel),
+                       reinterpret_cast<const void*>(reduce_kernel<dev::bf16_t>),
+                       reinterpret_cast<const void*>(reduce_kernel<dev::f16_t>),
+                       reinterpret_cast<const void*>(reduce_kernel_vec<dev::bf16_t>),
+                       reinterpret_cast<const void*>(reduce_kernel_vec<dev::f16_t>)};
+  return load_kernels(fns, sizeof fns / sizeof fns[0]);
 }
 
 cudaError_t overlap_epoch_bump(const dev::DeviceCtx& c, uint64_t epoch_off, cudaStream_t s) {

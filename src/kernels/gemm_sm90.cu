@@ -12,6 +12,7 @@
 
 #include "weft/device/signal.hpp"
 #include "weft/kernels/gemm.hpp"
+#include "weft/kernels/runtime_kernels.hpp"
 #include "wgmma_m64n256k16.cuh"
 
 namespace weft::kernels {
@@ -832,11 +833,9 @@ std::vector<const void*> kernels_of() {
 }  // namespace
 
 cudaError_t gemm_preload() {
-  cudaFuncAttributes fa;
   for (auto fns : {kernels_of<__nv_bfloat16>(), kernels_of<__half>()}) {
     if (!gemm_sm90_available()) fns.resize(1);  // sm_90a code loads only there
-    for (const void* f : fns)
-      if (const cudaError_t e = cudaFuncGetAttributes(&fa, f); e != cudaSuccess) return e;
+    if (const cudaError_t e = load_kernels(fns.data(), fns.size()); e != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
@@ -852,6 +851,12 @@ bool gemm_sm90_available() {
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
   return major == 9 && minor == 0;
+}
+
+// Rows [row0, row0 + rows) start on a 128-row block and end on one (or at m): the rule for
+// a2's rows and the sources' rows (whole M-blocks take them or not).
+static bool whole_blocks(int64_t row0, int64_t rows, int64_t m) {
+  return row0 % kGemmTileM == 0 && (rows % kGemmTileM == 0 || row0 + rows == m);
 }
 
 cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, const char** why, bool force_portable) {
@@ -871,7 +876,7 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   if (!a.a || !a.b) return refuse("A and B must be non-null");
   if (a.a2_rows < 0 || a.a2_row0 < 0 || a.a2_row0 + a.a2_rows > a.m) return refuse("a2's rows are outside A");
   if (a.a2_rows > 0 && !a.a2) return refuse("a2 must be non-null when a2_rows > 0");
-  if (a.a2_rows > 0 && (a.a2_row0 % kGemmTileM != 0 || (a.a2_rows % kGemmTileM != 0 && a.a2_row0 + a.a2_rows != a.m)))
+  if (a.a2_rows > 0 && !whole_blocks(a.a2_row0, a.a2_rows, a.m))
     return refuse("a2's rows must start on a 128-row block and end on one (or at m)");
   const bool tma_ab =
       a.lda % 8 == 0 && a.ldb % 8 == 0 && !misaligned(a.a) && !misaligned(a.b) && (a.a2_rows == 0 || !misaligned(a.a2));
@@ -893,7 +898,7 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   const int64_t src_rows = a.src_rows > 0 ? a.src_rows : a.m - a.src_row0;
   if (a.num_src > 0 && (a.src_row0 < 0 || src_rows <= 0 || a.src_row0 + src_rows > a.m))
     return refuse("the sources' rows are outside C");
-  if (a.num_src > 0 && (a.src_row0 % kGemmTileM != 0 || (src_rows % kGemmTileM != 0 && a.src_row0 + src_rows != a.m)))
+  if (a.num_src > 0 && !whole_blocks(a.src_row0, src_rows, a.m))
     return refuse("the sources' rows must start on a 128-row block and end on one (or at m)");
   for (int i = 0; i < a.num_src; ++i) {
     if (!a.src[i]) return refuse("every source must be non-null");

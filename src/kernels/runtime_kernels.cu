@@ -24,11 +24,16 @@ __global__ void sleep_kernel(uint64_t ns) {
 
 }  // namespace
 
-cudaError_t runtime_preload() {
+cudaError_t load_kernels(const void* const* fns, size_t n) {
   cudaFuncAttributes fa;
-  for (const void* f : {reinterpret_cast<const void*>(barrier_kernel), reinterpret_cast<const void*>(sleep_kernel)})
-    if (const cudaError_t e = cudaFuncGetAttributes(&fa, f); e != cudaSuccess) return e;
+  for (size_t i = 0; i < n; ++i)
+    if (const cudaError_t e = cudaFuncGetAttributes(&fa, fns[i]); e != cudaSuccess) return e;
   return cudaSuccess;
+}
+
+cudaError_t runtime_preload() {
+  const void* fns[] = {reinterpret_cast<const void*>(barrier_kernel), reinterpret_cast<const void*>(sleep_kernel)};
+  return load_kernels(fns, 2);
 }
 
 cudaError_t device_sleep(uint64_t ns, cudaStream_t stream) {

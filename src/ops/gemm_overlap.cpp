@@ -15,6 +15,7 @@
 #include "gemm_overlap_plan.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ops/collectives.hpp"
+#include "weft/ops/gemm.hpp"
 #include "weft/ops/gemm_overlap_fused.hpp"
 #include "weft/plan/cost.hpp"
 #include "weft/plan/plan.hpp"
@@ -302,6 +303,10 @@ struct GemmOverlap::Impl {
 #ifdef WEFT_HAVE_CUDA
   void setup_gpu();
   void gemm(cudaStream_t s, const void* a, const void* bp, void* c, int64_t rows, int64_t k, int64_t c0, int64_t cols);
+  // weft's GEMM (kernels/gemm.hpp) of `rows` rows of this op's local product: a [rows x
+  // k_local], B, c [rows x N]; hooks and fusion arguments are the caller's to add.
+  // Launch it with ops::gemm_gpu.
+  kernels::GemmArgs weft_gemm_args(const void* a, const void* bp, void* c, int64_t rows) const;
   void run_gpu(GemmMethod m, const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   void gpu_baseline(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   void gpu_decomposed(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
@@ -374,7 +379,7 @@ bool GemmOverlap::Impl::rs_fold_wanted(double hbm_gbps) const {
   if (cfg.op != GemmOp::kGemmRs || world < 2 || b.kind() != BackendKind::kNccl) return false;
   const char* force = std::getenv("WEFT_RS_FOLD");
   if (force && force[0] == '0') return false;
-  if (const char* e = std::getenv("WEFT_OVERLAP_ENGINE"); e && std::string(e) == "sm") return false;
+  if (sm_copies) return false;
   if (!kernels::gemm_sm90_available()) return false;
   const double reduce_us = (world + 1) * (cfg.m / world) * double(cfg.n) * eb / (hbm_gbps * 1e3);
   return (force && force[0] == '1') || reduce_us >= 60.0;
@@ -589,7 +594,7 @@ struct TableBlob {
 
 void GemmOverlap::Impl::setup_gpu() {
   // Every kernel a spinning GEMM or wait of this op may wait behind, loaded now: with lazy
-  // module loading a first launch can wait behind a kernel that spins (kernels::overlap_preload).
+  // module loading a first launch can wait behind a kernel that spins (kernels::load_kernels).
   WEFT_CUDA_CHECK(kernels::gemm_preload());
   WEFT_CUDA_CHECK(kernels::overlap_preload());
   WEFT_CUDA_CHECK(kernels::runtime_preload());
@@ -606,11 +611,6 @@ void GemmOverlap::Impl::setup_gpu() {
   WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork, cudaEventDisableTiming));
   WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
   WEFT_CUDA_CHECK(cudaEventCreate(&ev_base));
-  if (const char* e = std::getenv("WEFT_OVERLAP_ENGINE")) {
-    WEFT_REQUIRE(std::string(e) == "sm" || std::string(e) == "copy_engine",
-                 fmt::format("WEFT_OVERLAP_ENGINE={}: expected sm or copy_engine", e));
-    sm_copies = std::string(e) == "sm";
-  }
   SymmetricHeap& heap = b.heap();
   const std::string tag = fmt::format("{}.{}x{}x{}", to_string(cfg.op), cfg.m, cfg.k, cfg.n);
   epoch_off = heap.alloc_bytes(8, tag + ".epoch");
@@ -805,6 +805,22 @@ void GemmOverlap::Impl::gemm(cudaStream_t s, const void* a, const void* bp, void
       handle, nk ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(cols), static_cast<int>(rows),
       static_cast<int>(k), &alpha, bptr, t, static_cast<int>(nk ? k : cfg.n), a, t, static_cast<int>(k), &beta,
       at(c, static_cast<uint64_t>(c0) * eb), t, static_cast<int>(cfg.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+kernels::GemmArgs GemmOverlap::Impl::weft_gemm_args(const void* a, const void* bp, void* c, int64_t rows) const {
+  kernels::GemmArgs g;
+  g.m = static_cast<int>(rows);
+  g.n = static_cast<int>(cfg.n);
+  g.k = static_cast<int>(k_local);
+  g.type = cfg.dtype == dev::DType::kBF16 ? kernels::GemmType::kBF16 : kernels::GemmType::kF16;
+  g.b_layout = cfg.b_layout == BLayout::kNK ? kernels::GemmBLayout::kNK : kernels::GemmBLayout::kKN;
+  g.a = a;
+  g.lda = k_local;
+  g.b = bp;
+  g.ldb = cfg.b_layout == BLayout::kNK ? k_local : cfg.n;
+  g.c[0] = c;
+  g.ldc = cfg.n;
+  return g;
 }
 
 void GemmOverlap::Impl::begin(cudaStream_t s, bool tracing) {
@@ -1048,18 +1064,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
       }
       const int64_t g0 = rank * m_shard;
       if (rs_fold_pick && !sm_copies) {
-        kernels::GemmArgs ga;
-        ga.m = static_cast<int>(m_shard);
-        ga.n = static_cast<int>(N);
-        ga.k = static_cast<int>(k_local);
-        ga.type = cfg.dtype == dev::DType::kBF16 ? kernels::GemmType::kBF16 : kernels::GemmType::kF16;
-        ga.b_layout = cfg.b_layout == BLayout::kNK ? kernels::GemmBLayout::kNK : kernels::GemmBLayout::kKN;
-        ga.a = at(a, static_cast<uint64_t>(g0 * k_local) * eb);
-        ga.lda = k_local;
-        ga.b = bp;
-        ga.ldb = cfg.b_layout == BLayout::kNK ? k_local : N;
-        ga.c[0] = c;
-        ga.ldc = N;
+        kernels::GemmArgs ga = weft_gemm_args(at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp, c, m_shard);
         for (int q = 0; q < world; ++q)
           if (q != rank) ga.src[ga.num_src++] = stage_local + slot_bytes * static_cast<uint64_t>(q);
         ga.ld_src = N;
@@ -1086,10 +1091,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
         WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_guard, 0));
         size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev), 0, "compute stream",
                         fmt::format("gemm rows [{},{}) (own) + peers' pieces", g0, g0 + m_shard), tracing);
-        const char* why = nullptr;
-        const cudaError_t e = kernels::gemm(ga, h, s, &why);
-        WEFT_REQUIRE(e == cudaSuccess, fmt::format("gemm_rs decomposed: weft's GEMM refused the own block ({}): {}",
-                                                   cudaGetErrorString(e), why ? why : "launch failed"));
+        ops::gemm_gpu(ga, h, s);
         mark_end(x, s, tracing);
       } else {
         size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev), 0, "compute stream",
@@ -1200,9 +1202,15 @@ GemmOverlap::GemmOverlap(Backend& backend, const GemmOverlapConfig& config)
   Impl& I = *impl_;
   I.validate();
 #ifdef WEFT_HAVE_CUDA
-  if (backend.kind() == BackendKind::kNccl)
+  if (backend.kind() == BackendKind::kNccl) {
     I.fused_gpu =
         fused::fused_available() && fused::fused_supports(static_cast<fused::Op>(static_cast<int32_t>(config.op)));
+    if (const char* e = std::getenv("WEFT_OVERLAP_ENGINE")) {
+      WEFT_REQUIRE(std::string(e) == "sm" || std::string(e) == "copy_engine",
+                   fmt::format("WEFT_OVERLAP_ENGINE={}: expected sm or copy_engine", e));
+      I.sm_copies = std::string(e) == "sm";
+    }
+  }
 #endif
   I.decide(I.available());
   if (backend.kind() == BackendKind::kHost) {
@@ -1267,22 +1275,7 @@ void GemmOverlap::run_gemm_only(const void* a, const void* b, void* c, void* str
   void* gc = I.cfg.op == GemmOp::kGemmRs ? I.scratch : c;
   if (!weft_gemm) return I.gemm(s, ga, b, gc, I.cfg.m, I.k_local, 0, I.cfg.n);
   if (!kernels::gemm_sm90_available()) throw Error("weft's GEMM alone: needs an sm_90 GPU");
-  kernels::GemmArgs g;
-  g.m = static_cast<int>(I.cfg.m);
-  g.n = static_cast<int>(I.cfg.n);
-  g.k = static_cast<int>(I.k_local);
-  g.type = I.cfg.dtype == dev::DType::kBF16 ? kernels::GemmType::kBF16 : kernels::GemmType::kF16;
-  g.b_layout = I.cfg.b_layout == BLayout::kNK ? kernels::GemmBLayout::kNK : kernels::GemmBLayout::kKN;
-  g.a = ga;
-  g.lda = I.k_local;
-  g.b = b;
-  g.ldb = I.cfg.b_layout == BLayout::kNK ? I.k_local : I.cfg.n;
-  g.c[0] = gc;
-  g.ldc = I.cfg.n;
-  const char* why = nullptr;
-  const cudaError_t e = kernels::gemm(g, {}, s, &why);
-  if (e != cudaSuccess)
-    throw Error(fmt::format("weft's GEMM alone: {} ({})", why ? why : "launch failed", cudaGetErrorString(e)));
+  ops::gemm_gpu(I.weft_gemm_args(ga, b, gc, I.cfg.m), {}, s);
 #else
   (void)stream;
   if (weft_gemm) throw Error("weft's GEMM alone: not built (CUDA)");

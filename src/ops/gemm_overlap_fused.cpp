@@ -131,7 +131,7 @@ struct State {
   bool ce_fold = false;
   int pieces = 0;
   int64_t piece_rows = 0;
-  int notify_base = 0, recv_base = 0;
+  int recv_base = 0;                     // counters [0, recv_base): local piece counts
   std::vector<uint64_t> piece_notifies;  // per piece: notifies its tiles give (2 per tile)
   int32_t* own_wait_begin = nullptr;     // the own block's waits, per M-block of its launch
   // gemm_rs/gemm_ar: the GEMM launches (in chain order) and each owner's rows.
@@ -411,12 +411,12 @@ void run_ag(const FusedArgs& A, State& st, cudaStream_t s) {
       const TensorDesc& dt = st.tensors[static_cast<size_t>(t.dst_tensor)];
       WEFT_REQUIRE(t.cols == dt.cols && t.src_col == 0 && t.dst_col == 0,
                    fmt::format("fused ag_gemm: chunk {} is not whole rows", t.chunk));
+      if (pass == 0 && st.own_in_place) continue;  // read in place, waited for by nobody
       const char* src = t.src_tensor == A.input_tensor
                             ? static_cast<const char*>(A.a) + static_cast<size_t>(t.src_row * in.cols) * eb
                             : A.ctx.ptr<const char>(me, st.tensors[static_cast<size_t>(t.src_tensor)].offset) +
                                   static_cast<size_t>(t.src_row * in.cols) * eb;
       char* dst = A.ctx.ptr<char>(t.dst_rank, dt.offset) + static_cast<size_t>(t.dst_row * dt.cols) * eb;
-      if (pass == 0 && st.own_in_place) continue;  // read in place, waited for by nobody
       if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.chunk_ev[2 * i], q));
       WEFT_CUDA_CHECK(
           cudaMemcpyAsync(dst, src, static_cast<size_t>(t.rows * t.cols) * eb, cudaMemcpyDeviceToDevice, q));
@@ -644,8 +644,8 @@ void run_rs(const FusedArgs& A, State& st, cudaStream_t s) {
 // piece of its rows and adds the peers' slots in the epilogue (GEMM sources: fp32, one rounding), storing straight into
 // C. No reduce pass, no kernel launch between GEMMs; what the peers need runs on the copy engine and on the one SM the
 // GEMM leaves free (the barrier of begin_call, the 1-thread piece waits). Graph-replayable: the waits and signals use
-// the device call counter. Counters: [notify_base, + (world-1) * pieces) local piece counts; [recv_base, + world *
-// pieces) "rank q's piece j is in my slot q".
+// the device call counter. Counters: [0, (world-1) * pieces) local piece counts; [recv_base, + world * pieces)
+// "rank q's piece j is in my slot q".
 int pick_pieces(int blocks, int tiles_n, int ctas) {
   if (const char* e = std::getenv("WEFT_FUSED_RS_PIECES"); e && std::atoi(e) > 0)  // experiments
     return std::min(blocks, std::atoi(e));
@@ -673,7 +673,6 @@ void build_rs_ce(const FusedArgs& A, State& st) {
   const int bpp = (blocks + st.pieces - 1) / st.pieces;  // M-blocks per piece
   st.pieces = (blocks + bpp - 1) / bpp;
   st.piece_rows = bpp * TM;
-  st.notify_base = 0;
   st.recv_base = (world - 1) * st.pieces;
   const int need = st.recv_base + world * st.pieces;
   WEFT_REQUIRE(static_cast<int64_t>(A.counters.count) >= need,
@@ -684,7 +683,10 @@ void build_rs_ce(const FusedArgs& A, State& st) {
   std::vector<int32_t> order, nidx, nrank;
   std::vector<int8_t> dest;
   st.launches.clear();
-  st.piece_notifies.assign(static_cast<size_t>(st.pieces), 0);
+  st.piece_notifies.clear();
+  for (int j = 0; j < st.pieces; ++j)  // each of a peer block's pieces: its tiles, 2 notifies each
+    st.piece_notifies.push_back(static_cast<uint64_t>(kernels::kGemmNotifyPerTile) * tiles_n *
+                                static_cast<uint64_t>(std::min(blocks, (j + 1) * bpp) - j * bpp));
   for (int d = 1; d <= world; ++d) {
     const int p = (me + d) % world;  // d == world: this rank's own block, last
     const bool own = p == me;
@@ -698,17 +700,14 @@ void build_rs_ce(const FusedArgs& A, State& st) {
           [&](int mb, int nb, size_t) {
             order.push_back(mb * tiles_n + nb);
             dest.push_back(static_cast<int8_t>(own || !single ? 0 : 1));
-            nidx.push_back(own ? -1 : st.notify_base + (d - 1) * st.pieces + j);
+            nidx.push_back(own ? -1 : (d - 1) * st.pieces + j);
             nrank.push_back(me);
-            if (!own) st.piece_notifies[static_cast<size_t>(j)] += kernels::kGemmNotifyPerTile;
           },
           std::min<size_t>(bl.size(), 16));
     }
     if (!single) st.launches.back().positions = static_cast<int>(order.size()) - st.launches.back().pos_begin;
   }
   if (single) st.launches.push_back({-1, 0, static_cast<int>(order.size())});
-  // The piece counts were summed over the world - 1 peer blocks: per block.
-  for (auto& n : st.piece_notifies) n /= static_cast<uint64_t>(std::max(1, world - 1));
   // The own block's waits, per M-block of its launch (global M-blocks when single).
   const int launch_blocks = single ? kernels::gemm_tiles_m(static_cast<int>(A.m)) : blocks;
   const int own_first = single ? me * blocks : 0;
@@ -759,7 +758,7 @@ void run_rs_ce(const FusedArgs& A, State& st, cudaStream_t s) {
       kernels::OverlapWaits w{};
       w.count = 1;
       w.from[0] = me;
-      w.off[0] = slot_off(A, st.notify_base + static_cast<int>(ci));
+      w.off[0] = slot_off(A, static_cast<int>(ci));
       w.threshold[0] = static_cast<int64_t>(st.piece_notifies[static_cast<size_t>(j)]);
       WEFT_CUDA_CHECK(kernels::overlap_wait(A.ctx, A.epoch_off, w, st.side));
       const int64_t r0 = j * st.piece_rows, r1 = std::min(ms, r0 + st.piece_rows);
@@ -831,11 +830,9 @@ void collect_trace(const FusedArgs& A, State& st, cudaStream_t s) {
   }
   for (size_t i = 0; i < st.chunk_id.size() && first != ~0ull; ++i) {
     float t0 = 0, t1 = 0;
-    if (cudaEventElapsedTime(&t0, st.gemm_ev, st.chunk_ev[2 * i]) != cudaSuccess ||
-        cudaEventElapsedTime(&t1, st.gemm_ev, st.chunk_ev[2 * i + 1]) != cudaSuccess) {
-      (void)cudaGetLastError();  // a copy that never ran (own rows in place): not an error later
+    if (st.chunk_id[i] < 0 || cudaEventElapsedTime(&t0, st.gemm_ev, st.chunk_ev[2 * i]) != cudaSuccess ||
+        cudaEventElapsedTime(&t1, st.gemm_ev, st.chunk_ev[2 * i + 1]) != cudaSuccess)
       continue;
-    }
     const auto at = [&](float ms) {
       return static_cast<uint64_t>(static_cast<int64_t>(first) + static_cast<int64_t>(ms * 1e6));
     };
@@ -877,7 +874,8 @@ void run_fused(const FusedArgs& A) {
     WEFT_CUDA_CHECK(cudaEventCreate(&st->gemm_ev));
     if (A.op == Op::kAgGemm) {
       build_ag(A, *st);
-      for (const auto& t : st->transfers) st->chunk_id.push_back(t.chunk);
+      for (const auto& t : st->transfers)  // -1: own rows read in place, never copied
+        st->chunk_id.push_back(st->own_in_place && t.dst_rank == A.ctx.rank ? -1 : t.chunk);
     } else if (A.op == Op::kGemmRs && !fused_rs_chain()) {
       build_rs_ce(A, *st);
     } else {

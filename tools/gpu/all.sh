@@ -5,7 +5,8 @@
 # Collectives tests + benchmark, GEMM+communication tests + benchmarks (one traced fused
 # ag_gemm), PyTorch's fused ops on the same shapes, then the GEMM benchmark on GPU 0.
 # Prints a summary; full logs, JSON and traces in $OUT. Environment: WEFT_FUSED_RS=1 measures
-# the fused gemm_rs / gemm_ar too (off by default); SKIP_GEMM=1 leaves out the GEMM benchmark.
+# gemm_rs / gemm_ar's reduce chain as their fused method (comparisons); SKIP_GEMM=1 leaves out
+# the GEMM benchmark.
 set -uo pipefail
 BIN=${1:-.gpu}
 source "$(dirname "$0")/env.sh"

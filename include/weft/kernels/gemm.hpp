@@ -137,8 +137,8 @@ inline int gemm_positions(int m, int n, int cluster_m) {
 cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, const char** why = nullptr,
                  bool force_portable = false);
 
-// Loads every GEMM kernel now (see kernels::overlap_preload: with lazy module loading a
-// first launch behind a spinning kernel can deadlock). Ops whose GEMM waits call it first.
+// Every GEMM kernel, loaded now (kernels::load_kernels: with lazy module loading a first
+// launch behind a spinning kernel can deadlock). Ops whose GEMM waits call it first.
 cudaError_t gemm_preload();
 
 // The grid of this process's last sm_90a launch: CTAs and cluster size (diagnostics).

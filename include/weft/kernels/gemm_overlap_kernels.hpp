@@ -33,10 +33,7 @@ struct OverlapWaits {
   int64_t threshold[kOverlapListMax];
 };
 
-// Loads every kernel of this file now (cudaFuncGetAttributes). With lazy module loading a
-// kernel's first launch loads it, and a load can wait behind a kernel already spinning on the
-// device -- a spinning GEMM waiting for what this launch would deliver: a deadlock (seen on
-// 2 H200s, 2026-11-22: the fused gemm_rs's first call). Ops that spin call this first.
+// Every kernel of this file, loaded now (kernels::load_kernels: lazy loading).
 cudaError_t overlap_preload();
 // Adds 1 to the local heap word at epoch_off (one thread).
 cudaError_t overlap_epoch_bump(const dev::DeviceCtx& c, uint64_t epoch_off, cudaStream_t s);

@@ -15,7 +15,12 @@ cudaError_t lsa_bases(ncclWindow_t win, int world, char** out, cudaStream_t stre
 cudaError_t symmetry_write(const dev::DeviceCtx& c, cudaStream_t stream);
 // One thread per rank runs dev::barrier: lines GPUs up before a timed region.
 cudaError_t device_barrier(const dev::DeviceCtx& c, dev::BarrierHandle bar, cudaStream_t stream);
-// Loads this file's barrier and sleep kernels now (see kernels::overlap_preload: lazy loading).
+// Loads kernels now (cudaFuncGetAttributes on each). With lazy module loading a kernel's
+// first launch loads it, and a load can wait behind a kernel already spinning on the device --
+// a spinning GEMM waiting for what this launch would deliver: a deadlock (seen on 2 H200s,
+// 2026-11-22: the fused gemm_rs's first call). Ops whose kernels spin preload what they use.
+cudaError_t load_kernels(const void* const* fns, size_t n);
+// This file's barrier and sleep kernels, loaded now (load_kernels).
 cudaError_t runtime_preload();
 
 // Keeps the stream busy for about `ns` nanoseconds (one thread): lets the host enqueue what
