@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include "lt_gemm.hpp"
 #include "weft/core/cuda_check.hpp"
 #include "weft/kernels/gemm.hpp"
 #include "weft/kernels/gemm_overlap_kernels.hpp"
@@ -140,6 +141,9 @@ struct Cost {
   double coll(double bytes) const { return bytes / (nccl * 1e3) + kNcclUs; }
 };
 
+// gemm_rs decomposed: how the own block meets the peers' partial products (choose_rs_fold).
+enum class RsFold { kNone, kWeft, kLt };
+
 struct Shape {
   GemmOp op;
   int w;
@@ -160,9 +164,13 @@ double predict_baseline(const Cost& c, const Shape& s) {
   return 0;
 }
 
-// fold: gemm_rs's own block on weft's GEMM, waiting per M-block for the peers' pieces and
-// adding them in its epilogue (no reduce pass); else the own block by cuBLAS, then a reduce.
-double predict_decomposed(const Cost& c, const Shape& s, int chunks, bool fold = false) {
+// fold (gemm_rs): the own block on weft's GEMM, one launch waiting per M-block for the peers'
+// pieces and adding them in its epilogue; or one cuBLASLt GEMM per piece, each after that
+// piece has arrived, adding it in cuBLAS's epilogue; either way no reduce pass. Else the own
+// block by cuBLAS, then a reduce.
+// direct (gemm_rs): the peers' pieces computed straight into their owners' slots, so piece j
+// is there when its GEMM ends (ranks run alike), no copy.
+double predict_decomposed(const Cost& c, const Shape& s, int chunks, RsFold fold = RsFold::kNone, bool direct = false) {
   const double w = s.w, ml = s.m / w, piece = ml / chunks;
   if (s.op == GemmOp::kAgGemm) {
     // Own shard first; then (w-1)*chunks pieces, each arriving after the copies before it.
@@ -178,10 +186,15 @@ double predict_decomposed(const Cost& c, const Shape& s, int chunks, bool fold =
     std::vector<double> arrive(static_cast<size_t>(chunks), 0.0);  // piece j of every peer
     for (int i = 0; i < (s.w - 1) * chunks; ++i) {
       t += c.gemm(piece, s.n, s.kl);
-      copy_end = std::max(copy_end, t) + cp;
+      copy_end = direct ? t : std::max(copy_end, t) + cp;
       arrive[static_cast<size_t>(i % chunks)] = copy_end + c.lat_us;
     }
-    if (fold) {
+    if (fold == RsFold::kLt) {
+      for (int j = 0; j < chunks; ++j)
+        t = std::max(t, arrive[static_cast<size_t>(j)] + Cost::kWaitUs) + c.gemm(piece, s.n, s.kl);
+      return t;
+    }
+    if (fold == RsFold::kWeft) {
       // One launch; its rows of piece j start once piece j is here.
       const double per = (c.gemm(ml, s.n, s.kl) - Cost::kGemmLaunchUs) / chunks;
       t += Cost::kGemmLaunchUs;
@@ -239,7 +252,17 @@ struct GemmOverlap::Impl {
   std::vector<TraceEvent> trace;
   Collectives coll;
   bool fused_gpu = false;
-  bool rs_fold_pick = false;  // gemm_rs decomposed folds its reduction (decide(): rs_fold_wanted)
+  // gemm_rs decomposed: how the own block meets the peers' partial products (decide():
+  // choose_rs_fold): a reduce pass after it, or folded into its GEMM's epilogue -- weft's
+  // GEMM (one launch waiting per M-block) or cuBLASLt (2 ranks: D = A B + the peer's piece).
+  RsFold rs_fold = RsFold::kNone;
+  // gemm_rs decomposed, WEFT_RS_DIRECT=1: the peers' blocks computed straight into their
+  // owners' staging slots (cuBLAS's D = the owner's window address; NVLink stores from the
+  // GEMM's epilogue), a signal kernel after each piece -- no outbox, no copy. Measured slower
+  // than the copy engine on every ANCHORS shape (2xH200, 2026-11-22 10:2x: 1243.6 / 373.7 /
+  // 655.8 / 79.8 vs 1166.4 / 366.5 / 646.9 / 71.7 us; the remote stores slow the GEMM more than
+  // the copy costs), so off by default. Not with weft's fold (its signals are copy-engine copies).
+  bool rs_direct = false;
 
   // host backend
   std::unique_ptr<detail::HostGemmExec> host_dec, host_fused;
@@ -247,6 +270,7 @@ struct GemmOverlap::Impl {
 
 #ifdef WEFT_HAVE_CUDA
   cublasHandle_t handle = nullptr;
+  std::unique_ptr<detail::LtGemm> lt;  // decomposed's GEMMs: cuBLASLt, algorithm chosen by timing
   void* workspace = nullptr;
   void* scratch = nullptr;    // baseline: gathered A (ag_gemm) or the partial product (gemm_rs)
   cudaStream_t cs = nullptr;  // copy / communication stream of `decomposed`
@@ -262,7 +286,7 @@ struct GemmOverlap::Impl {
   // decomposed gemm_rs: staging [world][m_shard x N] and one signal per (source, chunk)
   uint64_t rs_stage = 0;
   dev::SignalSlab rs_signals{};
-  // ... with the own block on weft's GEMM (rs_fold_pick): one launch that waits per M-block
+  // ... with the own block on weft's GEMM (RsFold::kWeft): one launch that waits per M-block
   // for the peers' pieces and adds them in its epilogue -- no reduce pass. Its wait tables.
   void* rs_fold_tables = nullptr;
   kernels::GemmHooks rs_fold_hooks{};
@@ -292,7 +316,7 @@ struct GemmOverlap::Impl {
   ~Impl();
 
   void validate();
-  bool rs_fold_wanted(double hbm_gbps) const;
+  RsFold choose_rs_fold(double hbm_gbps, double own_gemm_us) const;
   void decide(const std::vector<GemmMethod>& avail);
   void setup_host();
   std::vector<GemmMethod> available() const;
@@ -302,7 +326,12 @@ struct GemmOverlap::Impl {
   void host_baseline(const void* a, const void* bp, void* c, bool tracing);
 #ifdef WEFT_HAVE_CUDA
   void setup_gpu();
-  void gemm(cudaStream_t s, const void* a, const void* bp, void* c, int64_t rows, int64_t k, int64_t c0, int64_t cols);
+  // cuBLAS of rows x cols of this op's local product (below); kLt: cuBLASLt with the tuned
+  // algorithm (LtGemm), `add`: C += add (same layout as C; kLt only).
+  enum class Blas { kGemmEx, kLt };
+  void gemm(cudaStream_t s, const void* a, const void* bp, void* c, int64_t rows, int64_t k, int64_t c0, int64_t cols,
+            Blas lib = Blas::kGemmEx, const void* add = nullptr);
+
   // weft's GEMM (kernels/gemm.hpp) of `rows` rows of this op's local product: a [rows x
   // k_local], B, c [rows x N]; hooks and fusion arguments are the caller's to add.
   // Launch it with ops::gemm_gpu.
@@ -367,25 +396,34 @@ void GemmOverlap::Impl::validate() {
   c_cols = c.n;
 }
 
-// Whether gemm_rs decomposed folds the reduction into its own block's GEMM epilogue. Only
-// where weft's sm_90a GEMM runs, and not with SM copies (the fold's GEMM holds every SM while
-// it waits for the peers' pieces). Then where the reduce pass it removes is long: measured on
-// 2xH200 (docs/gemm_overlap.md), removing a ~90 us pass (8192x8192x14336) saved 115 us;
-// removing 46 / 29 / 10 us passes cost 7-31 us (the epilogue's source reads slow the own GEMM
-// ~10%, and its rows wait for the last piece). The cost model does not see those costs, hence
-// a threshold. WEFT_RS_FOLD=1 forces it, =0 never.
-bool GemmOverlap::Impl::rs_fold_wanted(double hbm_gbps) const {
+// How gemm_rs decomposed meets the peers' partial products (WEFT_RS_FOLD=0|weft|lt forces one;
+// 1 = weft). On 2 ranks, cuBLASLt's fold: each own piece, after the peer's piece of those rows
+// has arrived, is D = A B + (the peer's piece) with the tuned algorithm (LtGemm) -- no reduce
+// pass and no weft GEMM. Taken where the own block's GEMM is predicted >= 100 us: measured on
+// 2xH200 (2026-11-22 10:12, bench/results/gemm_rs-lt-20261122/) against the reduce pass,
+// 1190 vs 1312 us (8192x8192x14336), 347 vs 366 (4096x8192x8192), 660 vs 653
+// (16384x8192x3584), but 85 vs 71 at 2048x4096x4096 (a 23 us own block: the pieces' GEMMs are
+// too small to hide the copies and waits). weft's fold needs its sm_90a GEMM and copy-engine transfers (its GEMM
+// holds every SM while it waits for the peers' pieces); else it is taken where the reduce pass
+// it removes is long: measured on 2xH200 (docs/gemm_overlap.md), removing a ~90 us pass
+// (8192x8192x14336) saved 115 us, removing 46 / 29 / 10 us passes cost 7-31 us (the epilogue's
+// source reads slow the own GEMM ~10%, and its rows wait for the last piece). The cost model
+// does not see those costs, hence a threshold.
+RsFold GemmOverlap::Impl::choose_rs_fold(double hbm_gbps, double own_gemm_us) const {
 #ifdef WEFT_HAVE_CUDA
-  if (cfg.op != GemmOp::kGemmRs || world < 2 || b.kind() != BackendKind::kNccl) return false;
-  const char* force = std::getenv("WEFT_RS_FOLD");
-  if (force && force[0] == '0') return false;
-  if (sm_copies) return false;
-  if (!kernels::gemm_sm90_available()) return false;
+  if (cfg.op != GemmOp::kGemmRs || world < 2 || b.kind() != BackendKind::kNccl) return RsFold::kNone;
+  const char* e = std::getenv("WEFT_RS_FOLD");
+  const std::string force = e ? e : "";
+  if (force == "0") return RsFold::kNone;
+  const bool weft_ok = !sm_copies && kernels::gemm_sm90_available();
+  if (force == "lt") return world == 2 ? RsFold::kLt : RsFold::kNone;
+  if (force == "1" || force == "weft") return weft_ok ? RsFold::kWeft : RsFold::kNone;
+  if (world == 2 && own_gemm_us >= 100.0) return RsFold::kLt;
   const double reduce_us = (world + 1) * (cfg.m / world) * double(cfg.n) * eb / (hbm_gbps * 1e3);
-  return (force && force[0] == '1') || reduce_us >= 60.0;
+  return weft_ok && reduce_us >= 60.0 ? RsFold::kWeft : RsFold::kNone;
 #else
-  (void)hbm_gbps;
-  return false;
+  (void)hbm_gbps, (void)own_gemm_us;
+  return RsFold::kNone;
 #endif
 }
 
@@ -404,18 +442,22 @@ void GemmOverlap::Impl::decide(const std::vector<GemmMethod>& avail) {
     const plan::DeviceConstants d = device_constants();
     const double ce = link_of(d, plan::Engine::kCopyEngine);
     const Cost c{d.gemm_tflops, ce, 0.66 * ce, d.hbm_gbps, d.signal_latency_us};
-    rs_fold_pick = rs_fold_wanted(c.hbm);
+    rs_fold = choose_rs_fold(c.hbm, c.gemm(s.m / world, s.n, s.kl));
+    const char* direct_env = std::getenv("WEFT_RS_DIRECT");
+    rs_direct =
+        cfg.op == GemmOp::kGemmRs && world > 1 && rs_fold != RsFold::kWeft && direct_env && direct_env[0] == '1';
     double best = 1e300;
     for (int ch : {1, 2, 4, 8}) {
       if (ch > m_shard) break;
-      const double t = predict_decomposed(c, s, ch, rs_fold_pick);
+      const double t = predict_decomposed(c, s, ch, rs_fold, rs_direct);
       if (t < best) {
         best = t;
         model_chunks = ch;
       }
     }
     autoc.predicted_baseline_us = predict_baseline(c, s);
-    autoc.predicted_decomposed_us = predict_decomposed(c, s, cfg.chunks > 0 ? cfg.chunks : model_chunks, rs_fold_pick);
+    autoc.predicted_decomposed_us =
+        predict_decomposed(c, s, cfg.chunks > 0 ? cfg.chunks : model_chunks, rs_fold, rs_direct);
     if (fused_gpu) autoc.predicted_fused_us = predict_fused(c, s);
   }
   // Tuning cache: rank 0 reads it and tells everyone, so every rank decides alike.
@@ -603,6 +645,7 @@ void GemmOverlap::Impl::setup_gpu() {
   WEFT_CUDA_CHECK(cudaMalloc(&workspace, ws));
   WEFT_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace, ws));
   WEFT_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
+  lt = std::make_unique<detail::LtGemm>(workspace, ws, handle);
   const size_t scratch_bytes = cfg.op == GemmOp::kAgGemm   ? static_cast<size_t>(cfg.m * k_local) * eb
                                : cfg.op == GemmOp::kGemmRs ? static_cast<size_t>(cfg.m * cfg.n) * eb
                                                            : 0;
@@ -664,7 +707,7 @@ void GemmOverlap::Impl::setup_gpu() {
     rs_stage = heap.alloc_bytes(static_cast<size_t>(world) * m_shard * cfg.n * eb, tag + ".decomposed.staging");
     rs_signals = heap.alloc_signals(static_cast<uint32_t>(world * chunks), tag + ".decomposed.signals");
     ev_piece.resize(static_cast<size_t>(std::max(1, world - 1) * chunks));
-    if (rs_fold_pick) {  // (never with SM copies: rs_fold_wanted)
+    if (rs_fold == RsFold::kWeft) {  // (never with SM copies: choose_rs_fold)
       // Per M-block of the own block: wait for piece j of every peer q (signal q * chunks + j
       // >= the call count) for each piece j its rows overlap.
       std::vector<int32_t> begin{0}, idx, from;
@@ -695,8 +738,8 @@ void GemmOverlap::Impl::setup_gpu() {
       h.wait_off = rs_signals.at(0);
       h.wait_per_mblock = true;
       h.wait_scale_dev = b.ctx().ptr<const uint64_t>(rank, epoch_off);  // the call counter
-      WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_guard, cudaEventDisableTiming));
     }
+    WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_guard, cudaEventDisableTiming));
   } else {
     ev_piece.resize(pieces.size());
   }
@@ -794,13 +837,28 @@ void GemmOverlap::Impl::setup_gpu() {
 // C[rows x cols] (ldc = N, starting at column c0) = A[rows x k] (lda = k) * op(B) columns
 // [c0, c0 + cols): row-major through cuBLAS's column-major view (C^T = op(B)^T A^T).
 void GemmOverlap::Impl::gemm(cudaStream_t s, const void* a, const void* bp, void* c, int64_t rows, int64_t k,
-                             int64_t c0, int64_t cols) {
+                             int64_t c0, int64_t cols, Blas lib, const void* add) {
   if (rows <= 0 || cols <= 0) return;
+  const bool nk = cfg.b_layout == BLayout::kNK;
+  const void* bptr = nk ? at(bp, static_cast<uint64_t>(c0 * k) * eb) : at(bp, static_cast<uint64_t>(c0) * eb);
+  if (lib == Blas::kLt || add) {
+    detail::LtProblem p;
+    p.rows = rows;
+    p.cols = cols;
+    p.k = k;
+    p.lda = k;
+    p.ldb = nk ? k : cfg.n;
+    p.ldd = cfg.n;
+    p.b_nk = nk;
+    p.dtype = cfg.dtype;
+    p.add_c = add != nullptr;
+    lt->run(p, a, bptr, add ? at(add, static_cast<uint64_t>(c0) * eb) : nullptr, at(c, static_cast<uint64_t>(c0) * eb),
+            s);
+    return;
+  }
   WEFT_CUBLAS_CHECK(cublasSetStream(handle, s));
   const float alpha = 1.f, beta = 0.f;
   const cudaDataType_t t = cuda_type(cfg.dtype);
-  const bool nk = cfg.b_layout == BLayout::kNK;
-  const void* bptr = nk ? at(bp, static_cast<uint64_t>(c0 * k) * eb) : at(bp, static_cast<uint64_t>(c0) * eb);
   WEFT_CUBLAS_CHECK(cublasGemmEx(
       handle, nk ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(cols), static_cast<int>(rows),
       static_cast<int>(k), &alpha, bptr, t, static_cast<int>(nk ? k : cfg.n), a, t, static_cast<int>(k), &beta,
@@ -931,7 +989,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
       size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(j), 0, "compute stream",
                       fmt::format("gemm rows [{},{})", r0, r1), tracing);
       gemm(s, at(a, static_cast<uint64_t>(r0 * k_local) * eb), bp, at(c, static_cast<uint64_t>(r0 * N) * eb), r1 - r0,
-           k_local, 0, N);
+           k_local, 0, N, Blas::kLt);
       mark_end(x, s, tracing);
       WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[j], s));
       WEFT_CUDA_CHECK(cudaStreamWaitEvent(cs, ev_piece[j], 0));
@@ -948,7 +1006,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
     // has finished reading them for the previous call (this stream waited for ev_fork,
     // which follows that call's last GEMM or reduce on the compute stream).
     if (world > 1) WEFT_CUDA_CHECK(kernels::device_barrier(ctx, barrier, cs));
-    if (rs_fold_pick) WEFT_CUDA_CHECK(cudaEventRecord(ev_guard, cs));
+    if (ev_guard) WEFT_CUDA_CHECK(cudaEventRecord(ev_guard, cs));
     if (cfg.op == GemmOp::kAgGemm) {
       const plan::LoweredRank& lr = ag.lowered.ranks[static_cast<size_t>(rank)];
       const detail::RankExtra& ex = ag.extra[static_cast<size_t>(rank)];
@@ -1014,39 +1072,61 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
                         fmt::format("gemm rows [{},{}){}", r0, r1, own ? " (own, in place)" : ""), tracing);
         const char* arows = own ? static_cast<const char*>(a) + static_cast<uint64_t>((r0 - own0) * k_local) * eb
                                 : gathered + static_cast<uint64_t>(r0 * k_local) * eb;
-        gemm(s, arows, bp, at(c, static_cast<uint64_t>(r0 * N) * eb), r1 - r0, k_local, c0, c1 - c0);
+        gemm(s, arows, bp, at(c, static_cast<uint64_t>(r0 * N) * eb), r1 - r0, k_local, c0, c1 - c0, Blas::kLt);
         mark_end(x, s, tracing);
       }
     } else {
       // gemm_rs: partial products for the other ranks first (rotated by rank), each chunk
-      // copied into its owner's staging slot `rank` as soon as it is computed. Then, folded
-      // (rs_fold_pick): this rank's own block as one launch of weft's GEMM that waits per M-block
-      // for the peers' pieces and adds them in its epilogue, straight into C. Else: the own
-      // block into its own slot, then the owner sums the slots (a reduce pass).
+      // copied into its owner's staging slot `rank` as soon as it is computed. Then this
+      // rank's own block: RsFold::kWeft, one launch of weft's GEMM that waits per M-block for
+      // the peers' pieces and adds them in its epilogue, straight into C; RsFold::kLt (2
+      // ranks), per piece a wait for the peer's piece, then cuBLASLt's D = A B + that piece
+      // into C; else the own block into its own slot, then the owner sums the slots (a reduce
+      // pass).
       char* stage_local = ctx.peer_base[rank] + rs_stage;
       const uint64_t slot_bytes = static_cast<uint64_t>(m_shard * N) * eb;
       size_t ev = 0;
+      // rs_direct: the GEMMs write into the peers' slots, so they wait for the epoch guard.
+      if (rs_direct) WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_guard, 0));
       for (int d = 1; d < world; ++d) {
         const int p = (rank + d) % world;
         for (size_t j = 0; j < pieces.size(); ++j, ++ev) {
           const auto [r0, r1] = pieces[j];
           const int64_t g0 = p * m_shard + r0;
+          const uint64_t sig_off = rs_signals.at(static_cast<uint32_t>(rank * chunks + static_cast<int>(j)));
+          char* owner_slot = ctx.peer_base[p] + rs_stage + slot_bytes * static_cast<uint64_t>(rank) +
+                             static_cast<uint64_t>(r0 * N) * eb;
           size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev), 0, "compute stream",
-                          fmt::format("gemm rows [{},{}) for rank {}", g0, g0 + (r1 - r0), p), tracing);
-          gemm(s, at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp, at(scratch, static_cast<uint64_t>(g0 * N) * eb),
-               r1 - r0, k_local, 0, N);
+                          fmt::format("gemm rows [{},{}) for rank {}{}", g0, g0 + (r1 - r0), p,
+                                      rs_direct ? " (into its slot)" : ""),
+                          tracing);
+          // Traced, a direct piece is also a chunk: its transfer is the GEMM's stores.
+          const size_t xc = rs_direct
+                                ? mark(s, TraceKind::kChunk, static_cast<int64_t>(ev), 1, "NVLink stores (GEMM)",
+                                       fmt::format("partial rows [{},{}) -> rank {}", g0, g0 + (r1 - r0), p), tracing)
+                                : 0;
+          gemm(s, at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp,
+               rs_direct ? owner_slot : at(scratch, static_cast<uint64_t>(g0 * N) * eb), r1 - r0, k_local, 0, N,
+               Blas::kLt);
+          if (rs_direct) mark_end(xc, s, tracing);
           mark_end(x, s, tracing);
+          if (rs_direct) {  // the GEMM has completed (stream order): its stores are out
+            kernels::OverlapSignals sig{};
+            sig.count = 1;
+            sig.peer[0] = p;
+            sig.off[0] = sig_off;
+            sig.inc[0] = 1;
+            WEFT_CUDA_CHECK(kernels::overlap_signal(ctx, sig, s));
+            continue;
+          }
           WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[ev], s));
           WEFT_CUDA_CHECK(cudaStreamWaitEvent(cs, ev_piece[ev], 0));
           x = mark(cs, TraceKind::kChunk, static_cast<int64_t>(ev), 1, engine_name(),
                    fmt::format("partial rows [{},{}) -> rank {}", g0, g0 + (r1 - r0), p), tracing);
           const size_t bytes = static_cast<size_t>((r1 - r0) * N) * eb;
-          copy2d(ctx.peer_base[p] + rs_stage + slot_bytes * static_cast<uint64_t>(rank) +
-                     static_cast<uint64_t>(r0 * N) * eb,
-                 bytes, at(scratch, static_cast<uint64_t>(g0 * N) * eb), bytes, bytes, 1, cs);
+          copy2d(owner_slot, bytes, at(scratch, static_cast<uint64_t>(g0 * N) * eb), bytes, bytes, 1, cs);
           mark_end(x, cs, tracing);
-          const uint64_t sig_off = rs_signals.at(static_cast<uint32_t>(rank * chunks + static_cast<int>(j)));
-          if (rs_fold_pick && !sm_copies) {
+          if (rs_fold == RsFold::kWeft) {
             // The signal by the copy engine, after the piece (stream order): the call count,
             // copied from this rank's counter -- no SM needed while the peer's folded GEMM
             // holds them all. Equal to what the kernel's +1 per call gives.
@@ -1063,7 +1143,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
         }
       }
       const int64_t g0 = rank * m_shard;
-      if (rs_fold_pick && !sm_copies) {
+      if (rs_fold == RsFold::kWeft) {
         kernels::GemmArgs ga = weft_gemm_args(at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp, c, m_shard);
         for (int q = 0; q < world; ++q)
           if (q != rank) ga.src[ga.num_src++] = stage_local + slot_bytes * static_cast<uint64_t>(q);
@@ -1093,11 +1173,23 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
                         fmt::format("gemm rows [{},{}) (own) + peers' pieces", g0, g0 + m_shard), tracing);
         ops::gemm_gpu(ga, h, s);
         mark_end(x, s, tracing);
+      } else if (rs_fold == RsFold::kLt) {
+        const int q = 1 - rank;  // the peer (2 ranks)
+        for (size_t j = 0; j < pieces.size(); ++j) {
+          const auto [r0, r1] = pieces[j];
+          wait_list(s, {{q, rs_signals.at(static_cast<uint32_t>(q * chunks + static_cast<int>(j))), 1}});
+          size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev + j), 0, "compute stream",
+                          fmt::format("gemm rows [{},{}) (own) + rank {}'s piece", g0 + r0, g0 + r1, q), tracing);
+          gemm(s, at(a, static_cast<uint64_t>((g0 + r0) * k_local) * eb), bp, at(c, static_cast<uint64_t>(r0 * N) * eb),
+               r1 - r0, k_local, 0, N, Blas::kLt,
+               stage_local + slot_bytes * static_cast<uint64_t>(q) + static_cast<uint64_t>(r0 * N) * eb);
+          mark_end(x, s, tracing);
+        }
       } else {
         size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev), 0, "compute stream",
                         fmt::format("gemm rows [{},{}) (own)", g0, g0 + m_shard), tracing);
         gemm(s, at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp,
-             stage_local + slot_bytes * static_cast<uint64_t>(rank), m_shard, k_local, 0, N);
+             stage_local + slot_bytes * static_cast<uint64_t>(rank), m_shard, k_local, 0, N, Blas::kLt);
         mark_end(x, s, tracing);
         for (size_t j = 0; j < pieces.size(); ++j) {
           const auto [r0, r1] = pieces[j];
@@ -1248,7 +1340,7 @@ void GemmOverlap::run(const void* a, const void* b, void* c, const GemmRunOption
 #endif
 }
 
-void GemmOverlap::run_gemm_only(const void* a, const void* b, void* c, void* stream, bool weft_gemm) {
+void GemmOverlap::run_gemm_only(const void* a, const void* b, void* c, void* stream, GemmAlone which) {
   Impl& I = *impl_;
   I.check_ptr(a, "A", 0);
   I.check_ptr(b, "B", 0);
@@ -1273,13 +1365,21 @@ void GemmOverlap::run_gemm_only(const void* a, const void* b, void* c, void* str
   auto s = static_cast<cudaStream_t>(stream);
   const void* ga = I.cfg.op == GemmOp::kAgGemm ? I.scratch : a;
   void* gc = I.cfg.op == GemmOp::kGemmRs ? I.scratch : c;
-  if (!weft_gemm) return I.gemm(s, ga, b, gc, I.cfg.m, I.k_local, 0, I.cfg.n);
+  if (which == GemmAlone::kCublas) return I.gemm(s, ga, b, gc, I.cfg.m, I.k_local, 0, I.cfg.n);
+  if (which == GemmAlone::kCublasTuned) return I.gemm(s, ga, b, gc, I.cfg.m, I.k_local, 0, I.cfg.n, Impl::Blas::kLt);
   if (!kernels::gemm_sm90_available()) throw Error("weft's GEMM alone: needs an sm_90 GPU");
   ops::gemm_gpu(I.weft_gemm_args(ga, b, gc, I.cfg.m), {}, s);
 #else
   (void)stream;
-  if (weft_gemm) throw Error("weft's GEMM alone: not built (CUDA)");
+  if (which == GemmAlone::kWeft) throw Error("weft's GEMM alone: not built (CUDA)");
 #endif
+}
+
+std::vector<std::string> GemmOverlap::gemm_choices() const {
+#ifdef WEFT_HAVE_CUDA
+  if (impl_->lt) return impl_->lt->report();
+#endif
+  return {};
 }
 
 std::vector<GemmMethod> GemmOverlap::available_methods() const { return impl_->available(); }

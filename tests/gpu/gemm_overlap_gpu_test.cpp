@@ -10,6 +10,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "gemm_overlap_check.hpp"
 #include "gpu_harness.hpp"
@@ -133,24 +137,50 @@ TEST_P(GemmOverlapGpu, EveryMethodIsExact) {
 INSTANTIATE_TEST_SUITE_P(Gpus, GemmOverlapGpu, ::testing::Values(1, 0));
 
 // The suite above runs the decomposed paths the small test shapes get by default: ag_gemm
-// reads its own rows in place (shapes whose tiles straddle a rank's rows keep the copy);
-// gemm_rs runs cuBLAS + a reduce pass (it folds only where that pass would be long). This runs
-// the same exact checks on the other paths: the own rows copied (WEFT_AG_OWN_IN_PLACE=0) and
-// gemm_rs folded into weft's GEMM epilogue (WEFT_RS_FOLD=1; rows not on 128-row blocks, pieces
-// splitting blocks, N odd: the register epilogue).
-TEST(GemmOverlapGpuOtherPaths, EveryMethodIsExact) {
+// reads its own rows in place (shapes whose tiles straddle a rank's rows keep the copy), its
+// GEMMs on the fastest of cublasGemmEx and cublasLt's candidates (timed); gemm_rs (small
+// shapes) runs a reduce pass after its GEMMs. This runs the same exact checks on the other
+// paths: (1) the own rows copied (WEFT_AG_OWN_IN_PLACE=0) and gemm_rs folded into weft's GEMM
+// epilogue (WEFT_RS_FOLD=1; rows not on 128-row blocks, pieces splitting blocks, N odd: the
+// register epilogue); (2) every decomposed GEMM by cublasGemmEx, untimed (WEFT_GEMM_TUNE=0),
+// and gemm_rs's pieces stored into the owners' slots by the GEMMs instead of copied by the copy
+// engine (WEFT_RS_DIRECT=1);
+// (3) gemm_rs's cuBLASLt fold, D = A B + the peer's piece (WEFT_RS_FOLD=lt; 2 ranks, else the
+// reduce pass).
+class GemmOverlapGpuOtherPaths : public ::testing::TestWithParam<int> {};
+
+TEST_P(GemmOverlapGpuOtherPaths, EveryMethodIsExact) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
+  const int path = GetParam();
+  // Sets variables for this test and restores what the caller had (e.g. the memcheck run's
+  // WEFT_GEMM_TUNE).
   struct Env {
-    Env() {
-      setenv("WEFT_AG_OWN_IN_PLACE", "0", 1);
-      setenv("WEFT_RS_FOLD", "1", 1);
+    std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+    void set(const char* k, const char* v) {
+      const char* old = std::getenv(k);
+      saved.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
+      setenv(k, v, 1);
+    }
+    explicit Env(int path) {
+      if (path == 1) {
+        set("WEFT_AG_OWN_IN_PLACE", "0");
+        set("WEFT_RS_FOLD", "1");
+      } else if (path == 2) {
+        set("WEFT_GEMM_TUNE", "0");
+        set("WEFT_RS_DIRECT", "1");
+      } else {
+        set("WEFT_RS_FOLD", "lt");
+      }
     }
     ~Env() {
-      unsetenv("WEFT_AG_OWN_IN_PLACE");
-      unsetenv("WEFT_RS_FOLD");
+      for (auto it = saved.rbegin(); it != saved.rend(); ++it)
+        if (it->second)
+          setenv(it->first.c_str(), it->second->c_str(), 1);
+        else
+          unsetenv(it->first.c_str());
     }
-  } env;
-  expect_all_ok(run_gpu(gpus(), [] {
+  } env(path);
+  expect_all_ok(run_gpu(gpus(), [path] {
     auto b = make_backend();
     const int w = b->size();
     cudaStream_t s;
@@ -163,19 +193,27 @@ TEST(GemmOverlapGpuOtherPaths, EveryMethodIsExact) {
       checks += run_all_methods(*b, config(sh, dev::DType::kF16, BLayout::kNK, 4), 1, s);
     }
     if (b->rank() == 0)
-      std::printf("[gpu] ag_gemm own rows copied, gemm_rs folded: %d ranks, %d exact checks passed\n", w, checks);
+      std::printf("[gpu] %s: %d ranks, %d exact checks passed\n",
+                  path == 1 ? "ag_gemm own rows copied, gemm_rs folded into weft's GEMM"
+                  : path == 2
+                      ? "decomposed GEMMs by cublasGemmEx, untimed; gemm_rs pieces stored into their owners' slots"
+                      : "gemm_rs folded into cuBLASLt's epilogue (2 ranks)",
+                  w, checks);
     WEFT_CUDA_CHECK(cudaStreamDestroy(s));
   }));
 }
+
+INSTANTIATE_TEST_SUITE_P(Paths, GemmOverlapGpuOtherPaths, ::testing::Values(1, 2, 3));
 
 // Captured once, replayed many times with fresh inputs: the device-side epoch advances inside
 // the graph (decomposed waits; gemm_rs's folded GEMM and the fused ag_gemm / gemm_rs read it as
 // their wait scale, and their signals are copies of it), and every replay is exact: a wait
 // satisfied by an earlier replay's signal would let a GEMM read the previous inputs. Run with
-// and without the decomposed fold; the fused method where the op offers it.
+// gemm_rs's reduce pass, weft's fold and cuBLASLt's fold (2 ranks; else the reduce pass); the
+// fused method where the op offers it.
 TEST(GemmOverlapGpuGraph, ReplaysStayExact) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
-  for (const char* fold : {"0", "1"}) {
+  for (const char* fold : {"0", "1", "lt"}) {
     setenv("WEFT_RS_FOLD", fold, 1);
     expect_all_ok(run_gpu(gpus(), [] {
       auto b = make_backend();

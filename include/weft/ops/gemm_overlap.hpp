@@ -101,9 +101,16 @@ class GemmOverlap {
   void run(const void* a, const void* b, void* c, const GemmRunOptions& opt = {});
   // The local GEMM alone, no communication (the overlap ceiling in benchmarks): ag_gemm
   // multiplies whatever the baseline's gathered A holds; gemm_rs/gemm_ar write A_r * B_r
-  // into c (gemm_rs: into internal scratch, c untouched). cuBLAS, or with `weft_gemm` weft's
-  // sm_90a GEMM (kernels/gemm.hpp: what the fused methods run; Error where it cannot run).
-  void run_gemm_only(const void* a, const void* b, void* c, void* stream = nullptr, bool weft_gemm = false);
+  // into c (gemm_rs: into internal scratch, c untouched). `which`: cublasGemmEx (cuBLAS's
+  // first heuristic), the decomposed method's cuBLAS path (with WEFT_GEMM_TUNE=1 the fastest of
+  // GemmEx and cuBLASLt's candidates, timed at the first eager call; else GemmEx), or weft's sm_90a GEMM
+  // (kernels/gemm.hpp: what the fused methods run; Error where it cannot run). The host
+  // backend runs its CPU GEMM for every `which`.
+  enum class GemmAlone { kCublas, kCublasTuned, kWeft };
+  void run_gemm_only(const void* a, const void* b, void* c, void* stream = nullptr,
+                     GemmAlone which = GemmAlone::kCublas);
+  // The cuBLASLt choices made so far (GPU), one line per GEMM problem: for reports.
+  std::vector<std::string> gemm_choices() const;
 
   // Methods this build and backend can run (fused only when fused_available() on GPUs).
   std::vector<GemmMethod> available_methods() const;
