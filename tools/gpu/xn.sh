@@ -2,7 +2,8 @@
 # Issue 7's multi-GPU run on every GPU of the machine, in one device call (kinds
 # nvidia-h200-x4 / nvidia-h200-x8; carry .gpu from tools/gpu/build.sh):
 #   device: bash tools/gpu/xn.sh .gpu
-# The multi-GPU tests on all ranks, `weft bench ag_gemm|gemm_rs`, `weft bench collectives`
+# The multi-GPU tests on all ranks (each rank appends the call it is about to make to
+# work/progress.<rank>: a cut-off run shows where it was), `weft bench ag_gemm|gemm_rs`, `weft bench collectives`
 # (NCCL beside), gemm_ar, then PyTorch's fused ops. Time-boxed per step (T_TESTS, T_OP,
 # T_COLL, T_TORCH seconds); the archive in $OUT is rewritten after every step, so a cut-off run
 # still brings back what ran.
@@ -16,7 +17,7 @@ pack() { tar czf /tmp/xn.tgz -C "$W" . && mv /tmp/xn.tgz "$OUT/x${G}.tgz"; }
 nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c
 nvidia-smi topo -m > "$W/topo.txt" 2>&1; head -12 "$W/topo.txt"
 step "GPU tests, multi-GPU suites (1 and $G GPUs)"
-timeout -s KILL ${T_TESTS:-150} "$BIN/weft_gpu_tests" --gtest_filter='*GemmOverlap*:*Collectives*:*Devapi*' \
+WEFT_TEST_PROGRESS=$W/progress timeout -s KILL ${T_TESTS:-300} "$BIN/weft_gpu_tests" --gtest_filter='*GemmOverlap*:*Collectives*:*Devapi*' \
   > "$W/gpu_tests_${G}gpu.log" 2>&1
 pkill -9 -x weft_gpu_tests 2>/dev/null || true
 grep -E "^\[ *(FAILED|PASSED)|\[gpu\].*ranks|Failure" "$W/gpu_tests_${G}gpu.log" | head -20; pack
