@@ -346,6 +346,8 @@ struct GemmOverlap::Impl {
   void mark_end(size_t i, cudaStream_t s, bool tracing);
   void collect(cudaStream_t s);
   void wait_list(cudaStream_t s, const std::vector<std::tuple<int, uint64_t, int64_t>>& waits);
+  // A one-CTA kernel on `s`: fence, then peer's signal at `off` += inc (after what `s` ran).
+  void signal(int peer, uint64_t off, uint64_t inc, cudaStream_t s);
   void copy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, cudaStream_t s);
   const char* engine_name() const { return sm_copies ? "SM copy" : "copy engine"; }
 #endif
@@ -934,6 +936,15 @@ void GemmOverlap::Impl::wait_list(cudaStream_t s, const std::vector<std::tuple<i
   }
 }
 
+void GemmOverlap::Impl::signal(int peer, uint64_t off, uint64_t inc, cudaStream_t s) {
+  kernels::OverlapSignals sig{};
+  sig.count = 1;
+  sig.peer[0] = peer;
+  sig.off[0] = off;
+  sig.inc[0] = inc;
+  WEFT_CUDA_CHECK(kernels::overlap_signal(b.ctx(), sig, s));
+}
+
 void GemmOverlap::Impl::copy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows,
                                cudaStream_t s) {
   if (!sm_copies) {
@@ -1045,12 +1056,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
           mark_end(x, cs, tracing);
         }
         if (d.signal_rank >= 0) {
-          kernels::OverlapSignals sig{};
-          sig.count = 1;
-          sig.peer[0] = d.signal_rank;
-          sig.off[0] = ag_signals.at(static_cast<uint32_t>(d.signal));
-          sig.inc[0] = static_cast<uint64_t>(d.increment);
-          WEFT_CUDA_CHECK(kernels::overlap_signal(ctx, sig, cs));
+          signal(d.signal_rank, ag_signals.at(static_cast<uint32_t>(d.signal)), static_cast<uint64_t>(d.increment), cs);
         }
       }
       // Tiles (chunks of rows x all of N) in arrival order on the compute stream; own-row
@@ -1111,12 +1117,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
           if (rs_direct) mark_end(xc, s, tracing);
           mark_end(x, s, tracing);
           if (rs_direct) {  // the GEMM has completed (stream order): its stores are out
-            kernels::OverlapSignals sig{};
-            sig.count = 1;
-            sig.peer[0] = p;
-            sig.off[0] = sig_off;
-            sig.inc[0] = 1;
-            WEFT_CUDA_CHECK(kernels::overlap_signal(ctx, sig, s));
+            signal(p, sig_off, 1, s);
             continue;
           }
           WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[ev], s));
@@ -1133,12 +1134,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
             WEFT_CUDA_CHECK(cudaMemcpyAsync(ctx.peer_base[p] + sig_off, ctx.peer_base[rank] + epoch_off,
                                             sizeof(uint64_t), cudaMemcpyDefault, cs));
           } else {
-            kernels::OverlapSignals sig{};
-            sig.count = 1;
-            sig.peer[0] = p;
-            sig.off[0] = sig_off;
-            sig.inc[0] = 1;
-            WEFT_CUDA_CHECK(kernels::overlap_signal(ctx, sig, cs));
+            signal(p, sig_off, 1, cs);
           }
         }
       }
