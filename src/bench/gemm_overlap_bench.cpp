@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 
 #include "weft/bench/devapi_bench.hpp"
@@ -26,6 +28,20 @@ namespace weft::bench {
 namespace {
 
 using ops::GemmMethod;
+
+// Uniform in [-1, 1), rounded to bf16 (a hash of the index and the salt: the same on every run).
+std::vector<uint16_t> random_bf16(size_t n, int salt) {
+  std::vector<uint16_t> v(n);
+  uint64_t x = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(salt + 1);
+  for (size_t i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    const float u = static_cast<float>(x >> 40) / static_cast<float>(1ull << 24);  // [0, 1)
+    v[i] = dev::from_float<dev::bf16_t>(2.f * u - 1.f).bits;
+  }
+  return v;
+}
 
 // Small integers: exact in bf16, never all zero.
 std::vector<uint16_t> pattern(size_t n, int salt) {
@@ -70,6 +86,7 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
   res.device = b.device_name();
   res.backend = to_string(b.kind());
   res.world = world;
+  res.data = opt.data;
   res.timing = gpu ? "CUDA graphs of several calls, GPUs lined up by a device barrier before each replay, median of "
                      "replays, slowest rank; inputs not rotated (they stay in L2 only for the smallest shapes)"
                    : "host backend: eager calls, wall clock, median of 3, slowest rank (CPU numbers)";
@@ -89,7 +106,11 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
     const size_t na = static_cast<size_t>(op.a_rows() * op.a_cols()),
                  nb = static_cast<size_t>(op.b_rows() * op.b_cols()),
                  nc = static_cast<size_t>(op.c_rows() * op.c_cols());
-    const auto ha = pattern(na, b.rank()), hb = pattern(nb, 3 + b.rank());
+    WEFT_REQUIRE(opt.data == "random" || opt.data == "ints",
+                 fmt::format("weft bench {}: --data must be random or ints, not '{}'", opt.op, opt.data));
+    const bool rnd = opt.data == "random";
+    const auto ha = rnd ? random_bf16(na, 2 * b.rank()) : pattern(na, b.rank()),
+               hb = rnd ? random_bf16(nb, 2 * b.rank() + 1) : pattern(nb, 3 + b.rank());
     void *a = nullptr, *w = nullptr, *c = nullptr;
     std::vector<uint16_t> host_a, host_b, host_c;
 #ifdef WEFT_HAVE_CUDA
@@ -171,15 +192,41 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
                                  us > 0 ? fmt::format("{:.1f} us", us) : "did not run (" + p.note + ")"));
       res.points.push_back(std::move(p));
     };
+    // This rank's C after the last call (the timed replays ran the same inputs).
+    auto fetch_c = [&]() {
+      std::vector<uint16_t> out(nc);
+#ifdef WEFT_HAVE_CUDA
+      if (gpu) {
+        WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+        WEFT_CUDA_CHECK(cudaMemcpy(out.data(), c, nc * 2, cudaMemcpyDeviceToHost));
+        return out;
+      }
+#endif
+      std::memcpy(out.data(), c, nc * 2);
+      return out;
+    };
+    std::vector<uint16_t> c_base;
     auto run_method = [&](GemmMethod m) {
       std::string note;
       const double us = timed([&] { op.run(a, w, c, {.method = m, .stream = s}); }, note);
+      // Correct against the baseline on the same inputs (every rank, collectively).
+      double err = -1;
+      if (m == GemmMethod::kBaseline) {
+        if (us > 0) c_base = fetch_c();
+      } else if (!c_base.empty()) {
+        const double mine = us > 0 ? relative_error_bf16(fetch_c(), c_base) : 0.0;
+        err = max_over_ranks(b, mine);
+        if (us <= 0) err = -1;
+      }
       if (m == GemmMethod::kAuto)
         note = fmt::format("chose {} (chunks {}) from {}", ops::to_string(op.auto_choice().method), op.chunks(),
                            op.auto_choice().source);
       if (m == GemmMethod::kDecomposed && us > 0)
         for (const std::string& g : op.gemm_choices()) note += (note.empty() ? "cuBLASLt " : "; ") + g;
+      if (err > kOverlapBenchTolerance)
+        note += fmt::format("{}WRONG: relative error {:.3g} against the baseline", note.empty() ? "" : "; ", err);
       add(ops::to_string(m), us, m == GemmMethod::kDecomposed || m == GemmMethod::kAuto ? op.chunks() : 0, note);
+      res.points.back().rel_err = err;
     };
     run_method(GemmMethod::kBaseline);
     {
@@ -246,6 +293,17 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
   return res;
 }
 
+double relative_error_bf16(const std::vector<uint16_t>& got, const std::vector<uint16_t>& ref) {
+  WEFT_REQUIRE(got.size() == ref.size(), "relative_error_bf16: sizes differ");
+  double diff = 0, mag = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double r = dev::to_float(dev::bf16_t{ref[i]}), g = dev::to_float(dev::bf16_t{got[i]});
+    mag = std::max(mag, std::abs(r));
+    diff = std::max(diff, std::isnan(g) ? std::numeric_limits<double>::infinity() : std::abs(g - r));
+  }
+  return mag > 0 ? diff / mag : diff;
+}
+
 nlohmann::json to_json(const OverlapBenchResult& r) {
   nlohmann::json pts = nlohmann::json::array();
   for (const auto& p : r.points)
@@ -257,17 +315,28 @@ nlohmann::json to_json(const OverlapBenchResult& r) {
                    {"median_us", p.median_us},
                    {"tflops_per_rank", p.tflops},
                    {"chunks", p.chunks},
-                   {"note", p.note}});
-  return {{"bench", r.op},    {"device", r.device}, {"backend", r.backend}, {"world", r.world},  {"dtype", "bf16"},
-          {"b_layout", "nk"}, {"timing", r.timing}, {"points", pts},        {"traces", r.traces}};
+                   {"note", p.note},
+                   {"rel_err_vs_baseline", p.rel_err}});
+  return {{"bench", r.op},
+          {"device", r.device},
+          {"backend", r.backend},
+          {"world", r.world},
+          {"dtype", "bf16"},
+          {"data", r.data},
+          {"b_layout", "nk"},
+          {"timing", r.timing},
+          {"points", pts},
+          {"traces", r.traces},
+          {"tolerance_vs_baseline", kOverlapBenchTolerance}};
 }
 
 std::string to_table(const OverlapBenchResult& r) {
-  std::string out = fmt::format("{} on {} ({} backend, {} ranks), bf16, W[N,K]; times in us per call (median)\n", r.op,
-                                r.device, r.backend, r.world);
-  out += fmt::format("{:<18} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10} {:>10} {:>16} {:>10} {:>10}\n", "MxKxN",
+  std::string out =
+      fmt::format("{} on {} ({} backend, {} ranks), bf16 {} data, W[N,K]; times in us per call (median)\n", r.op,
+                  r.device, r.backend, r.world, r.data);
+  out += fmt::format("{:<18} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10} {:>10} {:>16} {:>10} {:>10} {:>9}\n", "MxKxN",
                      "baseline", "gemm only", "gemm tuned", "weft gemm", "decomposed", "fused", "auto", "auto chose",
-                     "best/base", "best/gemm");
+                     "best/base", "best/gemm", "max err");
   for (size_t i = 0; i < r.points.size();) {
     size_t j = i;
     std::map<std::string, const OverlapPoint*> t;
@@ -291,19 +360,26 @@ std::string to_table(const OverlapBenchResult& r) {
     // The ceiling: the faster of cuBLAS's default and its tuned GEMM alone.
     double gemm = us("gemm_only");
     if (us("gemm_only_tuned") > 0 && (gemm == 0 || us("gemm_only_tuned") < gemm)) gemm = us("gemm_only_tuned");
-    out += fmt::format("{:<18} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10} {:>10} {:>16} {:>10} {:>10}\n",
+    double err = -1;
+    for (const char* m : {"decomposed", "fused", "auto"})
+      if (t.count(m)) err = std::max(err, t[m]->rel_err);
+    out += fmt::format("{:<18} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10} {:>10} {:>16} {:>10} {:>10} {:>9}\n",
                        fmt::format("{}x{}x{}", r.points[i].m, r.points[i].k, r.points[i].n), cell("baseline"),
                        cell("gemm_only"), cell("gemm_only_tuned"), cell("gemm_only_weft"), dec, cell("fused"),
                        cell("auto"), chose,
                        best > 0 && us("baseline") > 0 ? fmt::format("{:.2f}", best / us("baseline")) : "-",
-                       best > 0 && gemm > 0 ? fmt::format("{:.2f}", best / gemm) : "-");
+                       best > 0 && gemm > 0 ? fmt::format("{:.2f}", best / gemm) : "-",
+                       err >= 0 ? fmt::format("{:.1e}", err) : std::string("-"));
     i = j;
   }
   out +=
       "gemm only: cublasGemmEx; gemm tuned (WEFT_GEMM_TUNE=1): the fastest of GemmEx and cuBLASLt's candidates; weft "
       "gemm: "
       "weft's GEMM (the fused methods' kernel); decomposed: time (chunks per shard); best/base < 1: weft beats the "
-      "baseline; best/gemm: best weft method / the faster GEMM alone (1 = communication fully hidden)\n";
+      "baseline; best/gemm: best weft method / the faster GEMM alone (1 = communication fully hidden); max err: of "
+      "decomposed, fused and auto against the baseline's output, max |C - C_base| / max |C_base| over all ranks "
+      "(tolerance " +
+      fmt::format("{:g}", kOverlapBenchTolerance) + ")\n";
   for (const auto& p : r.points)
     if (p.median_us == 0 && !p.note.empty())
       out += fmt::format("note: {} {}x{}x{}: {}\n", p.method, p.m, p.k, p.n, p.note);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -17,7 +18,9 @@
 
 #include "gemm_overlap_check.hpp"
 #include "rank_harness.hpp"
+#include "weft/bench/gemm_overlap_bench.hpp"
 #include "weft/core/error.hpp"
+#include "weft/device/dtype.hpp"
 #include "weft/ops/gemm_overlap.hpp"
 #include "weft/ops/gemm_overlap_fused.hpp"
 #include "weft/ops/trace.hpp"
@@ -304,6 +307,22 @@ TEST(GemmOverlapHostFaults, RankThatSkipsACallIsNamed) {
   }
 }
 
+// The bench's check against the baseline: max |got - ref| / max |ref|, NaN = infinitely wrong.
+TEST(GemmOverlapBench, RelativeErrorAgainstTheBaseline) {
+  auto bf = [](std::initializer_list<float> v) {
+    std::vector<uint16_t> out;
+    for (float x : v) out.push_back(dev::from_float<dev::bf16_t>(x).bits);
+    return out;
+  };
+  const auto ref = bf({1.f, -4.f, 2.f, 0.f});
+  EXPECT_EQ(bench::relative_error_bf16(ref, ref), 0.0);
+  EXPECT_DOUBLE_EQ(bench::relative_error_bf16(bf({1.f, -4.f, 2.f, 0.5f}), ref), 0.5 / 4.0);
+  EXPECT_DOUBLE_EQ(bench::relative_error_bf16(bf({1.f, -3.f, 2.f, 0.f}), ref), 1.0 / 4.0);
+  EXPECT_TRUE(std::isinf(bench::relative_error_bf16(bf({1.f, NAN, 2.f, 0.f}), ref)));
+  EXPECT_GT(bench::relative_error_bf16(bf({1.f, 4.f, 2.f, 0.f}), ref), bench::kOverlapBenchTolerance);
+  EXPECT_THROW(bench::relative_error_bf16(bf({1.f}), ref), Error);
+}
+
 // `weft bench ag_gemm|gemm_rs|gemm_ar` runs on the host backend (CI has no GPU): every
 // column, JSON written, the table printed last.
 TEST(GemmOverlapCli, BenchRunsOnTheHostBackend) {
@@ -320,6 +339,11 @@ TEST(GemmOverlapCli, BenchRunsOnTheHostBackend) {
     EXPECT_EQ(pclose(f), 0) << out;
     EXPECT_NE(out.find(fmt::format("{} on host", op)), std::string::npos) << out;
     EXPECT_NE(out.find("gemm only"), std::string::npos) << out;
+    // Random inputs by default, and every method checked against the baseline (a method
+    // off by more than the tolerance fails the command: the exit code above).
+    EXPECT_NE(out.find("bf16 random data"), std::string::npos) << out;
+    EXPECT_NE(out.find("max err"), std::string::npos) << out;
+    EXPECT_EQ(out.find("WRONG"), std::string::npos) << out;
     EXPECT_NE(out.find("wrote " + dir), std::string::npos) << out;
   }
   std::filesystem::remove_all(dir);

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "plan_cmd.hpp"
 #include "weft/bench/collectives_bench.hpp"
 #include "weft/bench/devapi_bench.hpp"
 #include "weft/bench/gemm_bench.hpp"
@@ -18,7 +19,6 @@
 #include "weft/ops/trace.hpp"
 #include "weft/runtime/backend.hpp"
 #include "weft/runtime/launch.hpp"
-#include "plan_cmd.hpp"
 
 namespace {
 
@@ -94,7 +94,8 @@ int cmd_bench_gemm(bool quick, const std::string& out_dir, const std::vector<std
     std::cerr << fmt::format("[weft bench {:7.1f}s] {}\n", secs, s);
   };
   auto r = bench::bench_gemm(opt);
-  write_json(bench::to_json(r), out_dir, r.points.empty() || r.points[0].impl == "cpu" ? "gemm-cpu" : "gemm-gpu", quick);
+  write_json(bench::to_json(r), out_dir, r.points.empty() || r.points[0].impl == "cpu" ? "gemm-cpu" : "gemm-gpu",
+             quick);
   std::cout << bench::to_table(r);
   return 0;
 }
@@ -103,7 +104,8 @@ int cmd_bench_gemm(bool quick, const std::string& out_dir, const std::vector<std
 bool is_overlap_bench(const std::string& what) { return what == "ag_gemm" || what == "gemm_rs" || what == "gemm_ar"; }
 
 int cmd_bench_overlap(const std::string& what, bool quick, const std::string& out_dir,
-                      const std::vector<std::string>& shapes, int chunks, const std::string& trace_dir, bool tune) {
+                      const std::vector<std::string>& shapes, int chunks, const std::string& trace_dir, bool tune,
+                      const std::string& data) {
   if (!std::getenv(tunables::kGpuHeapMiB.env)) setenv(tunables::kGpuHeapMiB.env, "8192", 1);
   auto b = make_backend();
   bench::OverlapBenchOptions opt;
@@ -113,6 +115,7 @@ int cmd_bench_overlap(const std::string& what, bool quick, const std::string& ou
   opt.chunks = chunks;
   opt.trace_dir = trace_dir;
   opt.tune = tune;
+  opt.data = data;
   const auto t0 = std::chrono::steady_clock::now();
   if (b->rank() == 0)
     opt.progress = [t0](const std::string& s) {
@@ -124,6 +127,14 @@ int cmd_bench_overlap(const std::string& what, bool quick, const std::string& ou
     write_json(bench::to_json(r), out_dir, fmt::format("{}-{}-{}r", what, r.backend, r.world), quick);
     std::cout << bench::to_table(r);
   }
+  // A method whose output disagrees with the baseline's fails the command (after the table).
+  for (const auto& p : r.points)
+    if (p.rel_err > bench::kOverlapBenchTolerance) {
+      if (b->rank() == 0)
+        std::cerr << fmt::format("weft bench {}: {} {}x{}x{} is WRONG: relative error {:.3g} against the baseline\n",
+                                 what, p.method, p.m, p.k, p.n, p.rel_err);
+      return 3;
+    }
   return 0;
 }
 
@@ -189,9 +200,10 @@ int cmd_bench(const std::string& what, bool quick, const std::string& out_dir, c
       j["backend"] = to_string(b->kind());
       j["world"] = b->size();
       j["dtype"] = "bf16";
-      j["timing"] = b->kind() == BackendKind::kNccl ? "CUDA graphs of 20/5/2 calls (<=1 MiB/<=16 MiB/larger), median of "
-                                                       "replays, GPUs lined up by a device barrier before each replay"
-                                                     : "host backend: eager calls, wall clock (CPU numbers)";
+      j["timing"] = b->kind() == BackendKind::kNccl
+                        ? "CUDA graphs of 20/5/2 calls (<=1 MiB/<=16 MiB/larger), median of "
+                          "replays, GPUs lined up by a device barrier before each replay"
+                        : "host backend: eager calls, wall clock (CPU numbers)";
       j["points"] = bench::to_json(pts);
       write_json(j, out_dir, fmt::format("collectives-{}-{}r", to_string(b->kind()), b->size()), quick);
       std::cout << bench::to_table(pts);
@@ -234,6 +246,11 @@ int main(int argc, char** argv) {
   bench->add_option("--chunks", chunks, "ag_gemm/gemm_rs/gemm_ar: chunks per shard for decomposed (0: auto)");
   bench->add_option("--trace-dir", trace_dir, "ag_gemm/gemm_rs/gemm_ar: write one traced call per method here");
   bench->add_flag("--tune", tune, "ag_gemm/gemm_rs/gemm_ar: store the fastest method in the tuning cache");
+  std::string data = "random";
+  bench
+      ->add_option("--data", data,
+                   "ag_gemm/gemm_rs/gemm_ar: inputs, random (uniform in [-1,1), default) or ints (small integers)")
+      ->check(CLI::IsMember({"random", "ints"}));
 
   auto* trace = app.add_subcommand("trace", "Summarise a Chrome-trace JSON: comm, compute, communication hidden");
   std::string trace_file, trace_png;
@@ -260,7 +277,7 @@ int main(int argc, char** argv) {
     if (*trace) return cmd_trace(trace_file, trace_png);
     if (*bench && is_overlap_bench(what)) {
       int rc = relaunch_as_ranks(argc, argv);
-      return rc >= 0 ? rc : cmd_bench_overlap(what, quick, out_dir, shapes, chunks, trace_dir, tune);
+      return rc >= 0 ? rc : cmd_bench_overlap(what, quick, out_dir, shapes, chunks, trace_dir, tune, data);
     }
     if (*bench) {
       int rc = relaunch_as_ranks(argc, argv);

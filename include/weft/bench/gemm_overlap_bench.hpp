@@ -22,7 +22,19 @@ struct OverlapPoint {
   double tflops = 0;     // per rank: 2 * M * N * K_local / time
   int chunks = 0;        // decomposed
   std::string note;      // auto: what it chose; a method that cannot run: why
+  // baseline-relative error of the method's output (decomposed, fused, auto): max |C - C_base|
+  // / max |C_base| over every rank's C, on the bench's inputs; -1: not checked.
+  double rel_err = -1;
 };
+
+// Tolerance of `weft bench`'s check against the baseline. bf16 output: two correct results
+// differ by the rounding of C (2^-8 relative) and, for gemm_rs / gemm_ar, by the order and
+// precision of the reduction (NCCL rounds partial sums to bf16; weft sums in fp32).
+inline constexpr double kOverlapBenchTolerance = 2e-2;
+
+// max |got - ref| / max |ref| over bf16 values (bits), the bench's check; a NaN in got gives
+// infinity. got and ref have the same length.
+double relative_error_bf16(const std::vector<uint16_t>& got, const std::vector<uint16_t>& ref);
 
 struct OverlapBenchOptions {
   std::string op = "ag_gemm";
@@ -31,11 +43,14 @@ struct OverlapBenchOptions {
   int chunks = 0;                   // 0: the cost model's (or tuning cache's) choice
   std::string trace_dir;            // non-empty: one traced call per method, Chrome JSON per method
   bool tune = false;                // store the fastest method per shape in the tuning cache
+  // Inputs: "random" (uniform in [-1, 1), rounded to bf16; default, like the PyTorch peer's
+  // randn) or "ints" (the small-integer pattern every run before 2026-11-22 11:00 used).
+  std::string data = "random";
   std::function<void(const std::string&)> progress;
 };
 
 struct OverlapBenchResult {
-  std::string op, device, backend, timing;
+  std::string op, device, backend, timing, data;
   int world = 1;
   std::vector<OverlapPoint> points;
   std::vector<std::string> traces;  // files written (rank 0)
