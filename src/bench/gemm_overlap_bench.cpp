@@ -223,10 +223,12 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
                            op.auto_choice().source);
       if (m == GemmMethod::kDecomposed && us > 0)
         for (const std::string& g : op.gemm_choices()) note += (note.empty() ? "cuBLASLt " : "; ") + g;
-      if (err > kOverlapBenchTolerance)
+      const double tol = overlap_bench_tolerance(opt.op, world);
+      if (err > tol)
         note += fmt::format("{}WRONG: relative error {:.3g} against the baseline", note.empty() ? "" : "; ", err);
       add(ops::to_string(m), us, m == GemmMethod::kDecomposed || m == GemmMethod::kAuto ? op.chunks() : 0, note);
       res.points.back().rel_err = err;
+      res.points.back().tolerance = err >= 0 ? tol : 0;
     };
     run_method(GemmMethod::kBaseline);
     {
@@ -327,7 +329,7 @@ nlohmann::json to_json(const OverlapBenchResult& r) {
           {"timing", r.timing},
           {"points", pts},
           {"traces", r.traces},
-          {"tolerance_vs_baseline", kOverlapBenchTolerance}};
+          {"tolerance_vs_baseline", overlap_bench_tolerance(r.op, r.world)}};
 }
 
 std::string to_table(const OverlapBenchResult& r) {
@@ -379,7 +381,7 @@ std::string to_table(const OverlapBenchResult& r) {
       "baseline; best/gemm: best weft method / the faster GEMM alone (1 = communication fully hidden); max err: of "
       "decomposed, fused and auto against the baseline's output, max |C - C_base| / max |C_base| over all ranks "
       "(tolerance " +
-      fmt::format("{:g}", kOverlapBenchTolerance) + ")\n";
+      fmt::format("{:g}", overlap_bench_tolerance(r.op, r.world)) + ")\n";
   for (const auto& p : r.points)
     if (p.median_us == 0 && !p.note.empty())
       out += fmt::format("note: {} {}x{}x{}: {}\n", p.method, p.m, p.k, p.n, p.note);

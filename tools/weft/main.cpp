@@ -129,7 +129,7 @@ int cmd_bench_overlap(const std::string& what, bool quick, const std::string& ou
   }
   // A method whose output disagrees with the baseline's fails the command (after the table).
   for (const auto& p : r.points)
-    if (p.rel_err > bench::kOverlapBenchTolerance) {
+    if (p.rel_err > p.tolerance) {
       if (b->rank() == 0)
         std::cerr << fmt::format("weft bench {}: {} {}x{}x{} is WRONG: relative error {:.3g} against the baseline\n",
                                  what, p.method, p.m, p.k, p.n, p.rel_err);
