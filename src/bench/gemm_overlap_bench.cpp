@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -237,8 +236,7 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
       if (gpu) {
         // With WEFT_GEMM_TUNE=1 (decomposed's GEMMs on the fastest of cuBLAS's candidates,
         // timed): the GEMM alone so chosen, the ceiling for a method whose GEMMs are tuned.
-        const char* tune = std::getenv("WEFT_GEMM_TUNE");
-        if (tune && std::string(tune) == "1") {
+        if (op.times_every_gemm()) {
           std::string tnote;
           add("gemm_only_tuned",
               timed([&] { op.run_gemm_only(a, w, c, s, ops::GemmOverlap::GemmAlone::kCublasTuned); }, tnote), 0, tnote);

@@ -168,9 +168,7 @@ double predict_baseline(const Cost& c, const Shape& s) {
 // pieces and adding them in its epilogue; or one cuBLASLt GEMM per piece, each after that
 // piece has arrived, adding it in cuBLAS's epilogue; either way no reduce pass. Else the own
 // block by cuBLAS, then a reduce.
-// direct (gemm_rs): the peers' pieces computed straight into their owners' slots, so piece j
-// is there when its GEMM ends (ranks run alike), no copy.
-double predict_decomposed(const Cost& c, const Shape& s, int chunks, RsFold fold = RsFold::kNone, bool direct = false) {
+double predict_decomposed(const Cost& c, const Shape& s, int chunks, RsFold fold = RsFold::kNone) {
   const double w = s.w, ml = s.m / w, piece = ml / chunks;
   if (s.op == GemmOp::kAgGemm) {
     // Own shard first; then (w-1)*chunks pieces, each arriving after the copies before it.
@@ -186,7 +184,7 @@ double predict_decomposed(const Cost& c, const Shape& s, int chunks, RsFold fold
     std::vector<double> arrive(static_cast<size_t>(chunks), 0.0);  // piece j of every peer
     for (int i = 0; i < (s.w - 1) * chunks; ++i) {
       t += c.gemm(piece, s.n, s.kl);
-      copy_end = direct ? t : std::max(copy_end, t) + cp;
+      copy_end = std::max(copy_end, t) + cp;
       arrive[static_cast<size_t>(i % chunks)] = copy_end + c.lat_us;
     }
     if (fold == RsFold::kLt) {
@@ -256,13 +254,6 @@ struct GemmOverlap::Impl {
   // choose_rs_fold): a reduce pass after it, or folded into its GEMM's epilogue -- weft's
   // GEMM (one launch waiting per M-block) or cuBLASLt (2 ranks: D = A B + the peer's piece).
   RsFold rs_fold = RsFold::kNone;
-  // gemm_rs decomposed, WEFT_RS_DIRECT=1: the peers' blocks computed straight into their
-  // owners' staging slots (cuBLAS's D = the owner's window address; NVLink stores from the
-  // GEMM's epilogue), a signal kernel after each piece -- no outbox, no copy. Measured slower
-  // than the copy engine on every ANCHORS shape (2xH200, 2026-11-22 10:2x: 1243.6 / 373.7 /
-  // 655.8 / 79.8 vs 1166.4 / 366.5 / 646.9 / 71.7 us; the remote stores slow the GEMM more than
-  // the copy costs), so off by default. Not with weft's fold (its signals are copy-engine copies).
-  bool rs_direct = false;
 
   // host backend
   std::unique_ptr<detail::HostGemmExec> host_dec, host_fused;
@@ -270,7 +261,7 @@ struct GemmOverlap::Impl {
 
 #ifdef WEFT_HAVE_CUDA
   cublasHandle_t handle = nullptr;
-  std::unique_ptr<detail::LtGemm> lt;  // decomposed's GEMMs: cuBLASLt, algorithm chosen by timing
+  std::unique_ptr<detail::LtGemm> lt;  // every cuBLAS GEMM of the op (Impl::gemm)
   void* workspace = nullptr;
   void* scratch = nullptr;    // baseline: gathered A (ag_gemm) or the partial product (gemm_rs)
   cudaStream_t cs = nullptr;  // copy / communication stream of `decomposed`
@@ -326,8 +317,9 @@ struct GemmOverlap::Impl {
   void host_baseline(const void* a, const void* bp, void* c, bool tracing);
 #ifdef WEFT_HAVE_CUDA
   void setup_gpu();
-  // cuBLAS of rows x cols of this op's local product (below); kLt: cuBLASLt with the tuned
-  // algorithm (LtGemm), `add`: C += add (same layout as C; kLt only).
+  // cuBLAS of rows x cols of this op's local product (below), through `lt`: kGemmEx is its
+  // candidate 0, never timed (cublasGemmEx; cublasLt's first heuristic where C is added), kLt
+  // the candidate LtGemm chose (timed where WEFT_GEMM_TUNE asks). `add`: C += add (C's layout).
   enum class Blas { kGemmEx, kLt };
   void gemm(cudaStream_t s, const void* a, const void* bp, void* c, int64_t rows, int64_t k, int64_t c0, int64_t cols,
             Blas lib = Blas::kGemmEx, const void* add = nullptr);
@@ -445,21 +437,17 @@ void GemmOverlap::Impl::decide(const std::vector<GemmMethod>& avail) {
     const double ce = link_of(d, plan::Engine::kCopyEngine);
     const Cost c{d.gemm_tflops, ce, 0.66 * ce, d.hbm_gbps, d.signal_latency_us};
     rs_fold = choose_rs_fold(c.hbm, c.gemm(s.m / world, s.n, s.kl));
-    const char* direct_env = std::getenv("WEFT_RS_DIRECT");
-    rs_direct =
-        cfg.op == GemmOp::kGemmRs && world > 1 && rs_fold != RsFold::kWeft && direct_env && direct_env[0] == '1';
     double best = 1e300;
     for (int ch : {1, 2, 4, 8}) {
       if (ch > m_shard) break;
-      const double t = predict_decomposed(c, s, ch, rs_fold, rs_direct);
+      const double t = predict_decomposed(c, s, ch, rs_fold);
       if (t < best) {
         best = t;
         model_chunks = ch;
       }
     }
     autoc.predicted_baseline_us = predict_baseline(c, s);
-    autoc.predicted_decomposed_us =
-        predict_decomposed(c, s, cfg.chunks > 0 ? cfg.chunks : model_chunks, rs_fold, rs_direct);
+    autoc.predicted_decomposed_us = predict_decomposed(c, s, cfg.chunks > 0 ? cfg.chunks : model_chunks, rs_fold);
     if (fused_gpu) autoc.predicted_fused_us = predict_fused(c, s);
   }
   // Tuning cache: rank 0 reads it and tells everyone, so every rank decides alike.
@@ -601,7 +589,6 @@ void GemmOverlap::Impl::run_host(GemmMethod m, const void* a, const void* bp, vo
 
 #ifdef WEFT_HAVE_CUDA
 namespace {
-cudaDataType_t cuda_type(dev::DType t) { return t == dev::DType::kF16 ? CUDA_R_16F : CUDA_R_16BF; }
 ncclDataType_t nccl_type(dev::DType t) { return t == dev::DType::kF16 ? ncclFloat16 : ncclBfloat16; }
 char* at(const void* p, uint64_t bytes) { return static_cast<char*>(const_cast<void*>(p)) + bytes; }
 // ag_gemm (decomposed and fused) reads this rank's own rows in place where the shape allows;
@@ -740,8 +727,8 @@ void GemmOverlap::Impl::setup_gpu() {
       h.wait_off = rs_signals.at(0);
       h.wait_per_mblock = true;
       h.wait_scale_dev = b.ctx().ptr<const uint64_t>(rank, epoch_off);  // the call counter
+      WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_guard, cudaEventDisableTiming));
     }
-    WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_guard, cudaEventDisableTiming));
   } else {
     ev_piece.resize(pieces.size());
   }
@@ -842,29 +829,19 @@ void GemmOverlap::Impl::gemm(cudaStream_t s, const void* a, const void* bp, void
                              int64_t c0, int64_t cols, Blas lib, const void* add) {
   if (rows <= 0 || cols <= 0) return;
   const bool nk = cfg.b_layout == BLayout::kNK;
+  detail::LtProblem p;
+  p.rows = rows;
+  p.cols = cols;
+  p.k = k;
+  p.lda = k;
+  p.ldb = nk ? k : cfg.n;
+  p.ldd = cfg.n;
+  p.b_nk = nk;
+  p.dtype = cfg.dtype;
+  p.add_c = add != nullptr;
   const void* bptr = nk ? at(bp, static_cast<uint64_t>(c0 * k) * eb) : at(bp, static_cast<uint64_t>(c0) * eb);
-  if (lib == Blas::kLt || add) {
-    detail::LtProblem p;
-    p.rows = rows;
-    p.cols = cols;
-    p.k = k;
-    p.lda = k;
-    p.ldb = nk ? k : cfg.n;
-    p.ldd = cfg.n;
-    p.b_nk = nk;
-    p.dtype = cfg.dtype;
-    p.add_c = add != nullptr;
-    lt->run(p, a, bptr, add ? at(add, static_cast<uint64_t>(c0) * eb) : nullptr, at(c, static_cast<uint64_t>(c0) * eb),
-            s);
-    return;
-  }
-  WEFT_CUBLAS_CHECK(cublasSetStream(handle, s));
-  const float alpha = 1.f, beta = 0.f;
-  const cudaDataType_t t = cuda_type(cfg.dtype);
-  WEFT_CUBLAS_CHECK(cublasGemmEx(
-      handle, nk ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(cols), static_cast<int>(rows),
-      static_cast<int>(k), &alpha, bptr, t, static_cast<int>(nk ? k : cfg.n), a, t, static_cast<int>(k), &beta,
-      at(c, static_cast<uint64_t>(c0) * eb), t, static_cast<int>(cfg.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  lt->run(p, a, bptr, add ? at(add, static_cast<uint64_t>(c0) * eb) : nullptr, at(c, static_cast<uint64_t>(c0) * eb), s,
+          /*may_time=*/lib == Blas::kLt);
 }
 
 kernels::GemmArgs GemmOverlap::Impl::weft_gemm_args(const void* a, const void* bp, void* c, int64_t rows) const {
@@ -1017,7 +994,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
     // has finished reading them for the previous call (this stream waited for ev_fork,
     // which follows that call's last GEMM or reduce on the compute stream).
     if (world > 1) WEFT_CUDA_CHECK(kernels::device_barrier(ctx, barrier, cs));
-    if (ev_guard) WEFT_CUDA_CHECK(cudaEventRecord(ev_guard, cs));
+    if (rs_fold == RsFold::kWeft) WEFT_CUDA_CHECK(cudaEventRecord(ev_guard, cs));
     if (cfg.op == GemmOp::kAgGemm) {
       const plan::LoweredRank& lr = ag.lowered.ranks[static_cast<size_t>(rank)];
       const detail::RankExtra& ex = ag.extra[static_cast<size_t>(rank)];
@@ -1092,8 +1069,6 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
       char* stage_local = ctx.peer_base[rank] + rs_stage;
       const uint64_t slot_bytes = static_cast<uint64_t>(m_shard * N) * eb;
       size_t ev = 0;
-      // rs_direct: the GEMMs write into the peers' slots, so they wait for the epoch guard.
-      if (rs_direct) WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_guard, 0));
       for (int d = 1; d < world; ++d) {
         const int p = (rank + d) % world;
         for (size_t j = 0; j < pieces.size(); ++j, ++ev) {
@@ -1103,23 +1078,10 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
           char* owner_slot = ctx.peer_base[p] + rs_stage + slot_bytes * static_cast<uint64_t>(rank) +
                              static_cast<uint64_t>(r0 * N) * eb;
           size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev), 0, "compute stream",
-                          fmt::format("gemm rows [{},{}) for rank {}{}", g0, g0 + (r1 - r0), p,
-                                      rs_direct ? " (into its slot)" : ""),
-                          tracing);
-          // Traced, a direct piece is also a chunk: its transfer is the GEMM's stores.
-          const size_t xc = rs_direct
-                                ? mark(s, TraceKind::kChunk, static_cast<int64_t>(ev), 1, "NVLink stores (GEMM)",
-                                       fmt::format("partial rows [{},{}) -> rank {}", g0, g0 + (r1 - r0), p), tracing)
-                                : 0;
-          gemm(s, at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp,
-               rs_direct ? owner_slot : at(scratch, static_cast<uint64_t>(g0 * N) * eb), r1 - r0, k_local, 0, N,
-               Blas::kLt);
-          if (rs_direct) mark_end(xc, s, tracing);
+                          fmt::format("gemm rows [{},{}) for rank {}", g0, g0 + (r1 - r0), p), tracing);
+          gemm(s, at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp, at(scratch, static_cast<uint64_t>(g0 * N) * eb),
+               r1 - r0, k_local, 0, N, Blas::kLt);
           mark_end(x, s, tracing);
-          if (rs_direct) {  // the GEMM has completed (stream order): its stores are out
-            signal(p, sig_off, 1, s);
-            continue;
-          }
           WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[ev], s));
           WEFT_CUDA_CHECK(cudaStreamWaitEvent(cs, ev_piece[ev], 0));
           x = mark(cs, TraceKind::kChunk, static_cast<int64_t>(ev), 1, engine_name(),
@@ -1368,6 +1330,14 @@ void GemmOverlap::run_gemm_only(const void* a, const void* b, void* c, void* str
 #else
   (void)stream;
   if (which == GemmAlone::kWeft) throw Error("weft's GEMM alone: not built (CUDA)");
+#endif
+}
+
+bool GemmOverlap::times_every_gemm() const {
+#ifdef WEFT_HAVE_CUDA
+  return impl_->lt && impl_->lt->tuning() == detail::LtGemm::Tune::kAll;
+#else
+  return false;
 #endif
 }
 

@@ -53,7 +53,6 @@ class LtGemm {
   // chosen kernels, fastest in the tuning's back-to-back bursts, were up to 12% slower than
   // GemmEx's in the bench's graph replays; docs/gemm_overlap.md).
   enum class Tune { kOff, kAddOnly, kAll };
-  void set_tuning(Tune t) { tune_ = t; }
   Tune tuning() const { return tune_; }
 
   // Runs the problem. The first time a problem is met outside stream capture (and tuning is
@@ -63,9 +62,12 @@ class LtGemm {
   // drifts over the rounds favours none) as a burst of 3 back-to-back calls, median per
   // candidate; candidate 0 stays unless another is >= 3% faster (timing noise must not switch
   // kernels). This synchronises `s`. In a capture an untuned problem takes candidate 0.
-  void run(const LtProblem& p, const void* a, const void* b, const void* c, void* d, cudaStream_t s);
+  // may_time = false: candidate 0, untimed and nothing recorded (the baselines' plain cuBLAS).
+  void run(const LtProblem& p, const void* a, const void* b, const void* c, void* d, cudaStream_t s,
+           bool may_time = true);
 
-  // What was chosen, for reports: "lt#i of n (x us; first heuristic y us)" per problem.
+  // What was chosen, for reports, one line per problem run with may_time (the others always
+  // run candidate 0).
   std::vector<std::string> report() const;
 
  private:
@@ -73,8 +75,9 @@ class LtGemm {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
     std::vector<cublasLtMatmulHeuristicResult_t> algos;
-    int chosen = -1;      // index into the candidates; -1: untuned (candidate 0 is run)
-    bool gemmex = false;  // candidate 0 is cublasGemmEx, then algos[i - 1]
+    int chosen = -1;       // index into the candidates; -1: untuned (candidate 0 is run)
+    bool gemmex = false;   // candidate 0 is cublasGemmEx, then algos[i - 1]
+    bool tunable = false;  // run with may_time at least once (report() lists it)
     std::vector<double> us;
   };
   Entry& entry(const LtProblem& p, const void* a, const void* b, const void* c, const void* d);

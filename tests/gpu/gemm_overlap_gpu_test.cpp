@@ -142,9 +142,7 @@ INSTANTIATE_TEST_SUITE_P(Gpus, GemmOverlapGpu, ::testing::Values(1, 0));
 // shapes) runs a reduce pass after its GEMMs. This runs the same exact checks on the other
 // paths: (1) the own rows copied (WEFT_AG_OWN_IN_PLACE=0) and gemm_rs folded into weft's GEMM
 // epilogue (WEFT_RS_FOLD=1; rows not on 128-row blocks, pieces splitting blocks, N odd: the
-// register epilogue); (2) every decomposed GEMM by cublasGemmEx, untimed (WEFT_GEMM_TUNE=0),
-// and gemm_rs's pieces stored into the owners' slots by the GEMMs instead of copied by the copy
-// engine (WEFT_RS_DIRECT=1);
+// register epilogue); (2) every decomposed GEMM by cublasGemmEx, untimed (WEFT_GEMM_TUNE=0);
 // (3) gemm_rs's cuBLASLt fold, D = A B + the peer's piece (WEFT_RS_FOLD=lt; 2 ranks, else the
 // reduce pass).
 class GemmOverlapGpuOtherPaths : public ::testing::TestWithParam<int> {};
@@ -167,7 +165,6 @@ TEST_P(GemmOverlapGpuOtherPaths, EveryMethodIsExact) {
         set("WEFT_RS_FOLD", "1");
       } else if (path == 2) {
         set("WEFT_GEMM_TUNE", "0");
-        set("WEFT_RS_DIRECT", "1");
       } else {
         set("WEFT_RS_FOLD", "lt");
       }
@@ -194,10 +191,9 @@ TEST_P(GemmOverlapGpuOtherPaths, EveryMethodIsExact) {
     }
     if (b->rank() == 0)
       std::printf("[gpu] %s: %d ranks, %d exact checks passed\n",
-                  path == 1 ? "ag_gemm own rows copied, gemm_rs folded into weft's GEMM"
-                  : path == 2
-                      ? "decomposed GEMMs by cublasGemmEx, untimed; gemm_rs pieces stored into their owners' slots"
-                      : "gemm_rs folded into cuBLASLt's epilogue (2 ranks)",
+                  path == 1   ? "ag_gemm own rows copied, gemm_rs folded into weft's GEMM"
+                  : path == 2 ? "decomposed GEMMs by cublasGemmEx, untimed"
+                              : "gemm_rs folded into cuBLASLt's epilogue (2 ranks)",
                   w, checks);
     WEFT_CUDA_CHECK(cudaStreamDestroy(s));
   }));

@@ -5,9 +5,9 @@
 #   device: bash tools/gpu/lt_check.sh .gpu        (kind nvidia-h200-x2, carry .gpu)
 # GEMM+communication GPU tests, then `weft bench` of ag_gemm and gemm_rs (defaults), gemm_rs
 # with --chunks 1 / 2 / 4, with the reduce pass (WEFT_RS_FOLD=0), with cuBLASLt's fold on every
-# shape (lt), with the GEMMs storing into the owners' slots (direct: WEFT_RS_DIRECT=1), gemm_ar,
+# shape (lt), gemm_ar,
 # and everything untuned (WEFT_GEMM_TUNE=0 WEFT_RS_FOLD=0: the earlier default).
-# SKIP_TESTS=1 leaves the tests out; VARIANTS="default c1 c2 c4 nofold lt direct ar untuned" picks
+# SKIP_TESTS=1 leaves the tests out; VARIANTS="default c1 c2 c4 nofold lt ar untuned" picks
 # bench runs. One archive in $OUT.
 set -uo pipefail
 BIN=${1:-.gpu}
@@ -33,7 +33,7 @@ bench() {  # name op env... -- args...
     2> "$OUT/$name/bench_${op}_progress.log" || status=1
   grep -E "^MxKxN|^[0-9]+x" "$OUT/$name/bench_$op.log"
 }
-for v in ${VARIANTS:-default c1 c2 c4 nofold lt direct ar untuned}; do
+for v in ${VARIANTS:-default c1 c2 c4 nofold lt ar untuned}; do
   case $v in
     default) bench default ag_gemm WEFT_X=1; bench default gemm_rs WEFT_X=1 ;;
     c1) bench c1 gemm_rs WEFT_X=1 -- --chunks 1 ;;
@@ -41,7 +41,6 @@ for v in ${VARIANTS:-default c1 c2 c4 nofold lt direct ar untuned}; do
     c4) bench c4 gemm_rs WEFT_X=1 -- --chunks 4 ;;
     nofold) bench nofold gemm_rs WEFT_RS_FOLD=0 ;;
     lt) bench lt gemm_rs WEFT_RS_FOLD=lt ;;
-    direct) bench direct gemm_rs WEFT_RS_DIRECT=1 ;;
     ar) bench ar gemm_ar WEFT_X=1 ;;
     untuned) bench untuned ag_gemm WEFT_GEMM_TUNE=0 WEFT_RS_FOLD=0
              bench untuned gemm_rs WEFT_GEMM_TUNE=0 WEFT_RS_FOLD=0 ;;

@@ -111,6 +111,8 @@ class GemmOverlap {
                      GemmAlone which = GemmAlone::kCublas);
   // The cuBLASLt choices made so far (GPU), one line per GEMM problem: for reports.
   std::vector<std::string> gemm_choices() const;
+  // Whether every decomposed GEMM is timed among cuBLAS's candidates (WEFT_GEMM_TUNE=1; GPU).
+  bool times_every_gemm() const;
 
   // Methods this build and backend can run (fused only when fused_available() on GPUs).
   std::vector<GemmMethod> available_methods() const;
