@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <memory>
 
 #include "weft/bench/devapi_bench.hpp"
 #include "weft/bench/shape.hpp"
@@ -86,9 +87,14 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
   res.backend = to_string(b.kind());
   res.world = world;
   res.data = opt.data;
-  res.timing = gpu ? "CUDA graphs of several calls, GPUs lined up by a device barrier before each replay, median of "
-                     "replays, slowest rank; inputs not rotated (they stay in L2 only for the smallest shapes)"
-                   : "host backend: eager calls, wall clock, median of 3, slowest rank (CPU numbers)";
+  res.timing =
+      (gpu ? std::string(
+                 "CUDA graphs of several calls, GPUs lined up by a device barrier before each replay, median of "
+                 "replays, slowest rank; inputs not rotated (they stay in L2 only for the smallest shapes); ")
+           : std::string("host backend: eager calls, wall clock, median of 3, slowest rank (CPU numbers); ")) +
+      (opt.sequential ? "sequential: each column's replays back to back, then its check against the baseline"
+                      : "interleaved: a warm-up round, then rounds of one replay of every column (odd rounds "
+                        "reversed); checks against the baseline after the timing");
   [[maybe_unused]] const auto bar = b.heap().alloc_barrier("bench.gemm_overlap.bar");
 
   for (const std::string& shape : shapes) {
@@ -148,50 +154,85 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
                          static_cast<double>(op.a_cols());
     const ops::AutoChoice& ac = op.auto_choice();
     [[maybe_unused]] const double predicted = std::max(ac.predicted_baseline_us, 1.0);
-    // Times `call` (a whole op call); returns the slowest rank's median in us, or a note.
-    auto timed = [&](const std::function<void()>& call, std::string& note) -> double {
-      double mine = 0;
-      bool ok = true;
+    // One column of the table: its call; after the first call, its graph (GPU) and its times.
+    struct Column {
+      std::string method;  // baseline, gemm_only, gemm_only_tuned, gemm_only_weft, decomposed, fused, auto
+      std::function<void()> call;
+      bool checked = false;  // output compared with the baseline's
+      bool ran = false;
+      int chunks = 0;
+      std::string note;
+      std::vector<double> us;
+#ifdef WEFT_HAVE_CUDA
+      std::unique_ptr<ReplayGraph> graph;
+#endif
+    };
+    std::vector<Column> cols;
+    auto method_col = [&](GemmMethod m) {
+      Column col;
+      col.method = ops::to_string(m);
+      col.call = [&, m] { op.run(a, w, c, {.method = m, .stream = s}); };
+      col.checked = m != GemmMethod::kBaseline;
+      return col;
+    };
+    auto gemm_col = [&](const char* name, ops::GemmOverlap::GemmAlone kind) {
+      Column col;
+      col.method = name;
+      col.call = [&, kind] { op.run_gemm_only(a, w, c, s, kind); };
+      return col;
+    };
+    cols.push_back(method_col(GemmMethod::kBaseline));
+    cols.push_back(gemm_col("gemm_only", ops::GemmOverlap::GemmAlone::kCublas));
+    if (gpu) {
+      // With WEFT_GEMM_TUNE=1 (decomposed's GEMMs on the fastest of cuBLAS's candidates,
+      // timed): the GEMM alone so chosen, the ceiling for a method whose GEMMs are tuned.
+      if (op.times_every_gemm()) cols.push_back(gemm_col("gemm_only_tuned", ops::GemmOverlap::GemmAlone::kCublasTuned));
+      // weft's GEMM alone, timed the same way: what the fused methods' GEMM costs without
+      // communication (sm_90 GPUs only).
+      cols.push_back(gemm_col("gemm_only_weft", ops::GemmOverlap::GemmAlone::kWeft));
+    }
+    for (GemmMethod m : {GemmMethod::kDecomposed, GemmMethod::kFused, GemmMethod::kAuto}) cols.push_back(method_col(m));
+
+    // 1. Each column's first call (allocations, cuBLAS's timed choices; outside any capture),
+    //    then its graph. A column that cannot run keeps its reason; every rank fails alike
+    //    (shape or build), or none does.
+    [[maybe_unused]] const int per_graph = predicted < 300 ? 10 : predicted < 3000 ? 3 : 2;
+    for (Column& col : cols) {
       try {
-        call();  // the first call of a method: allocations, outside any capture
+        col.call();
+        col.ran = true;
       } catch (const TimeoutError&) {
         throw;
       } catch (const Error& e) {
-        ok = false;
-        note = e.what();
+        col.note = e.what();
       }
-      // Every rank fails alike (shape or build), or none does.
-      if (!ok) return 0;
-      std::vector<double> us;
-      if (gpu) {
+      if (!col.ran) continue;
+      if (col.method == "auto")
+        col.note = fmt::format("chose {} (chunks {}) from {}", ops::to_string(op.auto_choice().method), op.chunks(),
+                               op.auto_choice().source);
+      if (col.method == "decomposed")
+        for (const std::string& g : op.gemm_choices()) col.note += (col.note.empty() ? "cuBLASLt " : "; ") + g;
+      if (col.method == "decomposed" || col.method == "auto") col.chunks = op.chunks();
 #ifdef WEFT_HAVE_CUDA
+      if (gpu) {
         WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
         b.synchronize();
         b.barrier();
-        const int per_graph = predicted < 300 ? 10 : predicted < 3000 ? 3 : 2;
-        us = time_graph_replays(b, bar, stream, e0, e1, per_graph, opt.quick ? 3 : 10, 200000, call);
-#endif
-      } else {
-        for (int r = 0; r < 3; ++r) {
-          b.barrier();
-          const auto t0 = std::chrono::steady_clock::now();
-          call();
-          us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-        }
+        col.graph = std::make_unique<ReplayGraph>(stream, per_graph, col.call);
       }
-      mine = median(us);
-      return max_over_ranks(b, mine);
+#endif
+    }
+    // One timed run of a column: a barrier-lined graph replay (GPU), an eager call (host).
+    auto run_once = [&](Column& col) -> double {
+#ifdef WEFT_HAVE_CUDA
+      if (gpu) return col.graph->timed_replay(b, bar, e0, e1, 200000);
+#endif
+      b.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      col.call();
+      return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     };
-    std::map<std::string, double> measured;
-    auto add = [&](const std::string& method, double us, int chunks, std::string note) {
-      OverlapPoint p{opt.op, d.m, d.k, d.n, method, us, us > 0 ? flops / (us * 1e6) : 0, chunks, std::move(note)};
-      if (us > 0) measured[method] = us;
-      if (opt.progress)
-        opt.progress(fmt::format("{} {} {}: {}", opt.op, shape, method,
-                                 us > 0 ? fmt::format("{:.1f} us", us) : "did not run (" + p.note + ")"));
-      res.points.push_back(std::move(p));
-    };
-    // This rank's C after the last call (the timed replays ran the same inputs).
+    // This rank's C after the column's last call or replay.
     auto fetch_c = [&]() {
       std::vector<uint16_t> out(nc);
 #ifdef WEFT_HAVE_CUDA
@@ -204,53 +245,66 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
       std::memcpy(out.data(), c, nc * 2);
       return out;
     };
+    // The baseline's output, then each checked column's against it (every rank, collectively):
+    // its graph replayed once more (the same inputs), so what is checked is what was timed.
     std::vector<uint16_t> c_base;
-    auto run_method = [&](GemmMethod m) {
-      std::string note;
-      const double us = timed([&] { op.run(a, w, c, {.method = m, .stream = s}); }, note);
-      // Correct against the baseline on the same inputs (every rank, collectively).
-      double err = -1;
-      if (m == GemmMethod::kBaseline) {
-        if (us > 0) c_base = fetch_c();
+    std::map<std::string, double> errs;
+    auto check = [&](Column& col) {
+      if (!col.ran || (!col.checked && col.method != "baseline")) return;
+      run_once(col);
+      if (col.method == "baseline") {
+        c_base = fetch_c();
       } else if (!c_base.empty()) {
-        const double mine = us > 0 ? relative_error_bf16(fetch_c(), c_base) : 0.0;
-        err = max_over_ranks(b, mine);
-        if (us <= 0) err = -1;
+        errs[col.method] = max_over_ranks(b, relative_error_bf16(fetch_c(), c_base));
       }
-      if (m == GemmMethod::kAuto)
-        note = fmt::format("chose {} (chunks {}) from {}", ops::to_string(op.auto_choice().method), op.chunks(),
-                           op.auto_choice().source);
-      if (m == GemmMethod::kDecomposed && us > 0)
-        for (const std::string& g : op.gemm_choices()) note += (note.empty() ? "cuBLASLt " : "; ") + g;
-      const double tol = overlap_bench_tolerance(opt.op, world);
-      if (err > tol)
-        note += fmt::format("{}WRONG: relative error {:.3g} against the baseline", note.empty() ? "" : "; ", err);
-      add(ops::to_string(m), us, m == GemmMethod::kDecomposed || m == GemmMethod::kAuto ? op.chunks() : 0, note);
-      res.points.back().rel_err = err;
-      res.points.back().tolerance = err >= 0 ? tol : 0;
     };
-    run_method(GemmMethod::kBaseline);
-    {
-      std::string note;
-      add("gemm_only", timed([&] { op.run_gemm_only(a, w, c, s); }, note), 0, note);
-      if (gpu) {
-        // With WEFT_GEMM_TUNE=1 (decomposed's GEMMs on the fastest of cuBLAS's candidates,
-        // timed): the GEMM alone so chosen, the ceiling for a method whose GEMMs are tuned.
-        if (op.times_every_gemm()) {
-          std::string tnote;
-          add("gemm_only_tuned",
-              timed([&] { op.run_gemm_only(a, w, c, s, ops::GemmOverlap::GemmAlone::kCublasTuned); }, tnote), 0, tnote);
-        }
-        // weft's GEMM alone, timed the same way: what the fused methods' GEMM costs without
-        // communication (sm_90 GPUs only).
-        std::string wnote;
-        add("gemm_only_weft", timed([&] { op.run_gemm_only(a, w, c, s, ops::GemmOverlap::GemmAlone::kWeft); }, wnote),
-            0, wnote);
+
+    // 2. The timed runs. Interleaved (default): one warm-up round, then rounds of one run of
+    //    each column (odd rounds in reverse order), so a clock or power drift reaches every
+    //    column alike. Sequential (--sequential, the protocol of the runs before 2026-11-22
+    //    12:40): each column's runs back to back, then its check.
+    const int reps = gpu ? (opt.quick ? 3 : 15) : 3;
+    if (opt.sequential) {
+      for (Column& col : cols) {
+        if (!col.ran) continue;
+        run_once(col);  // warm-up
+        for (int r = 0; r < reps; ++r) col.us.push_back(run_once(col));
+        check(col);
       }
+    } else {
+      for (int r = -1; r < reps; ++r)
+        for (size_t i = 0; i < cols.size(); ++i) {
+          Column& col = cols[r % 2 ? cols.size() - 1 - i : i];
+          if (!col.ran) continue;
+          const double us = run_once(col);
+          if (r >= 0) col.us.push_back(us);
+        }
+      for (Column& col : cols) check(col);
     }
-    run_method(GemmMethod::kDecomposed);
-    run_method(GemmMethod::kFused);
-    run_method(GemmMethod::kAuto);
+
+    // 3. The table's points: the slowest rank's median per column.
+    std::map<std::string, double> measured;
+    const double tol = overlap_bench_tolerance(opt.op, world);
+    for (Column& col : cols) {
+      const double us = col.ran ? max_over_ranks(b, median(col.us)) : 0;
+      OverlapPoint p{opt.op, d.m, d.k, d.n, col.method, us, us > 0 ? flops / (us * 1e6) : 0, col.chunks, col.note};
+      if (errs.count(col.method)) {
+        p.rel_err = errs[col.method];
+        p.tolerance = tol;
+        if (p.rel_err > tol)
+          p.note +=
+              fmt::format("{}WRONG: relative error {:.3g} against the baseline", p.note.empty() ? "" : "; ", p.rel_err);
+      }
+      if (us > 0) measured[col.method] = us;
+      if (opt.progress)
+        opt.progress(fmt::format("{} {} {}: {}", opt.op, shape, col.method,
+                                 us > 0 ? fmt::format("{:.1f} us", us) : "did not run (" + p.note + ")"));
+      res.points.push_back(std::move(p));
+    }
+#ifdef WEFT_HAVE_CUDA
+    cols.clear();  // the graphs, before the buffers they name
+    if (gpu) b.synchronize();
+#endif
 
     if (opt.tune && b.rank() == 0) {
       std::string best;

@@ -5,33 +5,46 @@
 
 namespace weft::bench {
 
+ReplayGraph::ReplayGraph(cudaStream_t stream, int per_graph, const std::function<void()>& call)
+    : stream_(stream), per_graph_(per_graph) {
+  WEFT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < per_graph; ++i) call();
+  WEFT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph_));
+  WEFT_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+}
+
+ReplayGraph::~ReplayGraph() {
+  if (exec_) cudaGraphExecDestroy(exec_);
+  if (graph_) cudaGraphDestroy(graph_);
+}
+
+void ReplayGraph::launch() { WEFT_CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+
+double ReplayGraph::timed_replay(Backend& b, dev::BarrierHandle bar, cudaEvent_t e0, cudaEvent_t e1,
+                                 uint64_t sleep_ns) {
+  // Line the GPUs up, then keep the stream busy while the host enqueues the timed graph:
+  // neither rank skew nor launch latency lands inside the events.
+  WEFT_CUDA_CHECK(kernels::device_barrier(b.ctx(), bar, stream_));
+  WEFT_CUDA_CHECK(kernels::device_sleep(sleep_ns, stream_));
+  WEFT_CUDA_CHECK(cudaEventRecord(e0, stream_));
+  launch();
+  WEFT_CUDA_CHECK(cudaEventRecord(e1, stream_));
+  WEFT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  float ms = 0;
+  WEFT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  return ms * 1e3 / per_graph_;
+}
+
 std::vector<double> time_graph_replays(Backend& b, dev::BarrierHandle bar, cudaStream_t stream, cudaEvent_t e0,
                                        cudaEvent_t e1, int per_graph, int reps, uint64_t sleep_ns,
                                        const std::function<void()>& call) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  WEFT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < per_graph; ++i) call();
-  WEFT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  WEFT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  WEFT_CUDA_CHECK(cudaGraphLaunch(exec, stream));  // warm-up
-  WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
   std::vector<double> us;
-  for (int r = 0; r < reps; ++r) {
-    // Line the GPUs up, then keep the stream busy while the host enqueues the timed graph:
-    // neither rank skew nor launch latency lands inside the events.
-    WEFT_CUDA_CHECK(kernels::device_barrier(b.ctx(), bar, stream));
-    WEFT_CUDA_CHECK(kernels::device_sleep(sleep_ns, stream));
-    WEFT_CUDA_CHECK(cudaEventRecord(e0, stream));
-    WEFT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    WEFT_CUDA_CHECK(cudaEventRecord(e1, stream));
+  {
+    ReplayGraph g(stream, per_graph, call);
+    g.launch();  // warm-up
     WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
-    float ms = 0;
-    WEFT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    us.push_back(ms * 1e3 / per_graph);
+    for (int r = 0; r < reps; ++r) us.push_back(g.timed_replay(b, bar, e0, e1, sleep_ns));
   }
-  WEFT_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  WEFT_CUDA_CHECK(cudaGraphDestroy(graph));
   b.synchronize();
   return us;
 }

@@ -456,6 +456,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     // or, with waits at the epilogue, 2 before the last (once the producer met the waits).
     const int src_kb = epi_waits ? (kblocks > 2 ? kblocks - 2 : 0) : (kblocks > 2 ? 2 : kblocks - 1);
     uint32_t waits_met = 0;  // completions of waitbar waited for
+    // GemmHooks::notify_deferred: the position whose notify waits for its stores to complete
+    // (met 2 k-blocks before the end of the next position's main loop, before that position's
+    // epilogue waits, or at the end), so the stores drain -- over NVLink, for a peer's buffer --
+    // while the next tile computes. Uniform over the warpgroup; tid 0 notifies.
+    int pending = -1;
+    const int flush_kb = kblocks > 2 ? kblocks - 2 : 0;
+    auto flush_notify = [&]() {
+      if (pending < 0) return;
+      if (tid == 0) {
+        bulk_wait0();  // this warpgroup's stores of that tile are complete
+        fence_proxy_async_global();
+        hook_notify(p, pending);
+      }
+      pending = -1;
+    };
     for (int pos = first; pos < p.num_positions; pos += step) {
       int mb, nb;
       tile_coords(p, pos, mb, nb);
@@ -467,6 +482,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t ph = (it / kStages) & 1u;
         mbar_wait(&full[s], ph);
         if (kb == 0 && p.hooks.trace && wg == 0 && tid == 0) p.hooks.trace[3 * pos] = globaltimer();
+        if (kb == flush_kb) flush_notify();
         if (kb == src_kb && epi_waits) {
           // The producer met this tile's waits (GemmHooks::wait_at_epilogue): the main loop ran
           // while the peers' data came; every thread's source reads come after this.
@@ -608,7 +624,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           bulk_commit();
         }
       }
-      if (p.hooks.notify_idx && tid == 0) {
+      if (p.hooks.notify_idx && p.hooks.notify_deferred) {
+        pending = pos;
+      } else if (p.hooks.notify_idx && tid == 0) {
         bulk_wait0();  // this warpgroup's stores of the tile are complete
         fence_proxy_async_global();
         hook_notify(p, pos);
@@ -619,6 +637,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     if (tid == 0) bulk_wait0();
+    flush_notify();
   }
   // Neither CTA of a pair leaves while the other may still multicast into it or arrive on
   // its barriers.

@@ -332,6 +332,7 @@ struct GemmOverlap::Impl {
   void gpu_baseline(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   void gpu_decomposed(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   void gpu_fused(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
+  bool last_call_fused = false;  // the previous call ran the fused method (FusedArgs::follows_other)
   void begin(cudaStream_t s, bool tracing);
   size_t mark(cudaStream_t s, TraceKind kind, int64_t id, int lane, const char* lane_name, std::string name,
               bool tracing);
@@ -1176,6 +1177,7 @@ void GemmOverlap::Impl::gpu_fused(const void* a, const void* bp, void* c, cudaSt
   A.b = bp;
   A.c = c;
   A.epoch = ++f_epoch;
+  A.follows_other = last_call_fused ? 0 : 1;
   A.ctx = b.ctx();
   A.stream = s;
   A.trace = nullptr;
@@ -1295,6 +1297,7 @@ void GemmOverlap::run(const void* a, const void* b, void* c, const GemmRunOption
   if (I.b.kind() == BackendKind::kHost) return I.run_host(m, a, b, c, opt.trace);
 #ifdef WEFT_HAVE_CUDA
   I.run_gpu(m, a, b, c, static_cast<cudaStream_t>(opt.stream), opt.trace);
+  I.last_call_fused = m == GemmMethod::kFused;
 #endif
 }
 

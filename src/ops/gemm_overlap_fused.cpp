@@ -129,6 +129,7 @@ struct State {
   // gemm_rs, copy-engine fold (build_rs_ce): pieces per peer block, rows per piece, the
   // counters' layout, and whether the GEMM is one launch over all M (else one per block).
   bool ce_fold = false;
+  bool direct = false;  // gemm_rs, direct stores (build_rs_direct)
   int pieces = 0;
   int64_t piece_rows = 0;
   int recv_base = 0;                     // counters [0, recv_base): local piece counts
@@ -179,11 +180,19 @@ bool fused_rs_chain() {
 // consecutive row blocks (8 for single CTAs; 16, even, for CTA pairs, so positions 2q, 2q+1
 // are consecutive blocks of one N-block), N-blocks outer, row blocks inner, so a wave of CTAs
 // shares B tiles in L2 (as the plain GEMM's raster does).
+// `ends` (optional): segment ends in `blocks` (ascending, the last = blocks.size()); a group
+// never spans two segments (blocks that arrive at different times: a group mixing them would
+// put tiles that wait into the first wave).
 template <class F>
-void grouped(const std::vector<int>& blocks, int tiles_n, F&& emit, size_t group = 8) {
-  for (size_t g = 0; g < blocks.size(); g += group)
-    for (int nb = 0; nb < tiles_n; ++nb)
-      for (size_t i = g; i < std::min(blocks.size(), g + group); ++i) emit(blocks[i], nb, i);
+void grouped(const std::vector<int>& blocks, int tiles_n, F&& emit, size_t group = 8, std::vector<size_t> ends = {}) {
+  if (ends.empty()) ends.push_back(blocks.size());
+  size_t begin = 0;
+  for (size_t end : ends) {
+    for (size_t g = begin; g < end; g += group)
+      for (int nb = 0; nb < tiles_n; ++nb)
+        for (size_t i = g; i < std::min(end, g + group); ++i) emit(blocks[i], nb, i);
+    begin = end;
+  }
 }
 
 int gemm_ctas() {
@@ -386,12 +395,35 @@ void build_ag(const FusedArgs& A, State& st) {
   // single CTAs, groups of 8.
   const char* pairs_env = std::getenv("WEFT_FUSED_PAIRS");
   st.cluster = pairs_env && pairs_env[0] == '0' ? 1 : 2;
+  // Segments: runs of blocks that wait for the same peers (this rank's own rows, then each
+  // peer's shard as the plan orders them). Grouping across a boundary put the peer's tiles into
+  // the first wave, waiting for data, when a shard is smaller than a group (ag_gemm
+  // 2048x4096x4096 on 2 ranks: 8 own blocks, groups of 16; 2xH200, 2026-11-22). With CTA
+  // pairs a segment ends on an even position (a pair never spans two M-block sets of
+  // different arrival, except the one straddling an odd boundary).
+  auto segment_ends = [&](const std::vector<int>& blocks, size_t align) {
+    std::vector<size_t> ends;
+    auto peers_of = [&](int mb) {
+      std::set<int> p;
+      if (mb < tiles_m)
+        for (auto [sig, th] : block_waits[mb])
+          if (th > 0 && !local_sigs.count(sig)) p.insert(sig < nsig ? producer[sig] : -1);
+      return p;
+    };
+    for (size_t i = 1; i < blocks.size(); ++i)
+      if (peers_of(blocks[i]) != peers_of(blocks[i - 1])) {
+        const size_t e = (i + align - 1) / align * align;
+        if (e < blocks.size() && (ends.empty() || e > ends.back())) ends.push_back(e);
+      }
+    ends.push_back(blocks.size());
+    return ends;
+  };
   if (st.cluster == 2) {
     std::vector<int> blocks = block_order;
     if (blocks.size() % 2) blocks.push_back(tiles_m);  // the phantom
-    grouped(blocks, tiles_n, emit, 16);
+    grouped(blocks, tiles_n, emit, 16, segment_ends(blocks, 2));
   } else {
-    grouped(block_order, tiles_n, emit);
+    grouped(block_order, tiles_n, emit, 8, segment_ends(block_order, 1));
   }
   upload_schedule(st, order, wbegin, widx, wpeer, wait_per_epoch);
 }
@@ -815,6 +847,115 @@ void run_rs_ce(const FusedArgs& A, State& st, cudaStream_t s) {
   WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, st.join, 0));
 }
 
+// ---- gemm_rs: direct stores (WEFT_FUSED_RS_DIRECT=1; 2 ranks, M / 2 on 128-row blocks) ----
+// One persistent GEMM over all M, no copies, no side stream: the peer's block first, each tile
+// stored straight into this rank's staging slot on the peer (TMA store over NVLink) and counted
+// on the peer (per M-block, 2 notifies a tile, deferred: the stores drain while the next tile
+// computes -- GemmHooks::notify_deferred); then this rank's own block, each tile waiting at its
+// epilogue for the peer's count of its M-block and adding the peer's tile from the local slot
+// (a GEMM source) into C. The slot is reused by the next call: the peer's tiles of call c wait
+// (at their epilogue) until this rank's own tiles of call c - 1 have read it -- each own tile
+// counts on the peer's "free" counter of its M-block, which starts at one call's worth.
+// Counters: [0, 2 blocks): received from rank q at q * blocks + b; [2 blocks, 3 blocks): free.
+bool fused_rs_direct() {
+  const char* e = std::getenv("WEFT_FUSED_RS_DIRECT");
+  return e && e[0] == '1' && e[1] == '\0';
+}
+
+bool rs_direct_fits(const FusedArgs& A) {
+  return A.ctx.world == 2 && A.m % 2 == 0 && (A.m / 2) % kernels::kGemmTileM == 0 && A.stage_off != 0;
+}
+
+void build_rs_direct(const FusedArgs& A, State& st) {
+  const int me = A.ctx.rank, peer = 1 - me;
+  constexpr int64_t TM = kernels::kGemmTileM;
+  const int64_t ms = A.m / 2;
+  const int tiles_n = kernels::gemm_tiles_n(static_cast<int>(A.n));
+  const int blocks = static_cast<int>(ms / TM);
+  const int free_base = 2 * blocks;
+  WEFT_REQUIRE(static_cast<int64_t>(A.counters.count) >= 3 * blocks,
+               fmt::format("fused gemm_rs (direct): {} counters, need {}", A.counters.count, 3 * blocks));
+  st.direct = true;
+  st.cluster = blocks % 2 == 0 ? 2 : 1;
+  const uint64_t per_block = static_cast<uint64_t>(kernels::kGemmNotifyPerTile) * static_cast<uint64_t>(tiles_n);
+  std::vector<int32_t> order, nidx, nrank;
+  std::vector<int8_t> dest;
+  for (int q : {peer, me}) {
+    const bool own = q == me;
+    std::vector<int> bl;
+    for (int b = 0; b < blocks; ++b) bl.push_back(q * blocks + b);
+    grouped(
+        bl, tiles_n,
+        [&](int mb, int nb, size_t) {
+          const int b = mb - q * blocks;
+          order.push_back(mb * tiles_n + nb);
+          dest.push_back(static_cast<int8_t>(own ? 0 : 1));
+          // The peer's tiles: received on the peer; the own tiles: the slot read, free on the peer.
+          nidx.push_back(own ? free_base + b : me * blocks + b);
+          nrank.push_back(peer);
+        },
+        std::min<size_t>(bl.size(), 16));
+  }
+  const int kernel_positions = kernels::gemm_positions(static_cast<int>(A.m), static_cast<int>(A.n), st.cluster);
+  WEFT_REQUIRE(static_cast<int>(order.size()) == kernel_positions,
+               fmt::format("fused gemm_rs (direct): the table has {} positions, the GEMM runs {}", order.size(),
+                           kernel_positions));
+  // Waits per global M-block: the peer's blocks wait until the slot is free, the own blocks until
+  // the peer's tiles of them arrived; thresholds per call (the kernel scales by the call count).
+  std::vector<int32_t> wbegin{0}, widx, wpeer;
+  std::vector<uint64_t> wval;
+  for (int mb = 0; mb < 2 * blocks; ++mb) {
+    const bool own = mb / blocks == me;
+    widx.push_back(own ? peer * blocks + (mb - me * blocks) : free_base + (mb - peer * blocks));
+    wval.push_back(per_block);
+    wpeer.push_back(peer);
+    wbegin.push_back(static_cast<int32_t>(widx.size()));
+  }
+  st.launches.clear();
+  st.launches.push_back({-1, 0, static_cast<int>(order.size())});
+  upload_schedule(st, order, {0}, widx, wpeer, wval);
+  st.own_wait_begin = upload(wbegin);
+  st.dest = upload(dest);
+  st.notify_idx = upload(nidx);
+  st.notify_rank = upload(nrank);
+  // The free counters start at one call's worth (the first call's tiles find the slot free).
+  // Before any GEMM of this op on either rank could count on them: the peer's own tiles count
+  // only after this rank's first GEMM delivered their rows, which is launched after this.
+  const std::vector<uint64_t> init(static_cast<size_t>(blocks), per_block);
+  WEFT_CUDA_CHECK(cudaMemcpy(A.ctx.ptr<uint64_t>(me, slot_off(A, free_base)), init.data(),
+                             init.size() * sizeof(uint64_t), cudaMemcpyHostToDevice));
+}
+
+void run_rs_direct(const FusedArgs& A, State& st, cudaStream_t s) {
+  const int me = A.ctx.rank, peer = 1 - me;
+  const int64_t ms = A.m / 2;
+  const uint64_t slot_bytes = static_cast<uint64_t>(ms * A.n) * 2;
+  WEFT_CUDA_CHECK(kernels::overlap_epoch_bump(A.ctx, A.epoch_off, s));
+  // After a call of another method the peer may still read its slot (no fused call counted it
+  // free): both ranks finish what came before first.
+  if (A.follows_other) WEFT_CUDA_CHECK(kernels::device_barrier(A.ctx, A.barrier, s));
+  if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.gemm_ev, s));
+  kernels::GemmHooks h = gemm_hooks(A, st, A.counters.offset, 0, true);
+  h.wait_begin = st.own_wait_begin;
+  h.wait_per_mblock = true;
+  h.wait_at_epilogue = true;
+  h.notify_deferred = true;
+  kernels::GemmArgs g = gemm_args(A, A.a, A.k_local);
+  g.cluster_m = st.cluster;
+  g.num_dests = 2;
+  g.c[0] = A.c;  // this rank's rows
+  g.c_row0[0] = me * ms;
+  g.c_rows[0] = ms;
+  g.c[1] = A.ctx.ptr<char>(peer, A.stage_off) + slot_bytes * static_cast<uint64_t>(me);  // on the peer
+  g.c_row0[1] = peer * ms;
+  g.c_rows[1] = ms;
+  g.src[g.num_src++] = A.ctx.ptr<const char>(me, A.stage_off) + slot_bytes * static_cast<uint64_t>(peer);
+  g.ld_src = A.n;
+  g.src_row0 = me * ms;
+  g.src_rows = ms;
+  launch_gemm(g, h, s, "gemm_rs");
+}
+
 // Converts the GEMM's per-position globaltimer stamps and the side stream's CUDA events into
 // TraceRecords (events are placed on the globaltimer axis through the GEMM launch event and
 // the first tile's start: an offset, good to a few microseconds).
@@ -876,6 +1017,8 @@ void run_fused(const FusedArgs& A) {
       build_ag(A, *st);
       for (const auto& t : st->transfers)  // -1: own rows read in place, never copied
         st->chunk_id.push_back(st->own_in_place && t.dst_rank == A.ctx.rank ? -1 : t.chunk);
+    } else if (A.op == Op::kGemmRs && !fused_rs_chain() && fused_rs_direct() && rs_direct_fits(A)) {
+      build_rs_direct(A, *st);
     } else if (A.op == Op::kGemmRs && !fused_rs_chain()) {
       build_rs_ce(A, *st);
     } else {
@@ -888,6 +1031,8 @@ void run_fused(const FusedArgs& A) {
   State& st = *slot;
   if (A.op == Op::kAgGemm)
     run_ag(A, st, s);
+  else if (st.direct)
+    run_rs_direct(A, st, s);
   else if (st.ce_fold)
     run_rs_ce(A, st, s);
   else

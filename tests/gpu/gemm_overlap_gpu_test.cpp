@@ -144,7 +144,8 @@ INSTANTIATE_TEST_SUITE_P(Gpus, GemmOverlapGpu, ::testing::Values(1, 0));
 // epilogue (WEFT_RS_FOLD=1; rows not on 128-row blocks, pieces splitting blocks, N odd: the
 // register epilogue); (2) every decomposed GEMM by cublasGemmEx, untimed (WEFT_GEMM_TUNE=0);
 // (3) gemm_rs's cuBLASLt fold, D = A B + the peer's piece (WEFT_RS_FOLD=lt; 2 ranks, else the
-// reduce pass).
+// reduce pass); (4) the fused gemm_rs storing the peer's tiles straight into its slot
+// (WEFT_FUSED_RS_DIRECT=1; 2 ranks and M / 2 on 128-row blocks, else the copy-engine fold).
 class GemmOverlapGpuOtherPaths : public ::testing::TestWithParam<int> {};
 
 TEST_P(GemmOverlapGpuOtherPaths, EveryMethodIsExact) {
@@ -165,8 +166,10 @@ TEST_P(GemmOverlapGpuOtherPaths, EveryMethodIsExact) {
         set("WEFT_RS_FOLD", "1");
       } else if (path == 2) {
         set("WEFT_GEMM_TUNE", "0");
-      } else {
+      } else if (path == 3) {
         set("WEFT_RS_FOLD", "lt");
+      } else {
+        set("WEFT_FUSED_RS_DIRECT", "1");
       }
     }
     ~Env() {
@@ -193,13 +196,14 @@ TEST_P(GemmOverlapGpuOtherPaths, EveryMethodIsExact) {
       std::printf("[gpu] %s: %d ranks, %d exact checks passed\n",
                   path == 1   ? "ag_gemm own rows copied, gemm_rs folded into weft's GEMM"
                   : path == 2 ? "decomposed GEMMs by cublasGemmEx, untimed"
-                              : "gemm_rs folded into cuBLASLt's epilogue (2 ranks)",
+                  : path == 3 ? "gemm_rs folded into cuBLASLt's epilogue (2 ranks)"
+                              : "fused gemm_rs with direct stores into the owner (2 ranks)",
                   w, checks);
     WEFT_CUDA_CHECK(cudaStreamDestroy(s));
   }));
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, GemmOverlapGpuOtherPaths, ::testing::Values(1, 2, 3));
+INSTANTIATE_TEST_SUITE_P(Paths, GemmOverlapGpuOtherPaths, ::testing::Values(1, 2, 3, 4));
 
 // Captured once, replayed many times with fresh inputs: the device-side epoch advances inside
 // the graph (decomposed waits; gemm_rs's folded GEMM and the fused ag_gemm / gemm_rs read it as
@@ -209,8 +213,10 @@ INSTANTIATE_TEST_SUITE_P(Paths, GemmOverlapGpuOtherPaths, ::testing::Values(1, 2
 // fused method where the op offers it.
 TEST(GemmOverlapGpuGraph, ReplaysStayExact) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
-  for (const char* fold : {"0", "1", "lt"}) {
-    setenv("WEFT_RS_FOLD", fold, 1);
+  for (const char* fold : {"0", "1", "lt", "lt+direct"}) {
+    const bool direct = std::string(fold) == "lt+direct";
+    setenv("WEFT_RS_FOLD", direct ? "lt" : fold, 1);
+    if (direct) setenv("WEFT_FUSED_RS_DIRECT", "1", 1);
     expect_all_ok(run_gpu(gpus(), [] {
       auto b = make_backend();
       const int w = b->size(), rank = b->rank();
@@ -258,8 +264,61 @@ TEST(GemmOverlapGpuGraph, ReplaysStayExact) {
         }
       WEFT_CUDA_CHECK(cudaStreamDestroy(s));
     }));
+    unsetenv("WEFT_FUSED_RS_DIRECT");
   }
   unsetenv("WEFT_RS_FOLD");
+}
+
+// Calls enqueued back to back, nothing in between, each on its own inputs and output: a rank
+// may run ahead into the next call while its peer still reads what the last one delivered
+// (staging slots, gathered rows), so every guard between calls is exercised -- the copy-engine
+// fold's epoch barrier, the direct stores' slot-free counts, decomposed's waits. Every output
+// exact.
+TEST(GemmOverlapGpuGraph, BackToBackCallsStayExact) {
+  if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
+  for (const char* direct : {"0", "1"}) {
+    setenv("WEFT_FUSED_RS_DIRECT", direct, 1);
+    expect_all_ok(run_gpu(gpus(), [] {
+      auto b = make_backend();
+      const int w = b->size(), rank = b->rank();
+      cudaStream_t s;
+      WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      constexpr int kCalls = 4;
+      int checks = 0;
+      for (const Shape& sh : {Shape{GemmOp::kAgGemm, 256 * w, 128, 264}, Shape{GemmOp::kGemmRs, 512 * w, 128 * w, 520}})
+        for (GemmMethod m : {GemmMethod::kDecomposed, GemmMethod::kFused}) {
+          GemmOverlap op(*b, config(sh, dev::DType::kBF16, BLayout::kNK, 2));
+          const auto avail = op.available_methods();
+          if (std::find(avail.begin(), avail.end(), m) == avail.end()) continue;
+          std::vector<std::unique_ptr<DevBuf>> as, ws, cs;
+          for (int i = 0; i < kCalls; ++i) {
+            const Host h = inputs(op, rank, 100 + i);
+            as.push_back(std::make_unique<DevBuf>(h.a.size() * 2));
+            ws.push_back(std::make_unique<DevBuf>(h.b.size() * 2));
+            cs.push_back(std::make_unique<DevBuf>(static_cast<size_t>(op.c_rows() * op.c_cols()) * 2));
+            WEFT_CUDA_CHECK(cudaMemcpy(as.back()->p, h.a.data(), h.a.size() * 2, cudaMemcpyHostToDevice));
+            WEFT_CUDA_CHECK(cudaMemcpy(ws.back()->p, h.b.data(), h.b.size() * 2, cudaMemcpyHostToDevice));
+            WEFT_CUDA_CHECK(cudaMemset(cs.back()->p, 0xFF, cs.back()->bytes));
+          }
+          WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+          b->barrier();
+          for (int i = 0; i < kCalls; ++i) op.run(as[i]->p, ws[i]->p, cs[i]->p, {.method = m, .stream = s});
+          WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
+          b->synchronize();
+          std::vector<uint16_t> out(static_cast<size_t>(op.c_rows() * op.c_cols()));
+          for (int i = 0; i < kCalls; ++i) {
+            WEFT_CUDA_CHECK(cudaMemcpy(out.data(), cs[i]->p, cs[i]->bytes, cudaMemcpyDeviceToHost));
+            check(op, out, rank, w, 100 + i,
+                  fmt::format("back to back {} {} call {}", to_string(sh.op), to_string(m), i));
+            ++checks;
+          }
+          b->barrier();
+        }
+      if (rank == 0) std::printf("[gpu] back-to-back calls: %d ranks, %d exact outputs\n", w, checks);
+      WEFT_CUDA_CHECK(cudaStreamDestroy(s));
+    }));
+  }
+  unsetenv("WEFT_FUSED_RS_DIRECT");
 }
 
 // A traced call of decomposed (and fused, when available): chunks on the copy engine, GEMMs

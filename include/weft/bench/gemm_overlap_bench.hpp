@@ -51,6 +51,9 @@ struct OverlapBenchOptions {
   // Inputs: "random" (uniform in [-1, 1), rounded to bf16; default, like the PyTorch peer's
   // randn) or "ints" (the small-integer pattern every run before 2026-11-22 11:00 used).
   std::string data = "random";
+  // Interleave the columns' timed replays (default: every column sees the same clock and power
+  // history), or time each column's replays back to back (the protocol before 2026-11-22 12:40).
+  bool sequential = false;
   std::function<void(const std::string&)> progress;
 };
 

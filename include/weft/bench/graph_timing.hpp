@@ -20,5 +20,28 @@ std::vector<double> time_graph_replays(Backend& b, dev::BarrierHandle bar, cudaS
                                        cudaEvent_t e1, int per_graph, int reps, uint64_t sleep_ns,
                                        const std::function<void()>& call);
 
+// One captured graph of `per_graph` back-to-back `call()`s on `stream`, replayed on demand: the
+// bench keeps one per method and interleaves their replays, so every method is timed under the
+// same clock and power history (a method timed right after an idle gap runs at a higher clock).
+class ReplayGraph {
+ public:
+  ReplayGraph(cudaStream_t stream, int per_graph, const std::function<void()>& call);
+  ~ReplayGraph();
+  ReplayGraph(const ReplayGraph&) = delete;
+  ReplayGraph& operator=(const ReplayGraph&) = delete;
+  // One untimed replay (no synchronisation).
+  void launch();
+  // GPUs lined up by `bar`, a `sleep_ns` sleep kernel (the host enqueues the replay before the
+  // GPU reaches it), then one replay between e0/e1; synchronises; returns µs per call.
+  double timed_replay(Backend& b, dev::BarrierHandle bar, cudaEvent_t e0, cudaEvent_t e1, uint64_t sleep_ns);
+  int per_graph() const { return per_graph_; }
+
+ private:
+  cudaStream_t stream_;
+  int per_graph_;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 }  // namespace weft::bench
 #endif

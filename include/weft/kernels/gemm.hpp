@@ -112,6 +112,12 @@ struct GemmHooks {
   // The waits guard only the epilogue's sources (A and B are ready at launch): the sm_90a
   // kernel runs a tile's main loop first and waits a few k-blocks before its epilogue.
   bool wait_at_epilogue = false;
+  // Notify a tile once its stores have completed, checked 2 k-blocks before the end of the
+  // warpgroup's next tile's main loop (or at its end) instead of right after the stores: stores
+  // into a peer's memory drain while the next tile computes (sm_90a kernel, TMA epilogue; the
+  // others notify at once). A notify may then come a tile later: the waits it meets must not
+  // be those of the notifying CTA's own next tile beyond that point.
+  bool notify_deferred = false;
   const int8_t* dest = nullptr;         // [positions] destination index (| kGemmDestReduce), null: 0
   const int32_t* notify_idx = nullptr;  // [num_tiles] -1: no notify
   const int32_t* notify_rank = nullptr;

@@ -81,6 +81,9 @@ struct FusedArgs {
   const void* b;     // W or B (of k_local depth)
   void* c;           // C of this rank
   int64_t epoch;     // 1-based call number
+  // The op's previous call on this rank ran another method (or this is the first): gemm_rs's
+  // direct stores, whose slot guard counts only fused calls, line the ranks up first.
+  int32_t follows_other;
   dev::DeviceCtx ctx;
 
   // This rank's lowered tables (plan::lower), in device memory.
