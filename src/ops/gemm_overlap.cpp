@@ -17,6 +17,7 @@
 #include "weft/ops/collectives.hpp"
 #include "weft/ops/gemm.hpp"
 #include "weft/ops/gemm_overlap_fused.hpp"
+#include "weft/ops/gemm_overlap_model.hpp"
 #include "weft/plan/cost.hpp"
 #include "weft/plan/plan.hpp"
 
@@ -116,112 +117,6 @@ plan::DeviceConstants device_constants() {
   if (std::ifstream("bench/constants/h200x2.json").good())
     return plan::load_device_constants("bench/constants/h200x2.json");
   return plan::h200_constants();
-}
-
-double link_of(const plan::DeviceConstants& d, plan::Engine e) {
-  auto it = d.link_gbps.find(e);
-  if (it != d.link_gbps.end()) return it->second;
-  return d.link_gbps.empty() ? 300.0 : d.link_gbps.begin()->second;
-}
-
-}  // namespace
-
-// ---- the cost model of `auto` --------------------------------------------------------------
-// Deliberately small and written out (docs/gemm_overlap.md): one GEMM at the measured rate
-// plus a fixed launch cost; copies at the copy engine's bandwidth; NCCL at 0.66x of it (the
-// measured all-gather, 262 of 395 GB/s); a flag latency per chunk; the decomposed pipelines
-// are stepped through piece by piece.
-namespace {
-
-struct Cost {
-  double tflops, link_ce, nccl, hbm, lat_us;
-  static constexpr double kGemmLaunchUs = 4.0, kCopyUs = 2.0, kNcclUs = 12.0, kWaitUs = 2.0;
-  double gemm(double rows, double n, double k) const { return 2 * rows * n * k / (tflops * 1e6) + kGemmLaunchUs; }
-  double copy(double bytes) const { return bytes / (link_ce * 1e3) + kCopyUs; }
-  double coll(double bytes) const { return bytes / (nccl * 1e3) + kNcclUs; }
-};
-
-// gemm_rs decomposed: how the own block meets the peers' partial products (choose_rs_fold).
-enum class RsFold { kNone, kWeft, kLt };
-
-struct Shape {
-  GemmOp op;
-  int w;
-  double m, n, k, kl, eb;
-};
-
-double predict_baseline(const Cost& c, const Shape& s) {
-  if (s.w == 1) return c.gemm(s.m, s.n, s.kl);
-  const double f = (s.w - 1.0) / s.w;
-  switch (s.op) {
-    case GemmOp::kAgGemm:
-      return c.coll(f * s.m * s.k * s.eb) + c.gemm(s.m, s.n, s.k);
-    case GemmOp::kGemmRs:
-      return c.gemm(s.m, s.n, s.kl) + c.coll(f * s.m * s.n * s.eb);
-    case GemmOp::kGemmAr:
-      return c.gemm(s.m, s.n, s.kl) + c.coll(2 * f * s.m * s.n * s.eb);
-  }
-  return 0;
-}
-
-// fold (gemm_rs): the own block on weft's GEMM, one launch waiting per M-block for the peers'
-// pieces and adding them in its epilogue; or one cuBLASLt GEMM per piece, each after that
-// piece has arrived, adding it in cuBLAS's epilogue; either way no reduce pass. Else the own
-// block by cuBLAS, then a reduce.
-double predict_decomposed(const Cost& c, const Shape& s, int chunks, RsFold fold = RsFold::kNone) {
-  const double w = s.w, ml = s.m / w, piece = ml / chunks;
-  if (s.op == GemmOp::kAgGemm) {
-    // Own shard first; then (w-1)*chunks pieces, each arriving after the copies before it.
-    double t = c.gemm(ml, s.n, s.k);
-    const double cp = c.copy(piece * s.k * s.eb);
-    for (int i = 0; i < (s.w - 1) * chunks; ++i)
-      t = std::max(t, (i + 1) * cp + c.lat_us + Cost::kWaitUs) + c.gemm(piece, s.n, s.k);
-    return t;
-  }
-  if (s.op == GemmOp::kGemmRs) {
-    double t = 0, copy_end = 0;
-    const double cp = c.copy(piece * s.n * s.eb);
-    std::vector<double> arrive(static_cast<size_t>(chunks), 0.0);  // piece j of every peer
-    for (int i = 0; i < (s.w - 1) * chunks; ++i) {
-      t += c.gemm(piece, s.n, s.kl);
-      copy_end = std::max(copy_end, t) + cp;
-      arrive[static_cast<size_t>(i % chunks)] = copy_end + c.lat_us;
-    }
-    if (fold == RsFold::kLt) {
-      for (int j = 0; j < chunks; ++j)
-        t = std::max(t, arrive[static_cast<size_t>(j)] + Cost::kWaitUs) + c.gemm(piece, s.n, s.kl);
-      return t;
-    }
-    if (fold == RsFold::kWeft) {
-      // One launch; its rows of piece j start once piece j is here.
-      const double per = (c.gemm(ml, s.n, s.kl) - Cost::kGemmLaunchUs) / chunks;
-      t += Cost::kGemmLaunchUs;
-      for (int j = 0; j < chunks; ++j) t = std::max(t, arrive[static_cast<size_t>(j)]) + per;
-      return t;
-    }
-    t += c.gemm(ml, s.n, s.kl);
-    return std::max(t, copy_end + c.lat_us) + (w + 1) * ml * s.n * s.eb / (c.hbm * 1e3) + Cost::kGemmLaunchUs;
-  }
-  // gemm_ar: chunk GEMMs, each followed by weft's all-reduce of its rows on the other stream.
-  // The all-reduce kernels take SMs the next chunk's GEMM needs, so the overlap hides little:
-  // measured on 2xH200 (bench/results/gemm_overlap-chunks-20261122/) 4096x8192x8192 took 532 /
-  // 559 / 589 / 639 us with 1 / 2 / 4 / 8 chunks. Modelled as serial: every chunk pays its
-  // GEMM and its all-reduce (fixed costs included), so one chunk is predicted best.
-  const double rows = s.m / chunks, f = (w - 1) / w;
-  double t = 0;
-  for (int i = 0; i < chunks; ++i) {
-    t += c.gemm(rows, s.n, s.kl);
-    if (s.w > 1) t += 2 * f * rows * s.n * s.eb / (c.link_ce * 0.8e3) + 8.0;
-  }
-  return t;
-}
-
-double predict_fused(const Cost& c, const Shape& s) {
-  // Comm fully hidden except the first chunk, at ~95% of the library GEMM's rate.
-  const double w = s.w, f = (w - 1) / w;
-  const double gemm = 2 * s.m * s.n * s.kl / (c.tflops * 1e6) / 0.95;
-  const double bytes = s.op == GemmOp::kAgGemm ? f * s.m * s.k * s.eb : s.m * s.n * s.eb * f;
-  return std::max(gemm, bytes / (c.link_ce * 1e3)) + 10.0;
 }
 
 }  // namespace
@@ -429,27 +324,21 @@ std::vector<GemmMethod> GemmOverlap::Impl::available() const {
 }
 
 void GemmOverlap::Impl::decide(const std::vector<GemmMethod>& avail) {
-  const Shape s{cfg.op, world, double(cfg.m), double(cfg.n), double(cfg.k), double(k_local), double(eb)};
   const bool gpu = b.kind() == BackendKind::kNccl;
-  // Cost model (GPU): the best chunk count for decomposed, and each method's prediction.
+  // Cost model (GPU; include/weft/ops/gemm_overlap_model.hpp): the best chunk count for
+  // decomposed, and each method's prediction.
   int model_chunks = 2;
+  GemmMethod model_choice = GemmMethod::kBaseline;
   if (gpu) {
     const plan::DeviceConstants d = device_constants();
-    const double ce = link_of(d, plan::Engine::kCopyEngine);
-    const Cost c{d.gemm_tflops, ce, 0.66 * ce, d.hbm_gbps, d.signal_latency_us};
-    rs_fold = choose_rs_fold(c.hbm, c.gemm(s.m / world, s.n, s.kl));
-    double best = 1e300;
-    for (int ch : {1, 2, 4, 8}) {
-      if (ch > m_shard) break;
-      const double t = predict_decomposed(c, s, ch, rs_fold);
-      if (t < best) {
-        best = t;
-        model_chunks = ch;
-      }
-    }
-    autoc.predicted_baseline_us = predict_baseline(c, s);
-    autoc.predicted_decomposed_us = predict_decomposed(c, s, cfg.chunks > 0 ? cfg.chunks : model_chunks, rs_fold);
-    if (fused_gpu) autoc.predicted_fused_us = predict_fused(c, s);
+    const OverlapModelInput in{cfg.op, world, cfg.m, cfg.n, cfg.k, static_cast<int>(eb)};
+    rs_fold = choose_rs_fold(d.hbm_gbps, predict_own_gemm_us(in, d));
+    const OverlapPrediction p = predict_overlap(in, d, rs_fold, cfg.chunks, fused_gpu);
+    model_chunks = p.chunks;
+    model_choice = p.choice;
+    autoc.predicted_baseline_us = p.baseline_us;
+    autoc.predicted_decomposed_us = p.decomposed_us;
+    autoc.predicted_fused_us = p.fused_us;
   }
   // Tuning cache: rank 0 reads it and tells everyone, so every rank decides alike.
   cache = cache_path(cfg);
@@ -484,17 +373,7 @@ void GemmOverlap::Impl::decide(const std::vector<GemmMethod>& avail) {
     autoc.method = GemmMethod::kDecomposed;
     autoc.source = "host backend default (the plan executor)";
   } else {
-    autoc.method = GemmMethod::kBaseline;
-    double best = autoc.predicted_baseline_us;
-    if (world > 1 && autoc.predicted_decomposed_us < best) {
-      autoc.method = GemmMethod::kDecomposed;
-      best = autoc.predicted_decomposed_us;
-    }
-    // The fused gemm_rs / gemm_ar (WEFT_FUSED_RS=1) measured slower than decomposed on every
-    // shape (docs/gemm_overlap.md): the model does not choose it (a tuning-cache entry can).
-    const bool fused_modelled = cfg.op == GemmOp::kAgGemm;
-    if (fused_gpu && fused_modelled && autoc.predicted_fused_us > 0 && autoc.predicted_fused_us < best)
-      autoc.method = GemmMethod::kFused;
+    autoc.method = model_choice;
     autoc.source = "cost model";
   }
 }

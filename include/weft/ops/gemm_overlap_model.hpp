@@ -1,0 +1,45 @@
+// The cost model behind GemmOverlap's `auto` (docs/gemm_overlap.md, "auto"): per method a
+// predicted time for one call of ag_gemm / gemm_rs / gemm_ar on `world` GPUs of one node, from
+// the device constants (bench/constants/*.json, plan::DeviceConstants). Deliberately small and
+// written out: one GEMM at the measured rate plus a launch; copies at the copy engine's
+// bandwidth; NCCL at 0.66x of it, growing with the world as 2(W-1)/W to the power 0.44; a flag
+// latency per chunk and a fixed cost per peer piece; the decomposed pipelines are stepped
+// through piece by piece. Calibrated against 2-, 4- and 8-GPU runs on H200s
+// (bench/results/model-20261122/: its Python copy, model_check.py, must match this file).
+#pragma once
+#include <cstdint>
+
+#include "weft/ops/gemm_overlap.hpp"
+#include "weft/plan/cost.hpp"
+
+namespace weft::ops {
+
+// gemm_rs decomposed: how the own block meets the peers' partial products — a reduce pass
+// after its GEMM, folded into weft's GEMM (one launch waiting per M-block), or into one
+// cuBLASLt GEMM per piece (D = A B + the peer's piece; 2 ranks).
+enum class RsFold { kNone, kWeft, kLt };
+
+struct OverlapModelInput {
+  GemmOp op = GemmOp::kAgGemm;
+  int world = 1;
+  int64_t m = 0, n = 0, k = 0;  // global shape, as GemmOverlapConfig
+  int elem_bytes = 2;
+};
+
+struct OverlapPrediction {
+  double baseline_us = 0;
+  double decomposed_us = 0;                   // at `chunks`
+  int chunks = 1;                             // decomposed's best chunk count of 1, 2, 4, 8 (at most the rows per rank)
+  double fused_us = 0;                        // 0: not modelled (gemm_rs, gemm_ar)
+  GemmMethod choice = GemmMethod::kBaseline;  // the fastest predicted (fused only where modelled and `fused` is true)
+};
+
+// `fold`: gemm_rs decomposed's fold (GemmOverlap chooses it; ignored for the other ops);
+// `chunks` > 0 fixes decomposed's chunk count; `fused`: the fused method is available.
+OverlapPrediction predict_overlap(const OverlapModelInput& in, const plan::DeviceConstants& d, RsFold fold,
+                                  int chunks = 0, bool fused = true);
+
+// The decomposed gemm_rs's own GEMM time as the model sees it (GemmOverlap picks the fold by it).
+double predict_own_gemm_us(const OverlapModelInput& in, const plan::DeviceConstants& d);
+
+}  // namespace weft::ops

@@ -1,0 +1,94 @@
+// The cost model of GemmOverlap's auto (include/weft/ops/gemm_overlap_model.hpp) against the
+// choices measured on H200s: at each point pinned here the model picks the method that was
+// fastest (or within 2% of it) in the runs of bench/results/model-20261122/ (2 GPUs, 13:04),
+// bench/results/*-nccl-4r-20261122-06* (4) and bench/results/x8-20261122/ (8). A recalibration
+// that breaks one of these must say why in docs/gemm_overlap.md.
+#include "weft/ops/gemm_overlap_model.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace weft::ops {
+namespace {
+
+plan::DeviceConstants h200x2() {  // as bench/constants/h200x2.json, which the device run reads
+  plan::DeviceConstants d = plan::h200_constants();
+  d.hbm_gbps = 4300;
+  d.signal_latency_us = 1.25;
+  return d;
+}
+
+struct Point {
+  GemmOp op;
+  int world;
+  int64_t m, k, n;  // M x K x N, as the bench names shapes
+  GemmMethod want;  // kFused here: "a weft method" (the fused ag_gemm was not measured validly there)
+};
+
+// gemm_rs's fold as GemmOverlap picks it on a GPU with weft's GEMM (choose_rs_fold).
+RsFold fold_for(const OverlapModelInput& in, const plan::DeviceConstants& d) {
+  if (in.op != GemmOp::kGemmRs || in.world < 2) return RsFold::kNone;
+  if (in.world == 2 && predict_own_gemm_us(in, d) >= 100.0) return RsFold::kLt;
+  const double reduce_us = (in.world + 1) * double(in.m / in.world) * double(in.n) * in.elem_bytes / (d.hbm_gbps * 1e3);
+  return reduce_us >= 60.0 ? RsFold::kWeft : RsFold::kNone;
+}
+
+TEST(GemmOverlapModel, PicksTheMeasuredFastest) {
+  const auto d = h200x2();
+  const GemmMethod B = GemmMethod::kBaseline, D = GemmMethod::kDecomposed;
+  const Point pts[] = {
+      // 2 GPUs: decomposed everywhere (the fused ag_gemm within 0.2-1.1% of it at two shapes).
+      {GemmOp::kAgGemm, 2, 8192, 8192, 14336, D},
+      {GemmOp::kAgGemm, 2, 4096, 8192, 8192, D},
+      {GemmOp::kAgGemm, 2, 16384, 8192, 3584, D},
+      {GemmOp::kAgGemm, 2, 2048, 4096, 4096, D},
+      {GemmOp::kGemmRs, 2, 8192, 8192, 14336, D},
+      {GemmOp::kGemmRs, 2, 2048, 4096, 4096, D},
+      {GemmOp::kGemmAr, 2, 8192, 8192, 14336, D},
+      {GemmOp::kGemmAr, 2, 2048, 4096, 4096, D},
+      // 4 GPUs: NCCL + cuBLAS wins gemm_rs's smallest shape (85.6 vs 99.3 us).
+      {GemmOp::kAgGemm, 4, 2048, 4096, 4096, GemmMethod::kFused},  // decomposed 123.5 vs 150.8 us
+      {GemmOp::kGemmRs, 4, 8192, 8192, 14336, D},
+      {GemmOp::kGemmRs, 4, 2048, 4096, 4096, B},
+      // 8 GPUs: NCCL + cuBLAS wins gemm_ar everywhere, gemm_rs and ag_gemm at 2048x4096x4096
+      // (84.6 vs 175.9 us; 151.6 vs 195.7).
+      {GemmOp::kAgGemm, 8, 8192, 8192, 14336, D},
+      {GemmOp::kAgGemm, 8, 2048, 4096, 4096, B},
+      {GemmOp::kGemmRs, 8, 8192, 8192, 14336, D},
+      {GemmOp::kGemmRs, 8, 2048, 4096, 4096, B},
+      {GemmOp::kGemmAr, 8, 8192, 8192, 14336, B},
+      {GemmOp::kGemmAr, 8, 4096, 8192, 8192, B},
+      {GemmOp::kGemmAr, 8, 2048, 4096, 4096, B},
+  };
+  for (const Point& p : pts) {
+    const OverlapModelInput in{p.op, p.world, p.m, p.n, p.k, 2};
+    const OverlapPrediction r = predict_overlap(in, d, fold_for(in, d));
+    if (p.want == GemmMethod::kFused)
+      EXPECT_NE(r.choice, B) << to_string(p.op) << " " << p.m << "x" << p.k << "x" << p.n << " on " << p.world;
+    else
+      EXPECT_EQ(r.choice, p.want) << to_string(p.op) << " " << p.m << "x" << p.k << "x" << p.n << " on " << p.world
+                                  << " ranks: predicted baseline " << r.baseline_us << ", decomposed "
+                                  << r.decomposed_us << " (" << r.chunks << " chunks), fused " << r.fused_us;
+    EXPECT_GT(r.baseline_us, 0);
+    EXPECT_GT(r.decomposed_us, 0);
+  }
+}
+
+TEST(GemmOverlapModel, FixedChunksAndNoFused) {
+  const auto d = h200x2();
+  const OverlapModelInput in{GemmOp::kAgGemm, 2, 4096, 8192, 8192, 2};
+  const OverlapPrediction any = predict_overlap(in, d, RsFold::kNone);
+  EXPECT_GT(any.fused_us, 0);
+  const OverlapPrediction four = predict_overlap(in, d, RsFold::kNone, 4, false);
+  EXPECT_EQ(four.chunks, 4);
+  EXPECT_EQ(four.fused_us, 0);  // not available: not predicted, never chosen
+  EXPECT_NE(four.choice, GemmMethod::kFused);
+  // gemm_rs / gemm_ar's fused methods are not modelled.
+  EXPECT_EQ(predict_overlap({GemmOp::kGemmRs, 2, 4096, 8192, 8192, 2}, d, RsFold::kLt).fused_us, 0);
+  // One rank: nothing to overlap, the GEMM alone (baseline).
+  EXPECT_EQ(predict_overlap({GemmOp::kGemmRs, 1, 4096, 8192, 8192, 2}, d, RsFold::kNone).choice, GemmMethod::kBaseline);
+}
+
+}  // namespace
+}  // namespace weft::ops
