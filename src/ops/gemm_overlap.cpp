@@ -1128,9 +1128,49 @@ GemmOverlap::Impl::~Impl() {
 
 // ---- GemmOverlap -------------------------------------------------------------------------
 
+namespace {
+// What every rank of one op must agree on: the ranks would otherwise allocate, plan and move
+// different things (caught later, if at all, as a symmetric allocation mismatch or a hang).
+struct ConfigWire {
+  int32_t op, dtype, layout, chunks;
+  int64_t m, n, k, tile_rows, tile_cols;
+  char algo[32];
+};
+std::string describe(const ConfigWire& c) {
+  return fmt::format("{} M x K x N = {} x {} x {} {} {}{}{}", to_string(static_cast<GemmOp>(c.op)), c.m, c.k, c.n,
+                     dev::dtype_name(static_cast<dev::DType>(c.dtype)), to_string(static_cast<BLayout>(c.layout)),
+                     c.chunks ? fmt::format(" chunks {}", c.chunks) : std::string(),
+                     c.algo[0] ? fmt::format(" algo {}", c.algo) : std::string());
+}
+// Collective: every rank's configuration against every other's; throws the same message on
+// every rank when they differ.
+void check_same_config(Backend& b, const GemmOverlapConfig& c) {
+  ConfigWire mine;
+  std::memset(&mine, 0, sizeof mine);  // compared bytewise
+  mine.op = static_cast<int32_t>(c.op);
+  mine.dtype = static_cast<int32_t>(c.dtype);
+  mine.layout = static_cast<int32_t>(c.b_layout);
+  mine.chunks = c.chunks;
+  mine.m = c.m;
+  mine.n = c.n;
+  mine.k = c.k;
+  mine.tile_rows = c.tile_rows;
+  mine.tile_cols = c.tile_cols;
+  WEFT_REQUIRE(c.algo.size() < sizeof mine.algo, fmt::format("GemmOverlap: plan algo '{}' is too long", c.algo));
+  std::memcpy(mine.algo, c.algo.data(), c.algo.size());
+  std::vector<ConfigWire> all(static_cast<size_t>(b.size()));
+  b.bootstrap().allgather(&mine, sizeof mine, all.data());
+  for (int r = 1; r < b.size(); ++r)
+    WEFT_REQUIRE(std::memcmp(&all[0], &all[static_cast<size_t>(r)], sizeof mine) == 0,
+                 fmt::format("GemmOverlap: ranks disagree on the configuration: rank 0 has {}, rank {} has {}",
+                             describe(all[0]), r, describe(all[static_cast<size_t>(r)])));
+}
+}  // namespace
+
 GemmOverlap::GemmOverlap(Backend& backend, const GemmOverlapConfig& config)
     : impl_(std::make_unique<Impl>(backend, config)) {
   Impl& I = *impl_;
+  check_same_config(backend, config);
   I.validate();
 #ifdef WEFT_HAVE_CUDA
   if (backend.kind() == BackendKind::kNccl) {

@@ -173,6 +173,26 @@ TEST(GemmOverlapHostErrors, ShapesAndPointersAreRefusedClearly) {
   }));
 }
 
+// Ranks that construct one op with different configurations are refused at construction,
+// every rank with the same message naming both configurations (not a symmetric-allocation
+// mismatch or a hang later).
+TEST(GemmOverlapHostErrors, RanksThatDisagreeAreRefused) {
+  expect_all_ok(run_host_ranks(3, [] {
+    auto b = make_backend();
+    const int r = b->rank();
+    std::string got = message_of([&] { GemmOverlap op(*b, config({GemmOp::kAgGemm, r == 2 ? 24 : 12, 16, 8})); });
+    WEFT_CHECK(got.find("ranks disagree on the configuration: rank 0 has ag_gemm M x K x N = 12 x 16 x 8 bf16 "
+                        "nk chunks 2, rank 2 has ag_gemm M x K x N = 24 x 16 x 8") != std::string::npos,
+               got);
+    got = message_of([&] {
+      GemmOverlap op(*b, config({GemmOp::kGemmRs, 12, 48, 8}, r == 1 ? dev::DType::kF16 : dev::DType::kBF16));
+    });
+    WEFT_CHECK(got.find("rank 1 has gemm_rs M x K x N = 12 x 48 x 8 f16") != std::string::npos, got);
+    // Agreeing ranks still build the op.
+    GemmOverlap op(*b, config({GemmOp::kAgGemm, 12, 16, 8}));
+  }));
+}
+
 // Host-only builds link the hook's stub: unavailable, and it says so when called.
 TEST(GemmOverlapFusedHook, StubRefusesClearly) {
 #ifdef WEFT_HAVE_CUDA
