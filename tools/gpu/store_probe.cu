@@ -1,0 +1,197 @@
+// Probe for gemm_rs's direct stores (bench/results/gemm_rs-direct-20261122/README.md): how fast
+// do stores issued the way a GEMM epilogue issues them reach a peer over NVLink? One process, 2
+// GPUs, GPU 0 writing into GPU 1's memory (peer access) and, for reference, into its own.
+//  bulk:  each CTA's 2 "warpgroups" (thread 0 of each 128) store 64 KiB tiles from shared memory
+//         with cp.async.bulk (the TMA engine, as the GEMM's TMA stores), one bulk group per tile,
+//         waiting for the previous tile's group to be read before refilling (as the epilogue);
+//  plain: the same tiles by 16-byte st.global from every thread (as cuBLAS's epilogue);
+//  push:  weft's push loop for comparison (four 16-byte loads in flight per thread).
+// Each mode on 132 / 66 / 16 CTAs, 256 MiB in total, median of 5 runs; then the bulk mode beside
+// a cuBLAS GEMM (8192 x 8192 x 4096 bf16) on another stream, and that GEMM alone.
+// NOT YET RUN on a GPU (written 2026-11-22 with no device time left).
+// Build here: nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/gpu/store_probe.cu \
+//               -o .gpu/store_probe -lcublas
+// Run there: bash tools/gpu/store_probe.sh .gpu   (nvidia-h200-x2, carry .gpu)
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+namespace {
+
+constexpr int kTile = 64 * 1024;  // bytes a warpgroup stores per tile (64 x 256 bf16)
+constexpr int kThreads = 256;     // two "warpgroups" of 128
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// bulk: thread 0 of each warpgroup stores its 64 KiB buffer tile after tile.
+__global__ void bulk_store(char* dst, size_t bytes_per_cta) {
+  extern __shared__ __align__(128) char smem[];
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  char* buf = smem + wg * kTile;
+  for (int i = tid; i < kTile / 16; i += 128) reinterpret_cast<int4*>(buf)[i] = make_int4(i, wg, blockIdx.x, 7);
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  if (tid != 0) return;
+  char* base = dst + blockIdx.x * bytes_per_cta;
+  for (size_t off = wg * kTile; off + kTile <= bytes_per_cta; off += 2 * kTile) {
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(base + off), "r"(smem_u32(buf)),
+                 "r"(kTile)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+  }
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
+// plain: every thread stores 16-byte vectors of its warpgroup's tile.
+__global__ void plain_store(char* dst, size_t bytes_per_cta) {
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  char* base = dst + blockIdx.x * bytes_per_cta;
+  const int4 v = make_int4(tid, wg, blockIdx.x, 7);
+  for (size_t off = wg * kTile; off + kTile <= bytes_per_cta; off += 2 * kTile)
+    for (int i = tid; i < kTile / 16; i += 128) reinterpret_cast<int4*>(base + off)[i] = v;
+}
+
+// push: four independent 16-byte loads in flight per thread before the stores.
+__global__ void push_copy(char* dst, const char* src, size_t bytes_per_cta) {
+  const int4* s = reinterpret_cast<const int4*>(src + blockIdx.x * bytes_per_cta);
+  int4* d = reinterpret_cast<int4*>(dst + blockIdx.x * bytes_per_cta);
+  const size_t n = bytes_per_cta / 16;
+  for (size_t i = threadIdx.x; i < n; i += 4 * blockDim.x) {
+    int4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (i + u * blockDim.x < n) v[u] = s[i + u * blockDim.x];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (i + u * blockDim.x < n) d[i + u * blockDim.x] = v[u];
+  }
+}
+
+template <class F>
+double median_us(cudaStream_t s, F&& launch) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  launch();  // warm-up
+  CK(cudaStreamSynchronize(s));
+  std::vector<double> t;
+  for (int r = 0; r < 5; ++r) {
+    CK(cudaEventRecord(a, s));
+    launch();
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1e3);
+  }
+  std::sort(t.begin(), t.end());
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+int main() {
+  int n = 0;
+  CK(cudaGetDeviceCount(&n));
+  if (n < 2) {
+    std::fprintf(stderr, "store_probe: needs 2 GPUs, %d visible\n", n);
+    return 2;
+  }
+  const size_t total = 256ull << 20;
+  char *remote = nullptr, *local = nullptr, *src = nullptr;
+  CK(cudaSetDevice(1));
+  CK(cudaMalloc(&remote, total));
+  CK(cudaSetDevice(0));
+  CK(cudaDeviceEnablePeerAccess(1, 0));
+  CK(cudaMalloc(&local, total));
+  CK(cudaMalloc(&src, total));
+  CK(cudaMemset(src, 1, total));
+  CK(cudaFuncSetAttribute(bulk_store, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * kTile));
+  cudaStream_t s, g;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&g, cudaStreamNonBlocking));
+  std::printf("mode   target  CTAs      us    GB/s\n");
+  for (const char* mode : {"bulk", "plain", "push"})
+    for (char* dst : {remote, local})
+      for (int ctas : {132, 66, 16}) {
+        const size_t per = total / ctas / (2 * kTile) * (2 * kTile);
+        auto launch = [&] {
+          if (mode[0] == 'b')
+            bulk_store<<<ctas, kThreads, 2 * kTile, s>>>(dst, per);
+          else if (mode[1] == 'l')
+            plain_store<<<ctas, kThreads, 0, s>>>(dst, per);
+          else
+            push_copy<<<ctas, 512, 0, s>>>(dst, src, per);
+          CK(cudaGetLastError());
+        };
+        const double us = median_us(s, launch);
+        std::printf("%-6s %-7s %4d %8.1f %7.1f\n", mode, dst == remote ? "peer" : "local", ctas, us,
+                    per * ctas / (us * 1e3));
+      }
+  // Beside a GEMM: the bulk stores into the peer on 16 CTAs while cuBLAS runs on the rest.
+  const int M = 8192, N = 8192, K = 4096;
+  __nv_bfloat16 *A, *B, *C;
+  CK(cudaMalloc(&A, size_t(M) * K * 2));
+  CK(cudaMalloc(&B, size_t(N) * K * 2));
+  CK(cudaMalloc(&C, size_t(M) * N * 2));
+  CK(cudaMemset(A, 0, size_t(M) * K * 2));
+  CK(cudaMemset(B, 0, size_t(N) * K * 2));
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return 1;
+  cublasSetStream(h, g);
+  const float one = 1, zero = 0;
+  auto gemm = [&] {
+    cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, K, A, CUDA_R_16BF, K, &zero, C,
+                 CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  };
+  const double alone = median_us(g, gemm);
+  const size_t per16 = (64ull << 20) / 16 / (2 * kTile) * (2 * kTile);
+  cudaEvent_t a, b, c;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  CK(cudaEventCreate(&c));
+  std::vector<double> both, st;
+  for (int r = 0; r < 5; ++r) {
+    CK(cudaDeviceSynchronize());
+    CK(cudaEventRecord(a, g));
+    CK(cudaStreamWaitEvent(s, a, 0));
+    bulk_store<<<16, kThreads, 2 * kTile, s>>>(remote, per16);
+    CK(cudaEventRecord(c, s));
+    gemm();
+    CK(cudaStreamWaitEvent(g, c, 0));
+    CK(cudaEventRecord(b, g));
+    CK(cudaEventSynchronize(b));
+    float ms = 0, ms2 = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    CK(cudaEventElapsedTime(&ms2, a, c));
+    both.push_back(ms * 1e3);
+    st.push_back(ms2 * 1e3);
+  }
+  std::sort(both.begin(), both.end());
+  std::sort(st.begin(), st.end());
+  std::printf(
+      "gemm %dx%dx%d alone %.1f us; with 64 MiB of bulk stores into the peer on 16 CTAs beside it: "
+      "%.1f us in all, the stores done after %.1f us (%.1f GB/s)\n",
+      M, K, N, alone, both[2], st[2], per16 * 16 / (st[2] * 1e3));
+  return 0;
+}
