@@ -202,7 +202,7 @@ struct GemmOverlap::Impl {
   ~Impl();
 
   void validate();
-  RsFold choose_rs_fold(double hbm_gbps, double own_gemm_us) const;
+  RsFold choose_rs_fold(const OverlapModelInput& in, const plan::DeviceConstants& d) const;
   void decide(const std::vector<GemmMethod>& avail);
   void setup_host();
   std::vector<GemmMethod> available() const;
@@ -286,20 +286,11 @@ void GemmOverlap::Impl::validate() {
   c_cols = c.n;
 }
 
-// How gemm_rs decomposed meets the peers' partial products (WEFT_RS_FOLD=0|weft|lt forces one;
-// 1 = weft). On 2 ranks, cuBLASLt's fold: each own piece, after the peer's piece of those rows
-// has arrived, is D = A B + (the peer's piece) with the tuned algorithm (LtGemm) -- no reduce
-// pass and no weft GEMM. Taken where the own block's GEMM is predicted >= 100 us: measured on
-// 2xH200 (2026-11-22 10:12, bench/results/gemm_rs-lt-20261122/) against the reduce pass,
-// 1190 vs 1312 us (8192x8192x14336), 347 vs 366 (4096x8192x8192), 660 vs 653
-// (16384x8192x3584), but 85 vs 71 at 2048x4096x4096 (a 23 us own block: the pieces' GEMMs are
-// too small to hide the copies and waits). weft's fold needs its sm_90a GEMM and copy-engine transfers (its GEMM
-// holds every SM while it waits for the peers' pieces); else it is taken where the reduce pass
-// it removes is long: measured on 2xH200 (docs/gemm_overlap.md), removing a ~90 us pass
-// (8192x8192x14336) saved 115 us, removing 46 / 29 / 10 us passes cost 7-31 us (the epilogue's
-// source reads slow the own GEMM ~10%, and its rows wait for the last piece). The cost model
-// does not see those costs, hence a threshold.
-RsFold GemmOverlap::Impl::choose_rs_fold(double hbm_gbps, double own_gemm_us) const {
+// How gemm_rs decomposed meets the peers' partial products: WEFT_RS_FOLD=0|weft|lt forces one
+// (1 = weft); else the model's rule (default_rs_fold, gemm_overlap_model.cpp, with the
+// measurements behind its thresholds). weft's fold needs its sm_90a GEMM and copy-engine
+// transfers (its GEMM holds every SM while it waits for the peers' pieces).
+RsFold GemmOverlap::Impl::choose_rs_fold(const OverlapModelInput& in, const plan::DeviceConstants& d) const {
 #ifdef WEFT_HAVE_CUDA
   if (cfg.op != GemmOp::kGemmRs || world < 2 || b.kind() != BackendKind::kNccl) return RsFold::kNone;
   const char* e = std::getenv("WEFT_RS_FOLD");
@@ -308,11 +299,9 @@ RsFold GemmOverlap::Impl::choose_rs_fold(double hbm_gbps, double own_gemm_us) co
   const bool weft_ok = !sm_copies && kernels::gemm_sm90_available();
   if (force == "lt") return world == 2 ? RsFold::kLt : RsFold::kNone;
   if (force == "1" || force == "weft") return weft_ok ? RsFold::kWeft : RsFold::kNone;
-  if (world == 2 && own_gemm_us >= 100.0) return RsFold::kLt;
-  const double reduce_us = (world + 1) * (cfg.m / world) * double(cfg.n) * eb / (hbm_gbps * 1e3);
-  return weft_ok && reduce_us >= 60.0 ? RsFold::kWeft : RsFold::kNone;
+  return default_rs_fold(in, d, weft_ok);
 #else
-  (void)hbm_gbps, (void)own_gemm_us;
+  (void)in, (void)d;
   return RsFold::kNone;
 #endif
 }
@@ -332,7 +321,7 @@ void GemmOverlap::Impl::decide(const std::vector<GemmMethod>& avail) {
   if (gpu) {
     const plan::DeviceConstants d = device_constants();
     const OverlapModelInput in{cfg.op, world, cfg.m, cfg.n, cfg.k, static_cast<int>(eb)};
-    rs_fold = choose_rs_fold(d.hbm_gbps, predict_own_gemm_us(in, d));
+    rs_fold = choose_rs_fold(in, d);
     const OverlapPrediction p = predict_overlap(in, d, rs_fold, cfg.chunks, fused_gpu);
     model_chunks = p.chunks;
     model_choice = p.choice;

@@ -125,9 +125,21 @@ double predict_fused(const Cost& c, const Shape& s) {
 
 }  // namespace
 
-double predict_own_gemm_us(const OverlapModelInput& in, const plan::DeviceConstants& d) {
+// Thresholds, not model terms: the costs that decide them are not in the model. cuBLASLt's
+// fold (each own piece, after the peer's piece of those rows has arrived, D = A B + that
+// piece: no reduce pass, no weft GEMM) measured on 2xH200 (2026-11-22 10:12,
+// bench/results/gemm_rs-lt-20261122/) against the reduce pass: 1190 vs 1312 us
+// (8192x8192x14336), 347 vs 366 (4096x8192x8192), 660 vs 653 (16384x8192x3584), but 85 vs 71 at
+// 2048x4096x4096 (a 23 us own block: the pieces' GEMMs are too small to hide the copies and
+// waits). weft's fold: removing a ~90 us reduce pass (8192x8192x14336) saved 115 us, removing
+// 46 / 29 / 10 us passes cost 7-31 us (the epilogue's source reads slow the own GEMM ~10%, and
+// its rows wait for the last piece; docs/gemm_overlap.md).
+RsFold default_rs_fold(const OverlapModelInput& in, const plan::DeviceConstants& d, bool weft_fold_ok) {
+  if (in.op != GemmOp::kGemmRs || in.world < 2) return RsFold::kNone;
   const Shape s = shape_of(in);
-  return cost_of(d, in.world).gemm(s.m / s.w, s.n, s.kl);
+  if (in.world == 2 && cost_of(d, in.world).gemm(s.m / s.w, s.n, s.kl) >= 100.0) return RsFold::kLt;
+  const double reduce_us = (in.world + 1) * double(in.m / in.world) * double(in.n) * in.elem_bytes / (d.hbm_gbps * 1e3);
+  return weft_fold_ok && reduce_us >= 60.0 ? RsFold::kWeft : RsFold::kNone;
 }
 
 OverlapPrediction predict_overlap(const OverlapModelInput& in, const plan::DeviceConstants& d, RsFold fold, int chunks,

@@ -26,14 +26,6 @@ struct Point {
   GemmMethod want;  // kFused here: "a weft method" (the fused ag_gemm was not measured validly there)
 };
 
-// gemm_rs's fold as GemmOverlap picks it on a GPU with weft's GEMM (choose_rs_fold).
-RsFold fold_for(const OverlapModelInput& in, const plan::DeviceConstants& d) {
-  if (in.op != GemmOp::kGemmRs || in.world < 2) return RsFold::kNone;
-  if (in.world == 2 && predict_own_gemm_us(in, d) >= 100.0) return RsFold::kLt;
-  const double reduce_us = (in.world + 1) * double(in.m / in.world) * double(in.n) * in.elem_bytes / (d.hbm_gbps * 1e3);
-  return reduce_us >= 60.0 ? RsFold::kWeft : RsFold::kNone;
-}
-
 TEST(GemmOverlapModel, PicksTheMeasuredFastest) {
   const auto d = h200x2();
   const GemmMethod B = GemmMethod::kBaseline, D = GemmMethod::kDecomposed;
@@ -63,7 +55,7 @@ TEST(GemmOverlapModel, PicksTheMeasuredFastest) {
   };
   for (const Point& p : pts) {
     const OverlapModelInput in{p.op, p.world, p.m, p.n, p.k, 2};
-    const OverlapPrediction r = predict_overlap(in, d, fold_for(in, d));
+    const OverlapPrediction r = predict_overlap(in, d, default_rs_fold(in, d, /*weft_fold_ok=*/true));
     if (p.want == GemmMethod::kFused)
       EXPECT_NE(r.choice, B) << to_string(p.op) << " " << p.m << "x" << p.k << "x" << p.n << " on " << p.world;
     else
@@ -73,6 +65,18 @@ TEST(GemmOverlapModel, PicksTheMeasuredFastest) {
     EXPECT_GT(r.baseline_us, 0);
     EXPECT_GT(r.decomposed_us, 0);
   }
+}
+
+// The gemm_rs fold GemmOverlap takes when nothing forces one (its thresholds were measured on
+// 2xH200: docs/gemm_overlap.md).
+TEST(GemmOverlapModel, DefaultRsFold) {
+  const auto d = h200x2();
+  EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 8192, 14336, 8192, 2}, d, true), RsFold::kLt);
+  EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 2048, 4096, 4096, 2}, d, true), RsFold::kNone);
+  EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 4, 8192, 14336, 8192, 2}, d, true), RsFold::kWeft);
+  EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 4, 8192, 14336, 8192, 2}, d, false), RsFold::kNone);
+  EXPECT_EQ(default_rs_fold({GemmOp::kAgGemm, 2, 8192, 14336, 8192, 2}, d, true), RsFold::kNone);
+  EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 1, 8192, 14336, 8192, 2}, d, true), RsFold::kNone);
 }
 
 TEST(GemmOverlapModel, FixedChunksAndNoFused) {

@@ -59,7 +59,7 @@ def fold_of(op,w,m,n,k):
     if op!='gemm_rs' or w<2: return 'none'
     own=gemm(m/w,n,k/w)
     if w==2 and own>=100: return 'lt'
-    # choose_rs_fold: otherwise weft's fold where the reduce pass would take >= 60 us
+    # default_rs_fold: otherwise weft's fold where the reduce pass would take >= 60 us
     red=(w+1)*(m/w)*n*2/(HBM*1e3)
     return 'weft' if red>=60.0 else 'none'
 files={2:'bench/results/{op}-nccl-2r-20261122-1304*.json',4:'bench/results/{op}-nccl-4r-20261122-06*.json',8:'bench/results/x8-20261122/{op}-nccl-8r-*.json'}

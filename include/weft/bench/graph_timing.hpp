@@ -34,7 +34,6 @@ class ReplayGraph {
   // GPUs lined up by `bar`, a `sleep_ns` sleep kernel (the host enqueues the replay before the
   // GPU reaches it), then one replay between e0/e1; synchronises; returns µs per call.
   double timed_replay(Backend& b, dev::BarrierHandle bar, cudaEvent_t e0, cudaEvent_t e1, uint64_t sleep_ns);
-  int per_graph() const { return per_graph_; }
 
  private:
   cudaStream_t stream_;

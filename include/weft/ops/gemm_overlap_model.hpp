@@ -39,7 +39,10 @@ struct OverlapPrediction {
 OverlapPrediction predict_overlap(const OverlapModelInput& in, const plan::DeviceConstants& d, RsFold fold,
                                   int chunks = 0, bool fused = true);
 
-// The decomposed gemm_rs's own GEMM time as the model sees it (GemmOverlap picks the fold by it).
-double predict_own_gemm_us(const OverlapModelInput& in, const plan::DeviceConstants& d);
+// gemm_rs decomposed's fold where nothing forces one (GemmOverlap: WEFT_RS_FOLD): on 2 ranks
+// cuBLASLt's fold where the own block's GEMM is predicted >= 100 us; else weft's fold where
+// `weft_fold_ok` (its sm_90a GEMM, copy-engine transfers) and the reduce pass it removes would
+// take >= 60 us; else the reduce pass. kNone for the other ops and one rank.
+RsFold default_rs_fold(const OverlapModelInput& in, const plan::DeviceConstants& d, bool weft_fold_ok);
 
 }  // namespace weft::ops
