@@ -8,7 +8,7 @@
 //  push:  weft's push loop for comparison (four 16-byte loads in flight per thread).
 // Each mode on 132 / 66 / 16 CTAs, 256 MiB in total, median of 5 runs; then the bulk mode beside
 // a cuBLAS GEMM (8192 x 8192 x 4096 bf16) on another stream, and that GEMM alone.
-// NOT YET RUN on a GPU (written 2026-11-22 with no device time left).
+// First run 2026-11-22 14:33 (2xH200): bench/results/gemm_rs-direct-20261122/store-probe.md.
 // Build here: nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/gpu/store_probe.cu \
 //               -o .gpu/store_probe -lcublas
 // Run there: bash tools/gpu/store_probe.sh .gpu   (nvidia-h200-x2, carry .gpu)
@@ -148,6 +148,77 @@ int main() {
         std::printf("%-6s %-7s %4d %8.1f %7.1f\n", mode, dst == remote ? "peer" : "local", ctas, us,
                     per * ctas / (us * 1e3));
       }
+  // Both directions at once (as in gemm_rs, where every rank sends its peer's rows): GPU 0 -> 1
+  // and GPU 1 -> 0 together, TMA bulk stores on 132 CTAs and copy-engine copies, 8 MiB (2048 x
+  // 4096 x 4096's half) and 256 MiB. Each direction timed on its own GPU's stream.
+  {
+    char* remote0 = nullptr;  // on GPU 0, written by GPU 1
+    char* src1 = nullptr;     // on GPU 1
+    CK(cudaMalloc(&remote0, total));
+    CK(cudaSetDevice(1));
+    CK(cudaDeviceEnablePeerAccess(0, 0));
+    CK(cudaMalloc(&src1, total));
+    CK(cudaMemset(src1, 1, total));
+    CK(cudaFuncSetAttribute(bulk_store, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * kTile));
+    cudaStream_t s1;
+    CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    cudaEvent_t a0, b0, a1, b1;
+    CK(cudaEventCreate(&a1));
+    CK(cudaEventCreate(&b1));
+    CK(cudaSetDevice(0));
+    CK(cudaEventCreate(&a0));
+    CK(cudaEventCreate(&b0));
+    std::printf("\nboth directions at once (us and GB/s per direction; one direction alone for reference)\n");
+    std::printf("mode   bytes      0->1 us  GB/s   1->0 us  GB/s   alone us  GB/s\n");
+    for (const char* mode : {"bulk", "copy"})
+      for (size_t bytes : {size_t(8) << 20, total}) {
+        const int ctas = static_cast<int>(std::min<size_t>(128, bytes / (2 * kTile)));  // 8 MiB: 64
+        const size_t per = bytes / ctas / (2 * kTile) * (2 * kTile);
+        const size_t moved = mode[0] == 'b' ? per * ctas : bytes;
+        auto go = [&](int dev, bool both) {
+          // dev 0 sends to GPU 1 (remote), dev 1 sends to GPU 0 (remote0)
+          for (int d = 0; d < 2; ++d) {
+            if (!both && d != dev) continue;
+            CK(cudaSetDevice(d));
+            cudaStream_t q = d == 0 ? s : s1;
+            CK(cudaEventRecord(d == 0 ? a0 : a1, q));
+            if (mode[0] == 'b')
+              bulk_store<<<ctas, kThreads, 2 * kTile, q>>>(d == 0 ? remote : remote0, per);
+            else
+              CK(cudaMemcpyAsync(d == 0 ? remote : remote0, d == 0 ? src : src1, bytes, cudaMemcpyDeviceToDevice, q));
+            CK(cudaGetLastError());
+            CK(cudaEventRecord(d == 0 ? b0 : b1, q));
+          }
+        };
+        std::vector<double> t0, t1, ta;
+        for (int r = 0; r < 7; ++r) {
+          go(0, true);
+          CK(cudaSetDevice(1));
+          CK(cudaEventSynchronize(b1));
+          CK(cudaSetDevice(0));
+          CK(cudaEventSynchronize(b0));
+          float m0 = 0, m1 = 0;
+          CK(cudaEventElapsedTime(&m0, a0, b0));
+          CK(cudaSetDevice(1));
+          CK(cudaEventElapsedTime(&m1, a1, b1));
+          CK(cudaSetDevice(0));
+          go(0, false);
+          CK(cudaEventSynchronize(b0));
+          float ma = 0;
+          CK(cudaEventElapsedTime(&ma, a0, b0));
+          if (r > 0) {
+            t0.push_back(m0 * 1e3);
+            t1.push_back(m1 * 1e3);
+            ta.push_back(ma * 1e3);
+          }
+        }
+        for (auto* v : {&t0, &t1, &ta}) std::sort(v->begin(), v->end());
+        const double u0 = t0[t0.size() / 2], u1 = t1[t1.size() / 2], ua = ta[ta.size() / 2];
+        std::printf("%-6s %4zu MiB %9.1f %5.0f %9.1f %5.0f %9.1f %5.0f\n", mode, bytes >> 20, u0, moved / (u0 * 1e3), u1,
+                    moved / (u1 * 1e3), ua, moved / (ua * 1e3));
+      }
+    CK(cudaSetDevice(0));
+  }
   // Beside a GEMM: the bulk stores into the peer on 16 CTAs while cuBLAS runs on the rest.
   const int M = 8192, N = 8192, K = 4096;
   __nv_bfloat16 *A, *B, *C;

@@ -105,7 +105,7 @@ bool is_overlap_bench(const std::string& what) { return what == "ag_gemm" || wha
 
 int cmd_bench_overlap(const std::string& what, bool quick, const std::string& out_dir,
                       const std::vector<std::string>& shapes, int chunks, const std::string& trace_dir, bool tune,
-                      const std::string& data, bool sequential) {
+                      const std::string& data, bool sequential, bool eager) {
   if (!std::getenv(tunables::kGpuHeapMiB.env)) setenv(tunables::kGpuHeapMiB.env, "8192", 1);
   auto b = make_backend();
   bench::OverlapBenchOptions opt;
@@ -117,6 +117,7 @@ int cmd_bench_overlap(const std::string& what, bool quick, const std::string& ou
   opt.tune = tune;
   opt.data = data;
   opt.sequential = sequential;
+  opt.eager = eager;
   const auto t0 = std::chrono::steady_clock::now();
   if (b->rank() == 0)
     opt.progress = [t0](const std::string& s) {
@@ -255,6 +256,9 @@ int main(int argc, char** argv) {
   bool sequential = false;
   bench->add_flag("--sequential", sequential,
                   "ag_gemm/gemm_rs/gemm_ar: time each column's replays back to back (default: interleaved rounds)");
+  bool eager = false;
+  bench->add_flag("--eager", eager,
+                  "ag_gemm/gemm_rs/gemm_ar: time eager calls instead of CUDA-graph replays (GPU; same rounds)");
 
   auto* trace = app.add_subcommand("trace", "Summarise a Chrome-trace JSON: comm, compute, communication hidden");
   std::string trace_file, trace_png;
@@ -281,7 +285,7 @@ int main(int argc, char** argv) {
     if (*trace) return cmd_trace(trace_file, trace_png);
     if (*bench && is_overlap_bench(what)) {
       int rc = relaunch_as_ranks(argc, argv);
-      return rc >= 0 ? rc : cmd_bench_overlap(what, quick, out_dir, shapes, chunks, trace_dir, tune, data, sequential);
+      return rc >= 0 ? rc : cmd_bench_overlap(what, quick, out_dir, shapes, chunks, trace_dir, tune, data, sequential, eager);
     }
     if (*bench) {
       int rc = relaunch_as_ranks(argc, argv);

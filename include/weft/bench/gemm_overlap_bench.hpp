@@ -54,6 +54,9 @@ struct OverlapBenchOptions {
   // Interleave the columns' timed replays (default: every column sees the same clock and power
   // history), or time each column's replays back to back (the protocol before 2026-11-22 12:40).
   bool sequential = false;
+  // GPU: time eager calls (a barrier, a sleep, then the graph's number of calls enqueued back to
+  // back, between events) instead of graph replays -- what a caller that does not capture sees.
+  bool eager = false;
   std::function<void(const std::string&)> progress;
 };
 
