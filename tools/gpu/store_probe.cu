@@ -219,6 +219,77 @@ int main() {
       }
     CK(cudaSetDevice(0));
   }
+  // One copy-engine copy into the peer split into `parts` copies on as many streams (each
+  // stream may get its own engine): 2, 8 and 32 MiB, GPU 0 -> 1 alone and both directions.
+  {
+    constexpr int kMaxParts = 4;
+    cudaStream_t q0[kMaxParts], q1[kMaxParts];
+    cudaEvent_t f0[kMaxParts], f1[kMaxParts], g0, g1;
+    char* remote0 = nullptr;
+    char* src1 = nullptr;
+    CK(cudaMalloc(&remote0, total));  // on GPU 0
+    CK(cudaSetDevice(1));
+    CK(cudaMalloc(&src1, total));
+    for (int i = 0; i < kMaxParts; ++i) {
+      CK(cudaStreamCreateWithFlags(&q1[i], cudaStreamNonBlocking));
+      CK(cudaEventCreateWithFlags(&f1[i], cudaEventDisableTiming));
+    }
+    CK(cudaEventCreate(&g1));
+    CK(cudaSetDevice(0));
+    for (int i = 0; i < kMaxParts; ++i) {
+      CK(cudaStreamCreateWithFlags(&q0[i], cudaStreamNonBlocking));
+      CK(cudaEventCreateWithFlags(&f0[i], cudaEventDisableTiming));
+    }
+    CK(cudaEventCreate(&g0));
+    cudaEvent_t h0, h1;
+    CK(cudaEventCreate(&h0));
+    CK(cudaSetDevice(1));
+    CK(cudaEventCreate(&h1));
+    CK(cudaSetDevice(0));
+    std::printf("\ncopy engine, one copy split into parts on as many streams (us, GB/s per direction)\n");
+    std::printf("bytes    parts  alone us  GB/s   both 0->1 us  GB/s\n");
+    for (size_t bytes : {size_t(2) << 20, size_t(8) << 20, size_t(32) << 20})
+      for (int parts : {1, 2, 4}) {
+        auto issue = [&](int d) {
+          CK(cudaSetDevice(d));
+          cudaStream_t* q = d == 0 ? q0 : q1;
+          cudaEvent_t* f = d == 0 ? f0 : f1;
+          CK(cudaEventRecord(d == 0 ? g0 : g1, q[0]));
+          for (int i = 1; i < parts; ++i) CK(cudaStreamWaitEvent(q[i], d == 0 ? g0 : g1, 0));
+          const size_t part = bytes / parts;
+          for (int i = 0; i < parts; ++i)
+            CK(cudaMemcpyAsync((d == 0 ? remote : remote0) + i * part, (d == 0 ? src : src1) + i * part, part,
+                               cudaMemcpyDeviceToDevice, q[i]));
+          for (int i = 1; i < parts; ++i) {
+            CK(cudaEventRecord(f[i], q[i]));
+            CK(cudaStreamWaitEvent(q[0], f[i], 0));
+          }
+          CK(cudaEventRecord(d == 0 ? h0 : h1, q[0]));
+        };
+        std::vector<double> alone, both;
+        for (int r = 0; r < 9; ++r) {
+          issue(0);
+          CK(cudaSetDevice(0));
+          CK(cudaEventSynchronize(h0));
+          float ms = 0;
+          CK(cudaEventElapsedTime(&ms, g0, h0));
+          if (r > 0) alone.push_back(ms * 1e3);
+          issue(0);
+          issue(1);
+          CK(cudaSetDevice(1));
+          CK(cudaEventSynchronize(h1));
+          CK(cudaSetDevice(0));
+          CK(cudaEventSynchronize(h0));
+          CK(cudaEventElapsedTime(&ms, g0, h0));
+          if (r > 0) both.push_back(ms * 1e3);
+        }
+        std::sort(alone.begin(), alone.end());
+        std::sort(both.begin(), both.end());
+        const double ua = alone[alone.size() / 2], ub = both[both.size() / 2];
+        std::printf("%3zu MiB %6d %9.1f %5.0f %14.1f %5.0f\n", bytes >> 20, parts, ua, bytes / (ua * 1e3), ub,
+                    bytes / (ub * 1e3));
+      }
+  }
   // Beside a GEMM: the bulk stores into the peer on 16 CTAs while cuBLAS runs on the rest.
   const int M = 8192, N = 8192, K = 4096;
   __nv_bfloat16 *A, *B, *C;
