@@ -14,6 +14,7 @@
 
 #include "weft/bench/devapi_bench.hpp"
 #include "weft/bench/shape.hpp"
+#include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ops/gemm_overlap.hpp"
 #include "weft/ops/trace.hpp"
@@ -201,9 +202,9 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
     //    then its graph. A column that cannot run keeps its reason; every rank fails alike
     //    (shape or build), or none does.
     // Calls per timed run (WEFT_BENCH_PER_GRAPH: experiments).
-    [[maybe_unused]] const int per_graph = std::getenv("WEFT_BENCH_PER_GRAPH")
-                                               ? std::max(1, std::atoi(std::getenv("WEFT_BENCH_PER_GRAPH")))
-                                           : predicted < 300 ? 10
+    const int64_t per_run_env = tunable_value(tunables::kBenchPerRun);
+    [[maybe_unused]] const int per_graph = per_run_env > 0  ? static_cast<int>(std::min<int64_t>(per_run_env, 1000))
+                                           : predicted < 300  ? 10
                                            : predicted < 3000 ? 3
                                                               : 2;
     for (Column& col : cols) {
@@ -234,7 +235,7 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
     // The sleep before each timed replay must outlast the host's launch of the graph, or the
     // GPU idles inside the events (WEFT_BENCH_SLEEP_US: experiments).
     [[maybe_unused]] const uint64_t sleep_ns =
-        std::getenv("WEFT_BENCH_SLEEP_US") ? std::strtoull(std::getenv("WEFT_BENCH_SLEEP_US"), nullptr, 10) * 1000 : 200000;
+        static_cast<uint64_t>(std::clamp<int64_t>(tunable_value(tunables::kBenchSleepUs), 0, 100000)) * 1000;
     // One timed run of a column: a barrier-lined graph replay (GPU), an eager call (host).
     auto run_once = [&](Column& col) -> double {
 #ifdef WEFT_HAVE_CUDA

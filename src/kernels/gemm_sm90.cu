@@ -624,12 +624,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           bulk_commit();
         }
       }
-      if (p.hooks.notify_idx && p.hooks.notify_deferred) {
+      if (p.hooks.notify_idx) {
         pending = pos;
-      } else if (p.hooks.notify_idx && tid == 0) {
-        bulk_wait0();  // this warpgroup's stores of the tile are complete
-        fence_proxy_async_global();
-        hook_notify(p, pos);
+        if (!p.hooks.notify_deferred) flush_notify();  // at once: the stores complete, then the count
       }
       if (p.hooks.trace && wg == 0 && tid == 0) {
         p.hooks.trace[3 * pos + 1] = globaltimer();

@@ -171,10 +171,13 @@ uint64_t slot_off(const FusedArgs& A, int idx) { return A.counters.at(static_cas
 
 // WEFT_FUSED_RS=1: gemm_rs and gemm_ar run the reduce chain (below; slower than decomposed,
 // waits on the host's call count, so not CUDA-graph replayable): comparisons only.
-bool fused_rs_chain() {
-  const char* e = std::getenv("WEFT_FUSED_RS");
+// An experiment's switch: the variable is exactly "1".
+bool env_is_1(const char* name) {
+  const char* e = std::getenv(name);
   return e && e[0] == '1' && e[1] == '\0';
 }
+
+bool fused_rs_chain() { return env_is_1("WEFT_FUSED_RS"); }
 
 // Positions over row blocks `blocks` (in that order) and every N-block: groups of `group`
 // consecutive row blocks (8 for single CTAs; 16, even, for CTA pairs, so positions 2q, 2q+1
@@ -857,10 +860,7 @@ void run_rs_ce(const FusedArgs& A, State& st, cudaStream_t s) {
 // (at their epilogue) until this rank's own tiles of call c - 1 have read it -- each own tile
 // counts on the peer's "free" counter of its M-block, which starts at one call's worth.
 // Counters: [0, 2 blocks): received from rank q at q * blocks + b; [2 blocks, 3 blocks): free.
-bool fused_rs_direct() {
-  const char* e = std::getenv("WEFT_FUSED_RS_DIRECT");
-  return e && e[0] == '1' && e[1] == '\0';
-}
+bool fused_rs_direct() { return env_is_1("WEFT_FUSED_RS_DIRECT"); }
 
 bool rs_direct_fits(const FusedArgs& A) {
   return A.ctx.world == 2 && A.m % 2 == 0 && (A.m / 2) % kernels::kGemmTileM == 0 && A.stage_off != 0;
