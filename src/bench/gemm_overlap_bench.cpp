@@ -23,8 +23,8 @@
 #include <cuda_runtime.h>
 
 #include "weft/bench/graph_timing.hpp"
-#include "weft/kernels/runtime_kernels.hpp"
 #include "weft/core/cuda_check.hpp"
+#include "weft/kernels/runtime_kernels.hpp"
 #endif
 
 namespace weft::bench {
@@ -203,7 +203,7 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
     //    (shape or build), or none does.
     // Calls per timed run (WEFT_BENCH_PER_GRAPH: experiments).
     const int64_t per_run_env = tunable_value(tunables::kBenchPerRun);
-    [[maybe_unused]] const int per_graph = per_run_env > 0  ? static_cast<int>(std::min<int64_t>(per_run_env, 1000))
+    [[maybe_unused]] const int per_graph = per_run_env > 0    ? static_cast<int>(std::min<int64_t>(per_run_env, 1000))
                                            : predicted < 300  ? 10
                                            : predicted < 3000 ? 3
                                                               : 2;
@@ -371,14 +371,22 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
           std::filesystem::create_directories(opt.trace_dir);
           const std::string path = fmt::format("{}/{}-{}-{}-{}-{}r.json", opt.trace_dir, opt.op, shape,
                                                ops::to_string(m), res.backend, world);
-          const nlohmann::json meta{{"op", opt.op},          {"shape", shape},       {"method", ops::to_string(m)},
-                                    {"chunks", op.chunks()}, {"device", res.device}, {"world", world},
-                                    {"call", "4th of 4 enqueued back to back"},
-                                    {"eager_us_per_call", eager_us}};
+          nlohmann::json meta{{"op", opt.op},
+                              {"shape", shape},
+                              {"method", ops::to_string(m)},
+                              {"chunks", op.chunks()},
+                              {"device", res.device},
+                              {"world", world},
+                              {"call", "4th of 4 enqueued back to back"}};
+          if (eager_us > 0) meta["eager_us_per_call"] = eager_us;  // GPU only
           ops::write_chrome_trace(path, all, meta);
           res.traces.push_back(path);
           if (opt.progress)
-            opt.progress(fmt::format("trace {} (eager: {:.1f} us a call, {} calls after a barrier, slowest rank):\n{}", path, eager_us, kEager,
+            opt.progress(fmt::format("trace {}{}:\n{}", path,
+                                     eager_us > 0 ? fmt::format(" (eager: {:.1f} us a call, {} calls after a barrier, "
+                                                                "slowest rank)",
+                                                                eager_us, kEager)
+                                                  : std::string(),
                                      ops::format_trace_summary(ops::summarize_trace(ops::to_chrome_trace(all, meta)))));
         }
       }

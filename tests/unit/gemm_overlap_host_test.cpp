@@ -6,6 +6,7 @@
 // skips a call.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -14,7 +15,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
+#include <utility>
 
 #include "gemm_overlap_check.hpp"
 #include "rank_harness.hpp"
@@ -370,4 +373,55 @@ TEST(GemmOverlapCli, BenchRunsOnTheHostBackend) {
     EXPECT_NE(out.find("wrote " + dir), std::string::npos) << out;
   }
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+std::pair<int, std::string> run_cmd(const std::string& cmd) {
+  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
+  if (!f) return {-1, ""};
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, f)) out += buf;
+  const int st = pclose(f);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+}  // namespace
+
+// --trace-dir: one traced call per method (the 4th of 4 enqueued back to back), a Chrome-trace
+// JSON per method that `weft trace` reads back with every rank's tiles and chunks.
+TEST(GemmOverlapCli, BenchTracesEveryMethod) {
+  const std::string dir = fmt::format("/tmp/weft-gemm-trace-{}", ::getpid());
+  const auto [rc, out] = run_cmd(fmt::format(
+      "WEFT_BACKEND=host WEFT_HOST_RANKS=2 WEFT_TUNE_CACHE=- {} bench gemm_rs --quick --out {} --trace-dir {}",
+      WEFT_CLI_PATH, dir, dir));
+  ASSERT_EQ(rc, 0) << out;
+  for (const char* m : {"baseline", "decomposed", "fused"}) {
+    std::string path;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+      if (e.path().filename().string().find(std::string("-") + m + "-") != std::string::npos &&
+          e.path().extension() == ".json")
+        path = e.path().string();
+    ASSERT_FALSE(path.empty()) << m << "\n" << out;
+    std::ifstream in(path);
+    const nlohmann::json j = nlohmann::json::parse(in);
+    EXPECT_EQ(j.at("weft").at("method"), m);
+    EXPECT_EQ(j.at("weft").at("call"), "4th of 4 enqueued back to back");
+    std::set<int> ranks;
+    for (const auto& e : j.at("traceEvents"))
+      if (e.at("ph") == "X") ranks.insert(e.at("pid").get<int>());
+    EXPECT_EQ(ranks, (std::set<int>{0, 1})) << path;
+    const auto [trc, summary] = run_cmd(fmt::format("{} trace {}", WEFT_CLI_PATH, path));
+    EXPECT_EQ(trc, 0) << summary;
+    EXPECT_NE(summary.find("communication hidden behind computation"), std::string::npos) << summary;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// The bench's knobs are checked: a value that is not an integer is refused by name.
+TEST(GemmOverlapCli, BenchRefusesAMalformedKnob) {
+  const auto [rc, out] = run_cmd(
+      fmt::format("WEFT_BACKEND=host WEFT_HOST_RANKS=2 WEFT_BENCH_PER_GRAPH=three {} bench gemm_rs --quick --out /tmp",
+                  WEFT_CLI_PATH));
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("WEFT_BENCH_PER_GRAPH='three' is not an integer"), std::string::npos) << out;
 }

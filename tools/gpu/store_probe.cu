@@ -214,8 +214,8 @@ int main() {
         }
         for (auto* v : {&t0, &t1, &ta}) std::sort(v->begin(), v->end());
         const double u0 = t0[t0.size() / 2], u1 = t1[t1.size() / 2], ua = ta[ta.size() / 2];
-        std::printf("%-6s %4zu MiB %9.1f %5.0f %9.1f %5.0f %9.1f %5.0f\n", mode, bytes >> 20, u0, moved / (u0 * 1e3), u1,
-                    moved / (u1 * 1e3), ua, moved / (ua * 1e3));
+        std::printf("%-6s %4zu MiB %9.1f %5.0f %9.1f %5.0f %9.1f %5.0f\n", mode, bytes >> 20, u0, moved / (u0 * 1e3),
+                    u1, moved / (u1 * 1e3), ua, moved / (ua * 1e3));
       }
     CK(cudaSetDevice(0));
   }

@@ -285,7 +285,9 @@ int main(int argc, char** argv) {
     if (*trace) return cmd_trace(trace_file, trace_png);
     if (*bench && is_overlap_bench(what)) {
       int rc = relaunch_as_ranks(argc, argv);
-      return rc >= 0 ? rc : cmd_bench_overlap(what, quick, out_dir, shapes, chunks, trace_dir, tune, data, sequential, eager);
+      return rc >= 0
+                 ? rc
+                 : cmd_bench_overlap(what, quick, out_dir, shapes, chunks, trace_dir, tune, data, sequential, eager);
     }
     if (*bench) {
       int rc = relaunch_as_ranks(argc, argv);
