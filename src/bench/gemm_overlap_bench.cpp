@@ -24,7 +24,6 @@
 
 #include "weft/bench/graph_timing.hpp"
 #include "weft/core/cuda_check.hpp"
-#include "weft/kernels/runtime_kernels.hpp"
 #endif
 
 namespace weft::bench {
@@ -239,18 +238,10 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
     // One timed run of a column: a barrier-lined graph replay (GPU), an eager call (host).
     auto run_once = [&](Column& col) -> double {
 #ifdef WEFT_HAVE_CUDA
-      if (gpu && opt.eager) {
-        WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
-        WEFT_CUDA_CHECK(kernels::device_barrier(b.ctx(), bar, stream));
-        WEFT_CUDA_CHECK(kernels::device_sleep(sleep_ns, stream));
-        WEFT_CUDA_CHECK(cudaEventRecord(e0, stream));
-        for (int i = 0; i < per_graph; ++i) col.call();
-        WEFT_CUDA_CHECK(cudaEventRecord(e1, stream));
-        WEFT_CUDA_CHECK(cudaEventSynchronize(e1));
-        float ms = 0;
-        WEFT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        return ms * 1e3 / per_graph;
-      }
+      if (gpu && opt.eager)  // the stream is idle here: every run and check ends synchronised
+        return timed_run(b, bar, stream, e0, e1, sleep_ns, per_graph, [&] {
+          for (int i = 0; i < per_graph; ++i) col.call();
+        });
       if (gpu) return col.graph->timed_replay(b, bar, e0, e1, sleep_ns);
 #endif
       b.barrier();
@@ -353,15 +344,9 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
         if (gpu) {
           WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
           b.barrier();
-          WEFT_CUDA_CHECK(kernels::device_barrier(b.ctx(), bar, stream));
-          WEFT_CUDA_CHECK(kernels::device_sleep(sleep_ns, stream));
-          WEFT_CUDA_CHECK(cudaEventRecord(e0, stream));
-          for (int i = 0; i < kEager; ++i) op.run(a, w, c, {.method = m, .stream = s});
-          WEFT_CUDA_CHECK(cudaEventRecord(e1, stream));
-          WEFT_CUDA_CHECK(cudaEventSynchronize(e1));
-          float ms = 0;
-          WEFT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-          eager_us = max_over_ranks(b, ms * 1e3 / kEager);
+          eager_us = max_over_ranks(b, timed_run(b, bar, stream, e0, e1, sleep_ns, kEager, [&] {
+                                      for (int i = 0; i < kEager; ++i) op.run(a, w, c, {.method = m, .stream = s});
+                                    }));
         }
 #endif
         for (int i = 0; i < 3; ++i) op.run(a, w, c, {.method = m, .stream = s});

@@ -5,6 +5,19 @@
 
 namespace weft::bench {
 
+double timed_run(Backend& b, dev::BarrierHandle bar, cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1,
+                 uint64_t sleep_ns, int calls, const std::function<void()>& enqueue) {
+  WEFT_CUDA_CHECK(kernels::device_barrier(b.ctx(), bar, stream));
+  WEFT_CUDA_CHECK(kernels::device_sleep(sleep_ns, stream));
+  WEFT_CUDA_CHECK(cudaEventRecord(e0, stream));
+  enqueue();
+  WEFT_CUDA_CHECK(cudaEventRecord(e1, stream));
+  WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  float ms = 0;
+  WEFT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  return ms * 1e3 / calls;
+}
+
 ReplayGraph::ReplayGraph(cudaStream_t stream, int per_graph, const std::function<void()>& call)
     : stream_(stream), per_graph_(per_graph) {
   WEFT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -22,17 +35,7 @@ void ReplayGraph::launch() { WEFT_CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
 
 double ReplayGraph::timed_replay(Backend& b, dev::BarrierHandle bar, cudaEvent_t e0, cudaEvent_t e1,
                                  uint64_t sleep_ns) {
-  // Line the GPUs up, then keep the stream busy while the host enqueues the timed graph:
-  // neither rank skew nor launch latency lands inside the events.
-  WEFT_CUDA_CHECK(kernels::device_barrier(b.ctx(), bar, stream_));
-  WEFT_CUDA_CHECK(kernels::device_sleep(sleep_ns, stream_));
-  WEFT_CUDA_CHECK(cudaEventRecord(e0, stream_));
-  launch();
-  WEFT_CUDA_CHECK(cudaEventRecord(e1, stream_));
-  WEFT_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  float ms = 0;
-  WEFT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  return ms * 1e3 / per_graph_;
+  return timed_run(b, bar, stream_, e0, e1, sleep_ns, per_graph_, [this] { launch(); });
 }
 
 std::vector<double> time_graph_replays(Backend& b, dev::BarrierHandle bar, cudaStream_t stream, cudaEvent_t e0,

@@ -107,6 +107,30 @@ int run_all_methods(Backend& b, const GemmOverlapConfig& cfg, int calls, cudaStr
   return checks;
 }
 
+// Sets variables for one test (or one round of it) and restores what the caller had on
+// destruction (e.g. the memcheck run's WEFT_GEMM_TUNE).
+class ScopedEnv {
+ public:
+  ScopedEnv() = default;
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  void set(const char* k, const char* v) {
+    const char* old = std::getenv(k);
+    saved_.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
+    setenv(k, v, 1);
+  }
+  ~ScopedEnv() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it)
+      if (it->second)
+        setenv(it->first.c_str(), it->second->c_str(), 1);
+      else
+        unsetenv(it->first.c_str());
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
 }  // namespace
 
 class GemmOverlapGpu : public ::testing::TestWithParam<int> {};
@@ -151,35 +175,17 @@ class GemmOverlapGpuOtherPaths : public ::testing::TestWithParam<int> {};
 TEST_P(GemmOverlapGpuOtherPaths, EveryMethodIsExact) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
   const int path = GetParam();
-  // Sets variables for this test and restores what the caller had (e.g. the memcheck run's
-  // WEFT_GEMM_TUNE).
-  struct Env {
-    std::vector<std::pair<std::string, std::optional<std::string>>> saved;
-    void set(const char* k, const char* v) {
-      const char* old = std::getenv(k);
-      saved.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
-      setenv(k, v, 1);
-    }
-    explicit Env(int path) {
-      if (path == 1) {
-        set("WEFT_AG_OWN_IN_PLACE", "0");
-        set("WEFT_RS_FOLD", "1");
-      } else if (path == 2) {
-        set("WEFT_GEMM_TUNE", "0");
-      } else if (path == 3) {
-        set("WEFT_RS_FOLD", "lt");
-      } else {
-        set("WEFT_FUSED_RS_DIRECT", "1");
-      }
-    }
-    ~Env() {
-      for (auto it = saved.rbegin(); it != saved.rend(); ++it)
-        if (it->second)
-          setenv(it->first.c_str(), it->second->c_str(), 1);
-        else
-          unsetenv(it->first.c_str());
-    }
-  } env(path);
+  ScopedEnv env;
+  if (path == 1) {
+    env.set("WEFT_AG_OWN_IN_PLACE", "0");
+    env.set("WEFT_RS_FOLD", "1");
+  } else if (path == 2) {
+    env.set("WEFT_GEMM_TUNE", "0");
+  } else if (path == 3) {
+    env.set("WEFT_RS_FOLD", "lt");
+  } else {
+    env.set("WEFT_FUSED_RS_DIRECT", "1");
+  }
   expect_all_ok(run_gpu(gpus(), [path] {
     auto b = make_backend();
     const int w = b->size();
@@ -215,8 +221,9 @@ TEST(GemmOverlapGpuGraph, ReplaysStayExact) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
   for (const char* fold : {"0", "1", "lt", "lt+direct"}) {
     const bool direct = std::string(fold) == "lt+direct";
-    setenv("WEFT_RS_FOLD", direct ? "lt" : fold, 1);
-    if (direct) setenv("WEFT_FUSED_RS_DIRECT", "1", 1);
+    ScopedEnv env;
+    env.set("WEFT_RS_FOLD", direct ? "lt" : fold);
+    if (direct) env.set("WEFT_FUSED_RS_DIRECT", "1");
     expect_all_ok(run_gpu(gpus(), [] {
       auto b = make_backend();
       const int w = b->size(), rank = b->rank();
@@ -264,9 +271,7 @@ TEST(GemmOverlapGpuGraph, ReplaysStayExact) {
         }
       WEFT_CUDA_CHECK(cudaStreamDestroy(s));
     }));
-    unsetenv("WEFT_FUSED_RS_DIRECT");
   }
-  unsetenv("WEFT_RS_FOLD");
 }
 
 // Calls enqueued back to back, nothing in between, each on its own inputs and output: a rank
@@ -277,7 +282,8 @@ TEST(GemmOverlapGpuGraph, ReplaysStayExact) {
 TEST(GemmOverlapGpuGraph, BackToBackCallsStayExact) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
   for (const char* direct : {"0", "1"}) {
-    setenv("WEFT_FUSED_RS_DIRECT", direct, 1);
+    ScopedEnv env;
+    env.set("WEFT_FUSED_RS_DIRECT", direct);
     expect_all_ok(run_gpu(gpus(), [] {
       auto b = make_backend();
       const int w = b->size(), rank = b->rank();
@@ -318,7 +324,6 @@ TEST(GemmOverlapGpuGraph, BackToBackCallsStayExact) {
       WEFT_CUDA_CHECK(cudaStreamDestroy(s));
     }));
   }
-  unsetenv("WEFT_FUSED_RS_DIRECT");
 }
 
 // A traced call of decomposed (and fused, when available): chunks on the copy engine, GEMMs

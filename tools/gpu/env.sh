@@ -11,3 +11,12 @@ export LD_LIBRARY_PATH=$NCCL_LIB:$CUBLAS_LIB:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/weft-out}
 mkdir -p "$OUT"
 step() { echo; echo "=== $*"; }
+# The GEMM+communication GPU tests (exact on 1 and 2 GPUs, graph replays, back-to-back calls),
+# log in $OUT/gpu_tests_overlap.log; the outcome lines printed.
+overlap_tests() {
+  step "GEMM+communication GPU tests"
+  WEFT_TEST_PROGRESS=$OUT/progress timeout -s KILL 240 "$BIN/weft_gpu_tests" --gtest_filter='*GemmOverlap*' \
+    > "$OUT/gpu_tests_overlap.log" 2>&1
+  pkill -9 -x weft_gpu_tests 2>/dev/null || true  # ranks of a killed run must not hold the GPUs
+  grep -E "^\[ *(FAILED|PASSED)|\[gpu\]|Failure|rror" "$OUT/gpu_tests_overlap.log" | grep -v "gemm random" | head -30
+}

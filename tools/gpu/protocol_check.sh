@@ -14,11 +14,7 @@ set -uo pipefail
 BIN=${1:-.gpu}
 source "$(dirname "$0")/env.sh"
 export WEFT_TIMEOUT_MS=${WEFT_TIMEOUT_MS:-15000}
-step "GEMM+communication GPU tests"
-WEFT_TEST_PROGRESS=$OUT/progress timeout -s KILL 240 "$BIN/weft_gpu_tests" --gtest_filter='*GemmOverlap*' \
-  > "$OUT/gpu_tests_overlap.log" 2>&1
-pkill -9 -x weft_gpu_tests 2>/dev/null || true
-grep -E "^\[ *(FAILED|PASSED)|\[gpu\]|Failure" "$OUT/gpu_tests_overlap.log" | head -20
+overlap_tests
 mkdir -p "$OUT/sequential"
 for op in ag_gemm gemm_rs; do
   step "weft bench $op --sequential"

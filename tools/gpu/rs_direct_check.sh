@@ -9,11 +9,7 @@ set -uo pipefail
 BIN=${1:-.gpu}
 source "$(dirname "$0")/env.sh"
 export WEFT_TIMEOUT_MS=${WEFT_TIMEOUT_MS:-15000}
-step "GEMM+communication GPU tests"
-WEFT_TEST_PROGRESS=$OUT/progress timeout -s KILL 240 "$BIN/weft_gpu_tests" --gtest_filter='*GemmOverlap*' \
-  > "$OUT/gpu_tests_overlap.log" 2>&1
-pkill -9 -x weft_gpu_tests 2>/dev/null || true
-grep -E "^\[ *(FAILED|PASSED)|\[gpu\]|Failure|rror" "$OUT/gpu_tests_overlap.log" | grep -v "gemm random" | head -30
+overlap_tests
 if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then
   step "memcheck: direct stores (OtherPaths/3), back-to-back calls"
   WEFT_GEMM_TUNE=0 WEFT_TEST_TIMEOUT_MS=200000 WEFT_TIMEOUT_MS=200000 timeout 200 compute-sanitizer --tool memcheck \

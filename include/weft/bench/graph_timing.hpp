@@ -20,6 +20,12 @@ std::vector<double> time_graph_replays(Backend& b, dev::BarrierHandle bar, cudaS
                                        cudaEvent_t e1, int per_graph, int reps, uint64_t sleep_ns,
                                        const std::function<void()>& call);
 
+// GPUs lined up by `bar`, a `sleep_ns` sleep kernel (the host enqueues what follows before the
+// GPU reaches it), then `enqueue()` -- `calls` calls -- between events e0/e1; synchronises;
+// returns µs per call. Neither rank skew nor launch latency lands inside the events.
+double timed_run(Backend& b, dev::BarrierHandle bar, cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1,
+                 uint64_t sleep_ns, int calls, const std::function<void()>& enqueue);
+
 // One captured graph of `per_graph` back-to-back `call()`s on `stream`, replayed on demand: the
 // bench keeps one per method and interleaves their replays, so every method is timed under the
 // same clock and power history (a method timed right after an idle gap runs at a higher clock).
@@ -31,8 +37,7 @@ class ReplayGraph {
   ReplayGraph& operator=(const ReplayGraph&) = delete;
   // One untimed replay (no synchronisation).
   void launch();
-  // GPUs lined up by `bar`, a `sleep_ns` sleep kernel (the host enqueues the replay before the
-  // GPU reaches it), then one replay between e0/e1; synchronises; returns µs per call.
+  // One replay as a timed_run; returns µs per call.
   double timed_replay(Backend& b, dev::BarrierHandle bar, cudaEvent_t e0, cudaEvent_t e1, uint64_t sleep_ns);
 
  private:
