@@ -196,6 +196,25 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
       cols.push_back(gemm_col("gemm_only_weft", ops::GemmOverlap::GemmAlone::kWeft));
     }
     for (GemmMethod m : {GemmMethod::kDecomposed, GemmMethod::kFused, GemmMethod::kAuto}) cols.push_back(method_col(m));
+    // --tune: decomposed at other chunk counts too, one op each, timed and checked beside the
+    // rest ("decomposed_cN" points): which count is fastest depends on how cuBLAS's kernels
+    // quantize the pieces, which the model does not know (2xH200, 16384x8192x3584: 1.175x the
+    // GEMM alone with 2 chunks, 1.08x with 3, 1.22x with 4; docs/gemm_overlap.md).
+    std::vector<std::unique_ptr<ops::GemmOverlap>> tune_ops;
+    if (opt.tune && world > 1 && opt.chunks == 0)
+      for (int ch : {1, 2, 3, 4, 6}) {
+        if (ch == op.chunks() || ch > op.c_rows()) continue;
+        ops::GemmOverlapConfig tc = cfg;
+        tc.chunks = ch;
+        tune_ops.push_back(std::make_unique<ops::GemmOverlap>(b, tc));
+        ops::GemmOverlap* t = tune_ops.back().get();
+        Column col;
+        col.method = fmt::format("decomposed_c{}", ch);
+        col.call = [&, t] { t->run(a, w, c, {.method = GemmMethod::kDecomposed, .stream = s}); };
+        col.checked = true;
+        col.chunks = ch;
+        cols.push_back(std::move(col));
+      }
 
     // 1. Each column's first call (allocations, cuBLAS's timed choices; outside any capture),
     //    then its graph. A column that cannot run keeps its reason; every rank fails alike
@@ -301,8 +320,10 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
 
     // 3. The table's points: the slowest rank's median per column.
     std::map<std::string, double> measured;
+    std::map<std::string, int> chunks_of;  // (the columns are gone by the time --tune chooses)
     const double tol = overlap_bench_tolerance(opt.op, world);
     for (Column& col : cols) {
+      chunks_of[col.method] = col.chunks;
       const double us = col.ran ? max_over_ranks(b, median(col.us)) : 0;
       OverlapPoint p{opt.op, d.m, d.k, d.n, col.method, us, us > 0 ? flops / (us * 1e6) : 0, col.chunks, col.note};
       if (errs.count(col.method)) {
@@ -324,10 +345,21 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
 #endif
 
     if (opt.tune && b.rank() == 0) {
+      // The fastest method (decomposed at its fastest chunk count), of those exact.
       std::string best;
-      for (const char* m : {"baseline", "decomposed", "fused"})
-        if (measured.count(m) && (best.empty() || measured[m] < measured[best])) best = m;
-      if (!best.empty()) op.store_tuning(ops::parse_gemm_method(best), op.chunks(), measured[best]);
+      int best_chunks = op.chunks();
+      for (const auto& [m, us] : measured) {
+        const bool dec_c = m.rfind("decomposed_c", 0) == 0;
+        if (!(m == "baseline" || m == "decomposed" || m == "fused" || dec_c)) continue;
+        if (errs.count(m) && errs[m] > tol) continue;
+        if (best.empty() || us < measured[best]) {
+          best = m;
+          best_chunks = dec_c ? chunks_of[m] : op.chunks();
+        }
+      }
+      if (!best.empty())
+        op.store_tuning(ops::parse_gemm_method(best.rfind("decomposed", 0) == 0 ? "decomposed" : best), best_chunks,
+                        measured[best]);
     }
     if (!opt.trace_dir.empty()) {
       for (GemmMethod m : {GemmMethod::kBaseline, GemmMethod::kDecomposed, GemmMethod::kFused}) {

@@ -162,6 +162,9 @@ struct GemmOverlap::Impl {
   cudaStream_t cs = nullptr;  // copy / communication stream of `decomposed`
   cudaEvent_t ev_fork = nullptr, ev_join = nullptr, ev_base = nullptr;
   std::vector<cudaEvent_t> ev_piece;
+  // gemm_rs, RsFold::kLt (2 ranks): the peer's piece j has landed here (recorded on cs after
+  // its wait).
+  std::vector<cudaEvent_t> ev_recv;
   uint64_t epoch_off = 0;
   dev::BarrierHandle barrier{};
   // decomposed ag_gemm: the plan's tables and tensors
@@ -565,6 +568,8 @@ void GemmOverlap::Impl::setup_gpu() {
     rs_stage = heap.alloc_bytes(static_cast<size_t>(world) * m_shard * cfg.n * eb, tag + ".decomposed.staging");
     rs_signals = heap.alloc_signals(static_cast<uint32_t>(world * chunks), tag + ".decomposed.signals");
     ev_piece.resize(static_cast<size_t>(std::max(1, world - 1) * chunks));
+    ev_recv.resize(static_cast<size_t>(chunks));
+    for (auto& e : ev_recv) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     if (rs_fold == RsFold::kWeft) {  // (never with SM copies: choose_rs_fold)
       // Per M-block of the own block: wait for piece j of every peer q (signal q * chunks + j
       // >= the call count) for each piece j its rows overlap.
@@ -966,6 +971,17 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
                                             sizeof(uint64_t), cudaMemcpyDefault, cs));
           } else {
             signal(p, sig_off, 1, cs);
+            if (rs_fold == RsFold::kLt) {
+              // The wait for the peer's piece j on this stream, after this rank's own piece j
+              // went out (the peer's is due about then: a short spin), the compute stream
+              // joining it by an event: between the compute stream's cuBLAS GEMMs only the
+              // launch gap stays (2.9 us, against 6.5-7.4 with a wait kernel there; 2xH200,
+              // 2026-11-22, bench/results/gemm_rs-probe-20261122/README.md section 7). Not
+              // for the reduce pass: its one-piece shapes (2048x4096x4096) would only gain a
+              // hop between the peer's signal and the reduce.
+              wait_list(cs, {{p, rs_signals.at(static_cast<uint32_t>(p * chunks + static_cast<int>(j))), 1}});
+              WEFT_CUDA_CHECK(cudaEventRecord(ev_recv[j], cs));
+            }
           }
         }
       }
@@ -1004,7 +1020,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
         const int q = 1 - rank;  // the peer (2 ranks)
         for (size_t j = 0; j < pieces.size(); ++j) {
           const auto [r0, r1] = pieces[j];
-          wait_list(s, {{q, rs_signals.at(static_cast<uint32_t>(q * chunks + static_cast<int>(j))), 1}});
+          WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_recv[j], 0));  // the peer's piece j is in
           size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev + j), 0, "compute stream",
                           fmt::format("gemm rows [{},{}) (own) + rank {}'s piece", g0 + r0, g0 + r1, q), tracing);
           gemm(s, at(a, static_cast<uint64_t>((g0 + r0) * k_local) * eb), bp, at(c, static_cast<uint64_t>(r0 * N) * eb),
@@ -1100,6 +1116,7 @@ GemmOverlap::Impl::~Impl() {
     cudaEventDestroy(e.end);
   }
   for (auto& e : ev_piece) cudaEventDestroy(e);
+  for (auto& e : ev_recv) cudaEventDestroy(e);
   if (ev_fork) cudaEventDestroy(ev_fork);
   if (ev_join) cudaEventDestroy(ev_join);
   if (ev_base) cudaEventDestroy(ev_base);

@@ -277,13 +277,14 @@ TEST(GemmOverlapGpuGraph, ReplaysStayExact) {
 // Calls enqueued back to back, nothing in between, each on its own inputs and output: a rank
 // may run ahead into the next call while its peer still reads what the last one delivered
 // (staging slots, gathered rows), so every guard between calls is exercised -- the copy-engine
-// fold's epoch barrier, the direct stores' slot-free counts, decomposed's waits. Every output
-// exact.
+// fold's epoch barrier, the direct stores' slot-free counts, decomposed's waits (the reduce
+// pass's, and cuBLASLt's fold's). Every output exact.
 TEST(GemmOverlapGpuGraph, BackToBackCallsStayExact) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
-  for (const char* direct : {"0", "1"}) {
+  for (const char* variant : {"0", "1", "lt"}) {
     ScopedEnv env;
-    env.set("WEFT_FUSED_RS_DIRECT", direct);
+    env.set("WEFT_FUSED_RS_DIRECT", std::string(variant) == "1" ? "1" : "0");
+    if (std::string(variant) == "lt") env.set("WEFT_RS_FOLD", "lt");
     expect_all_ok(run_gpu(gpus(), [] {
       auto b = make_backend();
       const int w = b->size(), rank = b->rank();

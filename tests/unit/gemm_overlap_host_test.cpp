@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <thread>
 #include <utility>
@@ -413,6 +414,61 @@ TEST(GemmOverlapCli, BenchTracesEveryMethod) {
     const auto [trc, summary] = run_cmd(fmt::format("{} trace {}", WEFT_CLI_PATH, path));
     EXPECT_EQ(trc, 0) << summary;
     EXPECT_NE(summary.find("communication hidden behind computation"), std::string::npos) << summary;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// --tune times decomposed at other chunk counts beside the rest (each checked against the
+// baseline) and stores the fastest exact method with its chunk count.
+TEST(GemmOverlapCli, BenchTuneSweepsChunkCounts) {
+  const std::string dir = fmt::format("/tmp/weft-gemm-tune-{}", ::getpid()), cache = dir + "/cache.json";
+  std::filesystem::remove_all(dir);
+  const auto [rc, out] = run_cmd(
+      fmt::format("WEFT_BACKEND=host WEFT_HOST_RANKS=2 WEFT_TUNE_CACHE={} {} bench gemm_rs --quick --shapes 64x32x48 "
+                  "--tune --out {}",
+                  cache, WEFT_CLI_PATH, dir));
+  ASSERT_EQ(rc, 0) << out;
+  std::string json;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().filename().string().rfind("gemm_rs-", 0) == 0 && e.path().extension() == ".json")
+      json = e.path().string();
+  ASSERT_FALSE(json.empty()) << out;
+  std::ifstream in(json);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  std::map<std::string, double> us;
+  std::set<int> swept;
+  for (const auto& p : j.at("points")) {
+    const std::string m = p.at("method");
+    us[m] = p.at("median_us");
+    if (m.rfind("decomposed_c", 0) == 0) {
+      swept.insert(p.at("chunks").get<int>());
+      EXPECT_EQ(m, fmt::format("decomposed_c{}", p.at("chunks").get<int>()));
+      EXPECT_GE(p.at("rel_err_vs_baseline").get<double>(), 0.0) << m << " was not checked";
+      EXPECT_LE(p.at("rel_err_vs_baseline").get<double>(), j.at("tolerance_vs_baseline").get<double>()) << m;
+    }
+  }
+  EXPECT_EQ(swept.size(), 4u) << out;  // 1, 2, 3, 4, 6 less the op's own count
+  std::ifstream cf(cache);
+  ASSERT_TRUE(cf.good()) << "no tuning cache written\n" << out;
+  const nlohmann::json c = nlohmann::json::parse(cf);
+  ASSERT_EQ(c.size(), 1u) << c.dump();
+  const auto& entry = c.begin().value();
+  const std::string method = entry.at("method");
+  const int chunks = entry.at("chunks");
+  // The stored choice is the fastest of the candidates, at the chunk count that ran fastest.
+  double best = 1e300;
+  std::string best_name;
+  for (const auto& [m, t] : us)
+    if ((m == "baseline" || m == "decomposed" || m == "fused" || m.rfind("decomposed_c", 0) == 0) && t < best) {
+      best = t;
+      best_name = m;
+    }
+  EXPECT_DOUBLE_EQ(entry.at("us").get<double>(), best) << c.dump();
+  if (best_name.rfind("decomposed_c", 0) == 0) {
+    EXPECT_EQ(method, "decomposed");
+    EXPECT_EQ(fmt::format("decomposed_c{}", chunks), best_name);
+  } else {
+    EXPECT_EQ(method, best_name);
   }
   std::filesystem::remove_all(dir);
 }

@@ -7,7 +7,9 @@
 # ops on the same shapes (bench/torch_symm_mem_peer.py). Extra environment for the
 # benches: BENCH_ENV (e.g. "WEFT_AG_OWN_IN_PLACE=0"); TRACE=1 keeps one traced call (fused
 # ag_gemm, decomposed gemm_rs, largest shape) with its PNG; SKIP_TESTS=1, SKIP_MEMCHECK=1 leave
-# those out. Everything lands in $OUT as one archive.
+# those out; TUNE=1 first runs `weft bench OP --tune` for each of TUNE_OPS (default gemm_rs) into
+# a fresh tuning cache ($OUT/tuning.json, which the benches then read: auto's choice and
+# decomposed's chunk count). Everything lands in $OUT as one archive.
 set -uo pipefail
 BIN=${1:-.gpu}
 shift || true
@@ -28,6 +30,29 @@ if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then
   WEFT_GEMM_TUNE=0 WEFT_TEST_TIMEOUT_MS=200000 WEFT_TIMEOUT_MS=200000 timeout 330 compute-sanitizer --tool memcheck --report-api-errors no \
     --target-processes all "$BIN/weft_gpu_tests" --gtest_filter='*GemmOverlap*:GemmGpu.Epilogue*:GemmGpu.Waits*:GemmGpu.Sources*:GemmGpu.Rows*' > "$OUT/memcheck_gemm_overlap.log" 2>&1 || status=1
   grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/memcheck_gemm_overlap.log" | head -6
+fi
+if [ "${TUNE:-0}" = 1 ]; then
+  export WEFT_TUNE_CACHE=$OUT/tuning.json
+  rm -f "$WEFT_TUNE_CACHE"
+  for op in ${TUNE_OPS:-gemm_rs}; do
+    step "weft bench $op --tune (decomposed at 1, 2, 3, 4, 6 chunks; into $WEFT_TUNE_CACHE)"
+    # The sweep's extra ops stay allocated on the symmetric heap for the run: a bigger heap.
+    env ${BENCH_ENV:-} WEFT_GPU_HEAP_MIB=8192 timeout 200 "$BIN/weft" bench "$op" --tune --out "$OUT/tune" \
+      > "$OUT/tune_$op.log" 2> "$OUT/tune_${op}_progress.log" || status=1
+    grep -E "^MxKxN|^[0-9]+x" "$OUT/tune_$op.log"
+    python3 - "$OUT"/tune/"$op"-*.json <<'PY'
+import json, sys
+for f in sys.argv[1:]:
+    pts = json.load(open(f))["points"]
+    by = {}
+    for p in pts:
+        by.setdefault((p["m"], p["k"], p["n"]), {})[p["method"]] = p
+    for shp, ms in by.items():
+        dec = sorted((p["chunks"], p["median_us"]) for m, p in ms.items() if m.startswith("decomposed"))
+        print("%dx%dx%d decomposed by chunks:" % shp, "  ".join("%d: %.1f" % d for d in dec))
+PY
+  done
+  cat "$WEFT_TUNE_CACHE"
 fi
 for op in $OPS; do
   [ "$op" = none ] && continue

@@ -7,9 +7,9 @@
 # 1. store_probe: TMA bulk / plain stores into the peer against weft's push loop, alone and beside
 #    a GEMM (is the epilogue's store rate into a peer the limit?);
 # 2. weft bench gemm_rs on SHAPES (SKIP_PROBE=1: this only) under each of VARIANTS (one
-#    VAR=value each; default: the fused method's copy-engine fold, then direct stores), every
+#    VAR=value[,VAR=value...] each; default: the fused method's copy-engine fold, then direct stores), every
 #    method traced once (JSON traces kept for per-tile analysis:
-#    tools/trace_tiles.py), SM clock and power sampled every 100 ms beside it (is it the clock?).
+#    tools/trace_tiles.py) (BENCH_ARGS: more bench options, e.g. --chunks 4), SM clock and power sampled every 100 ms beside it (is it the clock?).
 set -uo pipefail
 BIN=${1:-.gpu}
 source "$(dirname "$0")/env.sh"
@@ -28,7 +28,7 @@ i=0
 for v in $VARIANTS; do
   step "weft bench gemm_rs $v ($SHAPES)"
   echo "$(date +%T.%N) start $v" >> "$OUT/marks.log"
-  env "$v" timeout 150 "$BIN/weft" bench gemm_rs --shapes "$SHAPES" --out "$OUT" \
+  env ${v//,/ } timeout 150 "$BIN/weft" bench gemm_rs --shapes "$SHAPES" ${BENCH_ARGS:-} --out "$OUT" \
     --trace-dir "$OUT/traces-$i" > "$OUT/bench-$i.log" 2> "$OUT/bench-${i}_progress.log"
   echo "$(date +%T.%N) end $v" >> "$OUT/marks.log"
   echo "$v" > "$OUT/traces-$i/variant"

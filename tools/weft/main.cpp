@@ -247,7 +247,9 @@ int main(int argc, char** argv) {
   bool tune = false;
   bench->add_option("--chunks", chunks, "ag_gemm/gemm_rs/gemm_ar: chunks per shard for decomposed (0: auto)");
   bench->add_option("--trace-dir", trace_dir, "ag_gemm/gemm_rs/gemm_ar: write one traced call per method here");
-  bench->add_flag("--tune", tune, "ag_gemm/gemm_rs/gemm_ar: store the fastest method in the tuning cache");
+  bench->add_flag("--tune", tune,
+                  "ag_gemm/gemm_rs/gemm_ar: time decomposed at 1, 2, 3, 4 and 6 chunks too; store the fastest method "
+                  "(and chunk count) in the tuning cache");
   std::string data = "random";
   bench
       ->add_option("--data", data,
