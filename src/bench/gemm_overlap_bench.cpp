@@ -165,6 +165,7 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
       bool checked = false;  // output compared with the baseline's
       bool ran = false;
       int chunks = 0;
+      const ops::GemmOverlap* owner = nullptr;  // --tune's decomposed_cN: its own op (else `op`)
       std::string note;
       std::vector<double> us;
 #ifdef WEFT_HAVE_CUDA
@@ -213,6 +214,7 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
         col.call = [&, t] { t->run(a, w, c, {.method = GemmMethod::kDecomposed, .stream = s}); };
         col.checked = true;
         col.chunks = ch;
+        col.owner = t;
         cols.push_back(std::move(col));
       }
 
@@ -238,8 +240,9 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
       if (col.method == "auto")
         col.note = fmt::format("chose {} (chunks {}) from {}", ops::to_string(op.auto_choice().method), op.chunks(),
                                op.auto_choice().source);
-      if (col.method == "decomposed")
-        for (const std::string& g : op.gemm_choices()) col.note += (col.note.empty() ? "cuBLASLt " : "; ") + g;
+      if (col.method.rfind("decomposed", 0) == 0)
+        for (const std::string& g : (col.owner ? *col.owner : op).gemm_choices())
+          col.note += (col.note.empty() ? "cuBLASLt " : "; ") + g;
       if (col.method == "decomposed" || col.method == "auto") col.chunks = op.chunks();
 #ifdef WEFT_HAVE_CUDA
       if (gpu) {
