@@ -16,6 +16,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "weft/bench/graph_timing.hpp"  // event_us
 #include "weft/core/cuda_check.hpp"
 #include "weft/runtime/backend.hpp"
 #endif
@@ -162,23 +163,12 @@ GemmBenchResult bench_gpu(const GemmBenchOptions& opt) {
             WEFT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
           }
         }
-        WEFT_CUDA_CHECK(cudaEventRecord(e0, stream));
-        f();
-        WEFT_CUDA_CHECK(cudaEventRecord(e1, stream));
-        WEFT_CUDA_CHECK(cudaEventSynchronize(e1));
-        float one = 0;
-        WEFT_CUDA_CHECK(cudaEventElapsedTime(&one, e0, e1));
-        const int batch = one < 1.0f ? 10 : 3;
+        const int batch = event_us(stream, e0, e1, f) < 1000.0 ? 10 : 3;
         std::vector<double> us;
-        for (int rep = 0; rep < (opt.quick ? 5 : 9); ++rep) {
-          WEFT_CUDA_CHECK(cudaEventRecord(e0, stream));
-          for (int i = 0; i < batch; ++i) f();
-          WEFT_CUDA_CHECK(cudaEventRecord(e1, stream));
-          WEFT_CUDA_CHECK(cudaEventSynchronize(e1));
-          float ms = 0;
-          WEFT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-          us.push_back(ms * 1000.0 / batch);
-        }
+        for (int rep = 0; rep < (opt.quick ? 5 : 9); ++rep)
+          us.push_back(event_us(stream, e0, e1, [&] {
+                         for (int i = 0; i < batch; ++i) f();
+                       }) / batch);
         return median(us);
       };
       // Interleaved rounds (cuBLAS, weft, single-CTA weft, ...): clocks drift between runs on

@@ -323,10 +323,9 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
 
     // 3. The table's points: the slowest rank's median per column.
     std::map<std::string, double> measured;
-    std::map<std::string, int> chunks_of;  // (the columns are gone by the time --tune chooses)
     const double tol = overlap_bench_tolerance(opt.op, world);
+    const size_t first_point = res.points.size();  // this shape's points (--tune chooses from them)
     for (Column& col : cols) {
-      chunks_of[col.method] = col.chunks;
       const double us = col.ran ? max_over_ranks(b, median(col.us)) : 0;
       OverlapPoint p{opt.op, d.m, d.k, d.n, col.method, us, us > 0 ? flops / (us * 1e6) : 0, col.chunks, col.note};
       if (errs.count(col.method)) {
@@ -348,21 +347,18 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
 #endif
 
     if (opt.tune && b.rank() == 0) {
-      // The fastest method (decomposed at its fastest chunk count), of those exact.
-      std::string best;
-      int best_chunks = op.chunks();
-      for (const auto& [m, us] : measured) {
-        const bool dec_c = m.rfind("decomposed_c", 0) == 0;
-        if (!(m == "baseline" || m == "decomposed" || m == "fused" || dec_c)) continue;
-        if (errs.count(m) && errs[m] > tol) continue;
-        if (best.empty() || us < measured[best]) {
-          best = m;
-          best_chunks = dec_c ? chunks_of[m] : op.chunks();
-        }
+      // The fastest method (decomposed at its fastest chunk count), of those that ran exact.
+      const OverlapPoint* best = nullptr;
+      for (size_t i = first_point; i < res.points.size(); ++i) {
+        const OverlapPoint& p = res.points[i];
+        const bool candidate = p.method == "baseline" || p.method == "fused" || p.method.rfind("decomposed", 0) == 0;
+        if (candidate && p.median_us > 0 && p.rel_err <= tol && (!best || p.median_us < best->median_us)) best = &p;
       }
-      if (!best.empty())
-        op.store_tuning(ops::parse_gemm_method(best.rfind("decomposed", 0) == 0 ? "decomposed" : best), best_chunks,
-                        measured[best]);
+      if (best) {
+        const bool dec = best->method.rfind("decomposed", 0) == 0;
+        op.store_tuning(ops::parse_gemm_method(dec ? "decomposed" : best->method), dec ? best->chunks : op.chunks(),
+                        best->median_us);
+      }
     }
     if (!opt.trace_dir.empty()) {
       for (GemmMethod m : {GemmMethod::kBaseline, GemmMethod::kDecomposed, GemmMethod::kFused}) {

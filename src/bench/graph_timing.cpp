@@ -5,17 +5,21 @@
 
 namespace weft::bench {
 
+double event_us(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1, const std::function<void()>& enqueue) {
+  WEFT_CUDA_CHECK(cudaEventRecord(e0, stream));
+  enqueue();
+  WEFT_CUDA_CHECK(cudaEventRecord(e1, stream));
+  WEFT_CUDA_CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  WEFT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  return ms * 1e3;
+}
+
 double timed_run(Backend& b, dev::BarrierHandle bar, cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1,
                  uint64_t sleep_ns, int calls, const std::function<void()>& enqueue) {
   WEFT_CUDA_CHECK(kernels::device_barrier(b.ctx(), bar, stream));
   WEFT_CUDA_CHECK(kernels::device_sleep(sleep_ns, stream));
-  WEFT_CUDA_CHECK(cudaEventRecord(e0, stream));
-  enqueue();
-  WEFT_CUDA_CHECK(cudaEventRecord(e1, stream));
-  WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
-  float ms = 0;
-  WEFT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  return ms * 1e3 / calls;
+  return event_us(stream, e0, e1, enqueue) / calls;
 }
 
 ReplayGraph::ReplayGraph(cudaStream_t stream, int per_graph, const std::function<void()>& call)

@@ -568,8 +568,10 @@ void GemmOverlap::Impl::setup_gpu() {
     rs_stage = heap.alloc_bytes(static_cast<size_t>(world) * m_shard * cfg.n * eb, tag + ".decomposed.staging");
     rs_signals = heap.alloc_signals(static_cast<uint32_t>(world * chunks), tag + ".decomposed.signals");
     ev_piece.resize(static_cast<size_t>(std::max(1, world - 1) * chunks));
-    ev_recv.resize(static_cast<size_t>(chunks));
-    for (auto& e : ev_recv) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    if (rs_fold == RsFold::kLt) {
+      ev_recv.resize(static_cast<size_t>(chunks));
+      for (auto& e : ev_recv) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
     if (rs_fold == RsFold::kWeft) {  // (never with SM copies: choose_rs_fold)
       // Per M-block of the own block: wait for piece j of every peer q (signal q * chunks + j
       // >= the call count) for each piece j its rows overlap.

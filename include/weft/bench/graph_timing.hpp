@@ -20,6 +20,9 @@ std::vector<double> time_graph_replays(Backend& b, dev::BarrierHandle bar, cudaS
                                        cudaEvent_t e1, int per_graph, int reps, uint64_t sleep_ns,
                                        const std::function<void()>& call);
 
+// µs between events e0 and e1 recorded on `stream` around `enqueue()`; waits for e1.
+double event_us(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1, const std::function<void()>& enqueue);
+
 // GPUs lined up by `bar`, a `sleep_ns` sleep kernel (the host enqueues what follows before the
 // GPU reaches it), then `enqueue()` -- `calls` calls -- between events e0/e1; synchronises;
 // returns µs per call. Neither rank skew nor launch latency lands inside the events.
