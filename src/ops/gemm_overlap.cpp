@@ -23,6 +23,8 @@
 
 #ifdef WEFT_HAVE_CUDA
 #include <cublas_v2.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -125,6 +127,40 @@ plan::DeviceConstants device_constants() {
 
 #ifdef WEFT_HAVE_CUDA
 namespace {
+// Stream memory operations (driver API, through the runtime's entry points: no -lcuda): a
+// stream waits until a 64-bit word is >= a value, or writes one, without an SM.
+struct StreamMemops {
+  PFN_cuStreamWriteValue64_v11070 write = nullptr;
+  PFN_cuStreamWaitValue64_v11070 wait = nullptr;
+};
+const StreamMemops& stream_memops() {
+  static const StreamMemops ops = [] {
+    StreamMemops o;
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &f, 11070, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      o.write = reinterpret_cast<PFN_cuStreamWriteValue64_v11070>(f);
+    f = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &f, 11070, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      o.wait = reinterpret_cast<PFN_cuStreamWaitValue64_v11070>(f);
+    return o;
+  }();
+  return ops;
+}
+bool stream_memops_available() { return stream_memops().write && stream_memops().wait; }
+void stream_wait_geq(cudaStream_t s, const void* addr, uint64_t v) {
+  const CUresult r = stream_memops().wait(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), v,
+                                          CU_STREAM_WAIT_VALUE_GEQ);
+  if (r != CUDA_SUCCESS) throw Error(fmt::format("cuStreamWaitValue64 failed: CUresult {}", static_cast<int>(r)));
+}
+void stream_write(cudaStream_t s, void* addr, uint64_t v) {
+  const CUresult r = stream_memops().write(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), v,
+                                           CU_STREAM_WRITE_VALUE_DEFAULT);
+  if (r != CUDA_SUCCESS) throw Error(fmt::format("cuStreamWriteValue64 failed: CUresult {}", static_cast<int>(r)));
+}
+
 struct TimedEvent {
   cudaEvent_t start = nullptr, end = nullptr;
   TraceEvent meta;
@@ -165,6 +201,17 @@ struct GemmOverlap::Impl {
   // gemm_rs, RsFold::kLt (2 ranks): the peer's piece j has landed here (recorded on cs after
   // its wait).
   std::vector<cudaEvent_t> ev_recv;
+  // ... RsFold::kGather (2 ranks; gather_rs): the peer's rows of A for this rank's block and
+  // the peer's B land in g_a / g_b (symmetric; B's layout), in `chunks` column pieces of B
+  // (g_cols). Flags (symmetric words): [0] the peer began this call (a copy of `one`, waited for
+  // by a stream memory operation and reset by the waiter), [1 + j] the peer's A and B up to
+  // piece j are here (a copy of the peer's call counter; a wait kernel on cw).
+  uint64_t g_a = 0, g_b = 0;
+  dev::SignalSlab g_flags{};
+  std::vector<std::pair<int64_t, int64_t>> g_cols;
+  uint64_t* one = nullptr;
+  cudaStream_t cw = nullptr;
+  std::vector<cudaEvent_t> ev_out;  // this rank's push of piece j (and its flag) is done
   uint64_t epoch_off = 0;
   dev::BarrierHandle barrier{};
   // decomposed ag_gemm: the plan's tables and tensors
@@ -230,6 +277,7 @@ struct GemmOverlap::Impl {
   void gpu_baseline(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   void gpu_decomposed(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   void gpu_fused(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
+  void gather_rs(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);  // RsFold::kGather
   bool last_call_fused = false;  // the previous call ran the fused method (FusedArgs::follows_other)
   void begin(cudaStream_t s, bool tracing);
   size_t mark(cudaStream_t s, TraceKind kind, int64_t id, int lane, const char* lane_name, std::string name,
@@ -301,8 +349,11 @@ RsFold GemmOverlap::Impl::choose_rs_fold(const OverlapModelInput& in, const plan
   if (force == "0") return RsFold::kNone;
   const bool weft_ok = !sm_copies && kernels::gemm_sm90_available();
   if (force == "lt") return world == 2 ? RsFold::kLt : RsFold::kNone;
+  if (force == "gather") return world == 2 && !sm_copies && stream_memops_available() ? RsFold::kGather : RsFold::kNone;
   if (force == "1" || force == "weft") return weft_ok ? RsFold::kWeft : RsFold::kNone;
-  return default_rs_fold(in, d, weft_ok);
+  const RsFold f = default_rs_fold(in, d, weft_ok);
+  if (f == RsFold::kGather && (sm_copies || !stream_memops_available())) return world == 2 ? RsFold::kLt : f;
+  return f;
 #else
   (void)in, (void)d;
   return RsFold::kNone;
@@ -463,6 +514,7 @@ void GemmOverlap::Impl::run_host(GemmMethod m, const void* a, const void* bp, vo
 namespace {
 ncclDataType_t nccl_type(dev::DType t) { return t == dev::DType::kF16 ? ncclFloat16 : ncclBfloat16; }
 char* at(const void* p, uint64_t bytes) { return static_cast<char*>(const_cast<void*>(p)) + bytes; }
+
 // ag_gemm (decomposed and fused) reads this rank's own rows in place where the shape allows;
 // WEFT_AG_OWN_IN_PLACE=0 copies them into the gathered A instead (comparisons).
 bool own_rows_in_place_allowed() {
@@ -568,9 +620,25 @@ void GemmOverlap::Impl::setup_gpu() {
     rs_stage = heap.alloc_bytes(static_cast<size_t>(world) * m_shard * cfg.n * eb, tag + ".decomposed.staging");
     rs_signals = heap.alloc_signals(static_cast<uint32_t>(world * chunks), tag + ".decomposed.signals");
     ev_piece.resize(static_cast<size_t>(std::max(1, world - 1) * chunks));
-    if (rs_fold == RsFold::kLt) {
+    if (rs_fold == RsFold::kLt || rs_fold == RsFold::kGather) {
       ev_recv.resize(static_cast<size_t>(chunks));
       for (auto& e : ev_recv) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+    if (rs_fold == RsFold::kGather) {
+      g_a = heap.alloc_bytes(static_cast<size_t>(m_shard * k_local) * eb, tag + ".gather.a");
+      g_b = heap.alloc_bytes(static_cast<size_t>(b_rows * b_cols) * eb, tag + ".gather.b");
+      g_flags = heap.alloc_signals(static_cast<uint32_t>(1 + chunks), tag + ".gather.flags");
+      // Column pieces on 128-column boundaries where N allows (whole tiles of cuBLAS's).
+      for (const auto& [c0, c1] : plan::split_range(0, cfg.n, chunks)) {
+        const auto round = [&](int64_t x) { return x == cfg.n ? x : std::min<int64_t>(cfg.n, (x + 64) / 128 * 128); };
+        g_cols.emplace_back(round(c0), round(c1));
+      }
+      WEFT_CUDA_CHECK(cudaMalloc(&one, sizeof(uint64_t)));
+      const uint64_t v = 1;
+      WEFT_CUDA_CHECK(cudaMemcpy(one, &v, sizeof v, cudaMemcpyHostToDevice));
+      WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cw, cudaStreamNonBlocking));
+      ev_out.resize(static_cast<size_t>(chunks));
+      for (auto& e : ev_out) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
     if (rs_fold == RsFold::kWeft) {  // (never with SM copies: choose_rs_fold)
       // Per M-block of the own block: wait for piece j of every peer q (signal q * chunks + j
@@ -715,6 +783,7 @@ void GemmOverlap::Impl::gemm(cudaStream_t s, const void* a, const void* bp, void
   p.b_nk = nk;
   p.dtype = cfg.dtype;
   p.add_c = add != nullptr;
+  p.in_place = add != nullptr && add == c;
   const void* bptr = nk ? at(bp, static_cast<uint64_t>(c0 * k) * eb) : at(bp, static_cast<uint64_t>(c0) * eb);
   lt->run(p, a, bptr, add ? at(add, static_cast<uint64_t>(c0) * eb) : nullptr, at(c, static_cast<uint64_t>(c0) * eb), s,
           /*may_time=*/lib == Blas::kLt);
@@ -869,7 +938,8 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
     // The epoch guard: peers write into this rank's symmetric buffers only after every rank
     // has finished reading them for the previous call (this stream waited for ev_fork,
     // which follows that call's last GEMM or reduce on the compute stream).
-    if (world > 1) WEFT_CUDA_CHECK(kernels::device_barrier(ctx, barrier, cs));
+    // (kGather: its own guard, below, with no SM kernel.)
+    if (world > 1 && rs_fold != RsFold::kGather) WEFT_CUDA_CHECK(kernels::device_barrier(ctx, barrier, cs));
     if (rs_fold == RsFold::kWeft) WEFT_CUDA_CHECK(cudaEventRecord(ev_guard, cs));
     if (cfg.op == GemmOp::kAgGemm) {
       const plan::LoweredRank& lr = ag.lowered.ranks[static_cast<size_t>(rank)];
@@ -934,6 +1004,8 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
         gemm(s, arows, bp, at(c, static_cast<uint64_t>(r0 * N) * eb), r1 - r0, k_local, c0, c1 - c0, Blas::kLt);
         mark_end(x, s, tracing);
       }
+    } else if (rs_fold == RsFold::kGather) {
+      gather_rs(a, bp, c, s, tracing);
     } else {
       // gemm_rs: partial products for the other ranks first (rotated by rank), each chunk
       // copied into its owner's staging slot `rank` as soon as it is computed. Then this
@@ -1057,6 +1129,81 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
   WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_join, 0));
 }
 
+// gemm_rs decomposed, RsFold::kGather (2 ranks; the fork to cs is done): this rank's block of
+// C over all of K. The copy stream pushes this rank's rows of A for the peer's block and its B
+// (in g_cols pieces) into the peer's g_a / g_b once the peer has begun this call; the compute
+// stream computes C = A_own-rows · B (this rank's K-half), then per column piece j, once the
+// peer's data up to j is here, C[:, j] += the peer's rows of A · the peer's B[:, j] (cuBLAS in
+// place: its epilogue adds C). No SM kernel may run beside a GEMM (a running cuBLAS GEMM holds
+// every SM to its last wave; a kernel waiting for one could stall a CTA of the next): the
+// guard is a stream memory operation, each data flag a copy-engine copy of the sender's call
+// counter, and each wait for data (a kernel: it has the deadline that names a missing peer)
+// becomes runnable only when it can find an SM — in the last wave of the GEMM before the one
+// that needs it.
+void GemmOverlap::Impl::gather_rs(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
+  const dev::DeviceCtx& ctx = b.ctx();
+  const int p = 1 - rank;
+  const int64_t N = cfg.n;
+  const bool nk = cfg.b_layout == BLayout::kNK;
+  auto flag = [&](int r, int i) { return ctx.peer_base[r] + g_flags.at(static_cast<uint32_t>(i)); };
+  // Guard: this rank has begun (it finished reading what the peer wrote here last call); wait
+  // for the peer's word and reset it. The peer sets it again only once its next call began,
+  // i.e. after this call's data from here arrived there: after this reset. (No deadline: a
+  // missing peer is named by the data waits below, which do not wait for this stream.)
+  WEFT_CUDA_CHECK(cudaMemcpyAsync(flag(p, 0), one, sizeof(uint64_t), cudaMemcpyDefault, cs));
+  stream_wait_geq(cs, flag(rank, 0), 1);
+  stream_write(cs, flag(rank, 0), 0);
+  // Out: this rank's rows of A for the peer's block, then B piece by piece, each followed by
+  // the peer's flag for it = this rank's call counter (the copy engine runs them in order).
+  const uint64_t a_bytes = static_cast<uint64_t>(m_shard * k_local) * eb;
+  size_t x = mark(cs, TraceKind::kChunk, 0, 1, engine_name(),
+                  fmt::format("A rows [{},{}) -> rank {}", p * m_shard, (p + 1) * m_shard, p), tracing);
+  WEFT_CUDA_CHECK(cudaMemcpyAsync(ctx.peer_base[p] + g_a, at(a, static_cast<uint64_t>(p) * a_bytes), a_bytes,
+                                  cudaMemcpyDefault, cs));
+  mark_end(x, cs, tracing);
+  for (size_t j = 0; j < g_cols.size(); ++j) {
+    const auto [c0, c1] = g_cols[j];
+    x = mark(cs, TraceKind::kChunk, static_cast<int64_t>(j + 1), 1, engine_name(),
+             fmt::format("B columns [{},{}) -> rank {}", c0, c1, p), tracing);
+    if (nk) {  // W[N, K_local]: rows c0..c1
+      const uint64_t row = static_cast<uint64_t>(k_local) * eb;
+      WEFT_CUDA_CHECK(cudaMemcpyAsync(ctx.peer_base[p] + g_b + static_cast<uint64_t>(c0) * row,
+                                      at(bp, static_cast<uint64_t>(c0) * row), static_cast<size_t>(c1 - c0) * row,
+                                      cudaMemcpyDefault, cs));
+    } else {  // B[K_local, N]: columns c0..c1 of every row
+      copy2d(ctx.peer_base[p] + g_b + static_cast<uint64_t>(c0) * eb, static_cast<size_t>(N) * eb,
+             at(bp, static_cast<uint64_t>(c0) * eb), static_cast<size_t>(N) * eb, static_cast<size_t>(c1 - c0) * eb,
+             static_cast<size_t>(k_local), cs);
+    }
+    mark_end(x, cs, tracing);
+    WEFT_CUDA_CHECK(cudaMemcpyAsync(flag(p, 1 + static_cast<int>(j)), ctx.peer_base[rank] + epoch_off, sizeof(uint64_t),
+                                    cudaMemcpyDefault, cs));
+    WEFT_CUDA_CHECK(cudaEventRecord(ev_out[j], cs));
+  }
+  // In: the wait for piece j once this rank's own push of piece j is out (the peer's arrives
+  // about then) and (j > 0) piece j-1's GEMM is launched.
+  const int64_t r0 = rank * m_shard;
+  x = mark(s, TraceKind::kTile, 0, 0, "compute stream", fmt::format("gemm rows [{},{}) (own K)", r0, r0 + m_shard),
+           tracing);
+  gemm(s, at(a, static_cast<uint64_t>(r0 * k_local) * eb), bp, c, m_shard, k_local, 0, N, Blas::kLt);
+  mark_end(x, s, tracing);
+  const char* pa = ctx.peer_base[rank] + g_a;
+  const char* pb = ctx.peer_base[rank] + g_b;
+  for (size_t j = 0; j < g_cols.size(); ++j) {
+    const auto [c0, c1] = g_cols[j];
+    WEFT_CUDA_CHECK(cudaStreamWaitEvent(cw, ev_out[j], 0));
+    if (j > 0) WEFT_CUDA_CHECK(cudaStreamWaitEvent(cw, ev_piece[j], 0));
+    wait_list(cw, {{p, g_flags.at(1 + static_cast<uint32_t>(j)), 1}});
+    WEFT_CUDA_CHECK(cudaEventRecord(ev_recv[j], cw));
+    WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_recv[j], 0));
+    if (j + 1 < g_cols.size()) WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[j + 1], s));
+    x = mark(s, TraceKind::kTile, static_cast<int64_t>(j + 1), 0, "compute stream",
+             fmt::format("gemm rows [{},{}) cols [{},{}) += rank {}'s K", r0, r0 + m_shard, c0, c1, p), tracing);
+    gemm(s, pa, pb, c, m_shard, k_local, c0, c1 - c0, Blas::kLt, c);
+    mark_end(x, s, tracing);
+  }
+}
+
 void GemmOverlap::Impl::gpu_fused(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
   fused::FusedArgs A = f_args;
   A.a = a;
@@ -1119,10 +1266,13 @@ GemmOverlap::Impl::~Impl() {
   }
   for (auto& e : ev_piece) cudaEventDestroy(e);
   for (auto& e : ev_recv) cudaEventDestroy(e);
+  for (auto& e : ev_out) cudaEventDestroy(e);
   if (ev_fork) cudaEventDestroy(ev_fork);
   if (ev_join) cudaEventDestroy(ev_join);
   if (ev_base) cudaEventDestroy(ev_base);
   if (cs) cudaStreamDestroy(cs);
+  if (cw) cudaStreamDestroy(cw);
+  if (one) cudaFree(one);
   if (handle) cublasDestroy(handle);
   if (workspace) cudaFree(workspace);
   if (scratch) cudaFree(scratch);

@@ -76,6 +76,17 @@ double predict_decomposed(const Cost& c, const Shape& s, int chunks, RsFold fold
       t = std::max(t, (i + 1) * cp + c.lat_us + Cost::kWaitUs) + c.gemm(piece, s.n, s.k) + Cost::kAgPieceUs;
     return t;
   }
+  if (s.op == GemmOp::kGemmRs && fold == RsFold::kGather) {
+    // 2 ranks: the own K-half of the block, then the peer's in `chunks` column pieces, piece j
+    // once the peer's rows of A and its B up to piece j have landed (one stream of copies).
+    const double a_bytes = ml * s.kl * s.eb, b_bytes = s.n * s.kl * s.eb;
+    double t = c.gemm(ml, s.n, s.kl), copy_end = c.copy(a_bytes);
+    for (int j = 0; j < chunks; ++j) {
+      copy_end += c.copy(b_bytes / chunks);
+      t = std::max(t, copy_end + c.lat_us + Cost::kWaitUs) + c.gemm(ml, s.n / chunks, s.kl);
+    }
+    return t;
+  }
   if (s.op == GemmOp::kGemmRs) {
     double t = 0, copy_end = 0;
     const double cp = c.copy(piece * s.n * s.eb);
@@ -137,7 +148,10 @@ double predict_fused(const Cost& c, const Shape& s) {
 RsFold default_rs_fold(const OverlapModelInput& in, const plan::DeviceConstants& d, bool weft_fold_ok) {
   if (in.op != GemmOp::kGemmRs || in.world < 2) return RsFold::kNone;
   const Shape s = shape_of(in);
-  if (in.world == 2 && cost_of(d, in.world).gemm(s.m / s.w, s.n, s.kl) >= 100.0) return RsFold::kLt;
+  const Cost c = cost_of(d, in.world);
+  const double own_us = c.gemm(s.m / s.w, s.n, s.kl);
+  if (in.world == 2 && c.copy((s.m / s.w + s.n / 2) * s.kl * s.eb) + c.lat_us <= own_us) return RsFold::kGather;
+  if (in.world == 2 && own_us >= 100.0) return RsFold::kLt;
   const double reduce_us = (in.world + 1) * double(in.m / in.world) * double(in.n) * in.elem_bytes / (d.hbm_gbps * 1e3);
   return weft_fold_ok && reduce_us >= 60.0 ? RsFold::kWeft : RsFold::kNone;
 }

@@ -91,7 +91,8 @@ LtGemm::Entry& LtGemm::entry(const LtProblem& p, const void* a, const void* b, c
   const cublasStatus_t st =
       cublasLtMatmulAlgoGetHeuristic(h_, e.desc, e.la, e.lb, e.ld, e.ld, pref, kCandidates, e.algos.data(), &got);
   cublasLtMatmulPreferenceDestroy(pref);
-  e.gemmex = gemmex_ != nullptr && !p.add_c;
+  // cublasGemmEx adds C only in place (its C is D).
+  e.gemmex = gemmex_ != nullptr && (!p.add_c || p.in_place);
   if (st != CUBLAS_STATUS_SUCCESS) got = 0;  // cublasGemmEx may still take it
   if (got == 0 && !e.gemmex)
     throw Error(fmt::format("cuBLASLt has no algorithm for a {}x{}x{} GEMM (lda {}, ldb {}, ldd {}, {}-byte aligned)",
@@ -120,6 +121,7 @@ void LtGemm::launch(const LtProblem& p, const Entry& e, int i, const void* a, co
 void LtGemm::run(const LtProblem& p, const void* a, const void* b, const void* c, void* d, cudaStream_t s,
                  bool may_time) {
   if (p.rows <= 0 || p.cols <= 0) return;
+  WEFT_REQUIRE(p.in_place == (p.add_c && c == d), "LtGemm: in_place must say whether C is D");
   Entry& e = entry(p, a, b, c, d);
   if (!may_time) return launch(p, e, 0, a, b, c, d, s);
   e.tunable = true;
@@ -161,9 +163,9 @@ std::vector<std::string> LtGemm::report() const {
   std::vector<std::string> out;
   for (const auto& [k, e] : cache_) {
     if (!e.tunable) continue;
-    const auto& [rows, cols, kk, lda, ldb, ldd, nk, dt, add, al] = k;
+    const auto& [rows, cols, kk, lda, ldb, ldd, nk, dt, add, in_place, al] = k;
     (void)lda, (void)ldb, (void)ldd, (void)nk, (void)dt;
-    std::string s = fmt::format("{}x{}x{}{}: ", rows, cols, kk, add ? " +C" : "");
+    std::string s = fmt::format("{}x{}x{}{}: ", rows, cols, kk, add ? (in_place ? " +C in place" : " +C") : "");
     if (e.us.empty())
       s += fmt::format("{} (untimed)", e.gemmex ? "cublasGemmEx" : "cublasLt heuristic #0");
     else {

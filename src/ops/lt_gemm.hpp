@@ -30,8 +30,9 @@ struct LtProblem {
   int64_t lda = 0, ldb = 0, ldd = 0;
   bool b_nk = true;
   dev::DType dtype = dev::DType::kBF16;
-  bool add_c = false;  // D = A·op(B) + C
-  auto key() const { return std::tuple(rows, cols, k, lda, ldb, ldd, b_nk, static_cast<int>(dtype), add_c); }
+  bool add_c = false;     // D = A·op(B) + C
+  bool in_place = false;  // ... with C == D (then cublasGemmEx, beta = 1, is candidate 0)
+  auto key() const { return std::tuple(rows, cols, k, lda, ldb, ldd, b_nk, static_cast<int>(dtype), add_c, in_place); }
 };
 
 class LtGemm {
@@ -91,7 +92,7 @@ class LtGemm {
   size_t ws_bytes_ = 0;
   Tune tune_ = Tune::kAddOnly;
   cudaEvent_t e0_ = nullptr, e1_ = nullptr;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int, bool, int>, Entry> cache_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, int, bool, bool, int>, Entry> cache_;
 };
 
 }  // namespace weft::ops::detail

@@ -163,13 +163,14 @@ INSTANTIATE_TEST_SUITE_P(Gpus, GemmOverlapGpu, ::testing::Values(1, 0));
 // The suite above runs the decomposed paths the small test shapes get by default: ag_gemm
 // reads its own rows in place (shapes whose tiles straddle a rank's rows keep the copy), its
 // GEMMs on the fastest of cublasGemmEx and cublasLt's candidates (timed); gemm_rs (small
-// shapes) runs a reduce pass after its GEMMs. This runs the same exact checks on the other
-// paths: (1) the own rows copied (WEFT_AG_OWN_IN_PLACE=0) and gemm_rs folded into weft's GEMM
-// epilogue (WEFT_RS_FOLD=1; rows not on 128-row blocks, pieces splitting blocks, N odd: the
-// register epilogue); (2) every decomposed GEMM by cublasGemmEx, untimed (WEFT_GEMM_TUNE=0);
-// (3) gemm_rs's cuBLASLt fold, D = A B + the peer's piece (WEFT_RS_FOLD=lt; 2 ranks, else the
-// reduce pass); (4) the fused gemm_rs storing the peer's tiles straight into its slot
-// (WEFT_FUSED_RS_DIRECT=1; 2 ranks and M / 2 on 128-row blocks, else the copy-engine fold).
+// shapes) gathers the inputs on 2 ranks (RsFold::kGather: the peer's rows of A and its B, the
+// block computed over all of K) and runs a reduce pass after its GEMMs on 1. This runs the
+// same exact checks on the other paths: (1) the own rows copied (WEFT_AG_OWN_IN_PLACE=0) and gemm_rs folded into weft's
+// GEMM epilogue (WEFT_RS_FOLD=1; rows not on 128-row blocks, pieces splitting blocks, N odd: the register epilogue);
+// (2) every decomposed GEMM by cublasGemmEx, untimed (WEFT_GEMM_TUNE=0); (3) gemm_rs's cuBLASLt fold, D = A B + the
+// peer's piece (WEFT_RS_FOLD=lt; 2 ranks, else the reduce pass); (4) the fused gemm_rs storing the peer's tiles
+// straight into its slot (WEFT_FUSED_RS_DIRECT=1; 2 ranks and M / 2 on 128-row blocks, else the copy-engine fold); (5)
+// gemm_rs's partial products reduced after the GEMMs (WEFT_RS_FOLD=0).
 class GemmOverlapGpuOtherPaths : public ::testing::TestWithParam<int> {};
 
 TEST_P(GemmOverlapGpuOtherPaths, EveryMethodIsExact) {
@@ -183,6 +184,8 @@ TEST_P(GemmOverlapGpuOtherPaths, EveryMethodIsExact) {
     env.set("WEFT_GEMM_TUNE", "0");
   } else if (path == 3) {
     env.set("WEFT_RS_FOLD", "lt");
+  } else if (path == 5) {
+    env.set("WEFT_RS_FOLD", "0");
   } else {
     env.set("WEFT_FUSED_RS_DIRECT", "1");
   }
@@ -203,23 +206,24 @@ TEST_P(GemmOverlapGpuOtherPaths, EveryMethodIsExact) {
                   path == 1   ? "ag_gemm own rows copied, gemm_rs folded into weft's GEMM"
                   : path == 2 ? "decomposed GEMMs by cublasGemmEx, untimed"
                   : path == 3 ? "gemm_rs folded into cuBLASLt's epilogue (2 ranks)"
+                  : path == 5 ? "gemm_rs with a reduce pass"
                               : "fused gemm_rs with direct stores into the owner (2 ranks)",
                   w, checks);
     WEFT_CUDA_CHECK(cudaStreamDestroy(s));
   }));
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, GemmOverlapGpuOtherPaths, ::testing::Values(1, 2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(Paths, GemmOverlapGpuOtherPaths, ::testing::Values(1, 2, 3, 4, 5));
 
 // Captured once, replayed many times with fresh inputs: the device-side epoch advances inside
 // the graph (decomposed waits; gemm_rs's folded GEMM and the fused ag_gemm / gemm_rs read it as
 // their wait scale, and their signals are copies of it), and every replay is exact: a wait
 // satisfied by an earlier replay's signal would let a GEMM read the previous inputs. Run with
-// gemm_rs's reduce pass, weft's fold and cuBLASLt's fold (2 ranks; else the reduce pass); the
-// fused method where the op offers it.
+// gemm_rs's reduce pass, weft's fold, cuBLASLt's fold and the gathered inputs (2 ranks; else
+// the reduce pass); the fused method where the op offers it.
 TEST(GemmOverlapGpuGraph, ReplaysStayExact) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
-  for (const char* fold : {"0", "1", "lt", "lt+direct"}) {
+  for (const char* fold : {"0", "1", "lt", "gather", "lt+direct"}) {
     const bool direct = std::string(fold) == "lt+direct";
     ScopedEnv env;
     env.set("WEFT_RS_FOLD", direct ? "lt" : fold);
@@ -278,13 +282,14 @@ TEST(GemmOverlapGpuGraph, ReplaysStayExact) {
 // may run ahead into the next call while its peer still reads what the last one delivered
 // (staging slots, gathered rows), so every guard between calls is exercised -- the copy-engine
 // fold's epoch barrier, the direct stores' slot-free counts, decomposed's waits (the reduce
-// pass's, and cuBLASLt's fold's). Every output exact.
+// pass's, cuBLASLt's fold's, and the gathered inputs' guard flag). Every output exact.
 TEST(GemmOverlapGpuGraph, BackToBackCallsStayExact) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
-  for (const char* variant : {"0", "1", "lt"}) {
+  for (const char* variant : {"0", "1", "lt", "gather"}) {
     ScopedEnv env;
     env.set("WEFT_FUSED_RS_DIRECT", std::string(variant) == "1" ? "1" : "0");
-    if (std::string(variant) == "lt") env.set("WEFT_RS_FOLD", "lt");
+    if (std::string(variant) == "0") env.set("WEFT_RS_FOLD", "0");
+    if (std::string(variant) == "lt" || std::string(variant) == "gather") env.set("WEFT_RS_FOLD", variant);
     expect_all_ok(run_gpu(gpus(), [] {
       auto b = make_backend();
       const int w = b->size(), rank = b->rank();

@@ -71,12 +71,32 @@ TEST(GemmOverlapModel, PicksTheMeasuredFastest) {
 // 2xH200: docs/gemm_overlap.md).
 TEST(GemmOverlapModel, DefaultRsFold) {
   const auto d = h200x2();
-  EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 8192, 14336, 8192, 2}, d, true), RsFold::kLt);
+  // 2 ranks: the inputs travel where the peer's rows of A and half its B arrive within this
+  // rank's own K-half (the three large ANCHORS shapes); else cuBLASLt's fold where the own
+  // block is long (B large against M: 1024 x 16384 x 16384), else the reduce pass (2048).
+  EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 8192, 14336, 8192, 2}, d, true), RsFold::kGather);
+  EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 16384, 3584, 8192, 2}, d, true), RsFold::kGather);
+  EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 4096, 8192, 8192, 2}, d, true), RsFold::kGather);
+  EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 1024, 16384, 16384, 2}, d, true), RsFold::kLt);
   EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 2048, 4096, 4096, 2}, d, true), RsFold::kNone);
   EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 4, 8192, 14336, 8192, 2}, d, true), RsFold::kWeft);
   EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 4, 8192, 14336, 8192, 2}, d, false), RsFold::kNone);
   EXPECT_EQ(default_rs_fold({GemmOp::kAgGemm, 2, 8192, 14336, 8192, 2}, d, true), RsFold::kNone);
   EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 1, 8192, 14336, 8192, 2}, d, true), RsFold::kNone);
+}
+
+TEST(GemmOverlapModel, GatherChunks) {
+  const auto d = h200x2();
+  // The whole transfer fits under the own K-half: one piece (2xH200, 2026-11-22 19:5x: 1.00 -
+  // 1.02x the GEMM alone at 8192x8192x14336 and 16384x8192x3584); at 4096x8192x8192 it does
+  // not (80 MiB, ~210 us, against ~185): the peer's half in two column pieces.
+  EXPECT_EQ(predict_overlap({GemmOp::kGemmRs, 2, 8192, 14336, 8192, 2}, d, RsFold::kGather).chunks, 1);
+  EXPECT_EQ(predict_overlap({GemmOp::kGemmRs, 2, 16384, 3584, 8192, 2}, d, RsFold::kGather).chunks, 1);
+  EXPECT_EQ(predict_overlap({GemmOp::kGemmRs, 2, 4096, 8192, 8192, 2}, d, RsFold::kGather).chunks, 2);
+  // Gathering beats shipping partial products where it is chosen.
+  for (const OverlapModelInput in : {OverlapModelInput{GemmOp::kGemmRs, 2, 8192, 14336, 8192, 2},
+                                     OverlapModelInput{GemmOp::kGemmRs, 2, 16384, 3584, 8192, 2}})
+    EXPECT_LT(predict_overlap(in, d, RsFold::kGather).decomposed_us, predict_overlap(in, d, RsFold::kLt).decomposed_us);
 }
 
 TEST(GemmOverlapModel, FixedChunksAndNoFused) {

@@ -27,7 +27,7 @@ if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then
   step "compute-sanitizer memcheck (GEMM+communication tests)"
   # WEFT_GEMM_TUNE=0: cuBLAS's candidates timed under memcheck would take minutes (the tuning
   # only launches cuBLAS; the paths it picks among run with candidate 0).
-  WEFT_GEMM_TUNE=0 WEFT_TEST_TIMEOUT_MS=200000 WEFT_TIMEOUT_MS=200000 timeout 330 compute-sanitizer --tool memcheck --report-api-errors no \
+  WEFT_GEMM_TUNE=0 WEFT_TEST_TIMEOUT_MS=200000 WEFT_TIMEOUT_MS=200000 timeout 480 compute-sanitizer --tool memcheck --report-api-errors no \
     --target-processes all "$BIN/weft_gpu_tests" --gtest_filter='*GemmOverlap*:GemmGpu.Epilogue*:GemmGpu.Waits*:GemmGpu.Sources*:GemmGpu.Rows*' > "$OUT/memcheck_gemm_overlap.log" 2>&1 || status=1
   grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/memcheck_gemm_overlap.log" | head -6
 fi

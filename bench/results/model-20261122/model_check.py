@@ -30,6 +30,11 @@ def dec(op,w,m,n,k,ch,fold='none'):
         t=gemm(ml,n,k); cp=copy(piece*k*2)
         for i in range((w-1)*ch): t=max(t,(i+1)*cp+LAT+W_US)+gemm(piece,n,k)+PIECE_AG
         return t
+    if op=='gemm_rs' and fold=='gather':
+        t=gemm(ml,n,kl); ce=copy(ml*kl*2)
+        for j in range(ch):
+            ce+=copy(n*kl*2/ch); t=max(t,ce+LAT+W_US)+gemm(ml,n/ch,kl)
+        return t
     if op=='gemm_rs':
         t=0; ce=0; cp=copy(piece*n*2); arr=[0]*ch
         for i in range((w-1)*ch):
@@ -58,6 +63,7 @@ def fused(op,w,m,n,k):
 def fold_of(op,w,m,n,k):
     if op!='gemm_rs' or w<2: return 'none'
     own=gemm(m/w,n,k/w)
+    if w==2 and copy((m/w+n/2)*(k/w)*2)+LAT<=own: return 'gather'
     if w==2 and own>=100: return 'lt'
     # default_rs_fold: otherwise weft's fold where the reduce pass would take >= 60 us
     red=(w+1)*(m/w)*n*2/(HBM*1e3)

@@ -16,8 +16,12 @@ namespace weft::ops {
 
 // gemm_rs decomposed: how the own block meets the peers' partial products — a reduce pass
 // after its GEMM, folded into weft's GEMM (one launch waiting per M-block), or into one
-// cuBLASLt GEMM per piece (D = A B + the peer's piece; 2 ranks).
-enum class RsFold { kNone, kWeft, kLt };
+// cuBLASLt GEMM per piece (D = A B + the peer's piece; 2 ranks). kGather (2 ranks): no partial
+// products travel; the inputs do — the peer's rows of A for this rank's block and the peer's
+// B, pushed from the start of the call — and this rank computes its block over all of K: its
+// own K-half first, then the peer's, added in place (`chunks` column pieces of it, each after
+// its part of the peer's B has landed).
+enum class RsFold { kNone, kWeft, kLt, kGather };
 
 struct OverlapModelInput {
   GemmOp op = GemmOp::kAgGemm;
@@ -40,7 +44,9 @@ OverlapPrediction predict_overlap(const OverlapModelInput& in, const plan::Devic
                                   int chunks = 0, bool fused = true);
 
 // gemm_rs decomposed's fold where nothing forces one (GemmOverlap: WEFT_RS_FOLD): on 2 ranks
-// cuBLASLt's fold where the own block's GEMM is predicted >= 100 us; else weft's fold where
+// kGather where the peer's rows of A and half its B arrive before this rank's own K-half is
+// computed (predicted), else cuBLASLt's fold where the own block's GEMM is predicted >= 100
+// us; else weft's fold where
 // `weft_fold_ok` (its sm_90a GEMM, copy-engine transfers) and the reduce pass it removes would
 // take >= 60 us; else the reduce pass. kNone for the other ops and one rank.
 RsFold default_rs_fold(const OverlapModelInput& in, const plan::DeviceConstants& d, bool weft_fold_ok);
