@@ -210,7 +210,8 @@ struct GemmOverlap::Impl {
   dev::SignalSlab g_flags{};
   std::vector<std::pair<int64_t, int64_t>> g_cols;
   uint64_t* one = nullptr;
-  cudaStream_t cw = nullptr;
+  cudaStream_t cw = nullptr, cb = nullptr;  // the data waits; the deadline-bearing second wait
+  cudaEvent_t ev_backup = nullptr;
   std::vector<cudaEvent_t> ev_out;  // this rank's push of piece j (and its flag) is done
   uint64_t epoch_off = 0;
   dev::BarrierHandle barrier{};
@@ -637,6 +638,8 @@ void GemmOverlap::Impl::setup_gpu() {
       const uint64_t v = 1;
       WEFT_CUDA_CHECK(cudaMemcpy(one, &v, sizeof v, cudaMemcpyHostToDevice));
       WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cw, cudaStreamNonBlocking));
+      WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cb, cudaStreamNonBlocking));
+      WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_backup, cudaEventDisableTiming));
       ev_out.resize(static_cast<size_t>(chunks));
       for (auto& e : ev_out) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
@@ -1138,8 +1141,11 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
 // every SM to its last wave; a kernel waiting for one could stall a CTA of the next): the
 // guard is a stream memory operation, each data flag a copy-engine copy of the sender's call
 // counter, and each wait for data (a kernel: it has the deadline that names a missing peer)
-// becomes runnable only when it can find an SM — in the last wave of the GEMM before the one
-// that needs it.
+// becomes runnable only when it can find an SM in the last wave of the GEMM before the one
+// that needs it: once this rank's push of piece j is out (the peer's arrives about then) and
+// (j > 0) piece j-1's GEMM is launched. Those pushes sit behind the guard, which has no
+// deadline; so a second wait for piece 0, on its own stream once the own K-half's GEMM is done
+// (its data is in by then: it passes at once), names a peer that never comes.
 void GemmOverlap::Impl::gather_rs(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
   const dev::DeviceCtx& ctx = b.ctx();
   const int p = 1 - rank;
@@ -1180,19 +1186,21 @@ void GemmOverlap::Impl::gather_rs(const void* a, const void* bp, void* c, cudaSt
                                     cudaMemcpyDefault, cs));
     WEFT_CUDA_CHECK(cudaEventRecord(ev_out[j], cs));
   }
-  // In: the wait for piece j once this rank's own push of piece j is out (the peer's arrives
-  // about then) and (j > 0) piece j-1's GEMM is launched.
   const int64_t r0 = rank * m_shard;
   x = mark(s, TraceKind::kTile, 0, 0, "compute stream", fmt::format("gemm rows [{},{}) (own K)", r0, r0 + m_shard),
            tracing);
   gemm(s, at(a, static_cast<uint64_t>(r0 * k_local) * eb), bp, c, m_shard, k_local, 0, N, Blas::kLt);
   mark_end(x, s, tracing);
+  WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[0], s));  // the own K-half is done
+  WEFT_CUDA_CHECK(cudaStreamWaitEvent(cb, ev_piece[0], 0));
+  wait_list(cb, {{p, g_flags.at(1), 1}});
+  WEFT_CUDA_CHECK(cudaEventRecord(ev_backup, cb));
   const char* pa = ctx.peer_base[rank] + g_a;
   const char* pb = ctx.peer_base[rank] + g_b;
   for (size_t j = 0; j < g_cols.size(); ++j) {
     const auto [c0, c1] = g_cols[j];
     WEFT_CUDA_CHECK(cudaStreamWaitEvent(cw, ev_out[j], 0));
-    if (j > 0) WEFT_CUDA_CHECK(cudaStreamWaitEvent(cw, ev_piece[j], 0));
+    if (j > 0) WEFT_CUDA_CHECK(cudaStreamWaitEvent(cw, ev_piece[j], 0));  // piece j-1's GEMM launched
     wait_list(cw, {{p, g_flags.at(1 + static_cast<uint32_t>(j)), 1}});
     WEFT_CUDA_CHECK(cudaEventRecord(ev_recv[j], cw));
     WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_recv[j], 0));
@@ -1202,6 +1210,7 @@ void GemmOverlap::Impl::gather_rs(const void* a, const void* bp, void* c, cudaSt
     gemm(s, pa, pb, c, m_shard, k_local, c0, c1 - c0, Blas::kLt, c);
     mark_end(x, s, tracing);
   }
+  WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_backup, 0));
 }
 
 void GemmOverlap::Impl::gpu_fused(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
@@ -1272,6 +1281,8 @@ GemmOverlap::Impl::~Impl() {
   if (ev_base) cudaEventDestroy(ev_base);
   if (cs) cudaStreamDestroy(cs);
   if (cw) cudaStreamDestroy(cw);
+  if (cb) cudaStreamDestroy(cb);
+  if (ev_backup) cudaEventDestroy(ev_backup);
   if (one) cudaFree(one);
   if (handle) cublasDestroy(handle);
   if (workspace) cudaFree(workspace);

@@ -150,7 +150,11 @@ RsFold default_rs_fold(const OverlapModelInput& in, const plan::DeviceConstants&
   const Shape s = shape_of(in);
   const Cost c = cost_of(d, in.world);
   const double own_us = c.gemm(s.m / s.w, s.n, s.kl);
-  if (in.world == 2 && c.copy((s.m / s.w + s.n / 2) * s.kl * s.eb) + c.lat_us <= own_us) return RsFold::kGather;
+  // Gather where the whole transfer (the peer's rows of A and its B) fits under the own K-half:
+  // one piece for the peer's half. Where it needs pieces (4096x8192x8192: 80 MiB against a
+  // ~185 us half) it measured no better than cuBLASLt's fold (1.067-1.077 vs 1.066-1.075x the
+  // GEMM alone, 2xH200, bench/results/gemm_rs-gather-20261122/).
+  if (in.world == 2 && c.copy((s.m / s.w + s.n) * s.kl * s.eb) + c.lat_us <= own_us) return RsFold::kGather;
   if (in.world == 2 && own_us >= 100.0) return RsFold::kLt;
   const double reduce_us = (in.world + 1) * double(in.m / in.world) * double(in.n) * in.elem_bytes / (d.hbm_gbps * 1e3);
   return weft_fold_ok && reduce_us >= 60.0 ? RsFold::kWeft : RsFold::kNone;

@@ -5,8 +5,10 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -379,4 +381,43 @@ TEST(GemmOverlapGpuTrace, DecomposedCallIsTraced) {
     }
     WEFT_CUDA_CHECK(cudaStreamDestroy(s));
   }));
+}
+
+// gemm_rs with the gathered inputs (2 ranks) when the peer never comes: its guard is a stream
+// memory operation with no deadline, so the wait for the peer's data must not sit behind it —
+// the surviving rank's call ends in a TimeoutError naming the missing rank within the deadline,
+// not a hang.
+TEST(GemmOverlapGpuFaults, GatheredInputsNameARankThatNeverComes) {
+  if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  ScopedEnv env;
+  env.set("WEFT_RS_FOLD", "gather");
+  const int victim = 1;
+  const int64_t timeout_ms = 3000;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto res = run_gpu_ranks(
+      2,
+      [victim] {
+        auto b = make_backend();
+        cudaStream_t s;
+        WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        GemmOverlap op(*b, config(Shape{GemmOp::kGemmRs, 256, 256, 264}, dev::DType::kBF16, BLayout::kNK, 1));
+        DevBuf a(static_cast<size_t>(op.a_rows() * op.a_cols()) * 2),
+            wt(static_cast<size_t>(op.b_rows() * op.b_cols()) * 2),
+            c(static_cast<size_t>(op.c_rows() * op.c_cols()) * 2);
+        op.run(a.p, wt.p, c.p, {.method = GemmMethod::kDecomposed, .stream = s});  // both ranks
+        b->synchronize();
+        b->barrier();
+        if (b->rank() == victim) _exit(0);
+        op.run(a.p, wt.p, c.p, {.method = GemmMethod::kDecomposed, .stream = s});  // the peer is gone
+        b->synchronize();
+      },
+      /*heap_mib=*/256, /*deadline_ms=*/120000, timeout_ms);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("[gpu] gathered-inputs fault test: run ended after %.1f s; wait deadline %.1f s\n", secs,
+              timeout_ms / 1e3);
+  for (const auto& r : res) {
+    if (r.rank == victim) continue;
+    EXPECT_EQ(r.exit_code, 1) << "rank " << r.rank << (r.killed_by_launcher ? " hung" : "");
+    EXPECT_NE(r.message.find("rank " + std::to_string(victim) + " did not arrive"), std::string::npos) << r.message;
+  }
 }

@@ -71,12 +71,12 @@ TEST(GemmOverlapModel, PicksTheMeasuredFastest) {
 // 2xH200: docs/gemm_overlap.md).
 TEST(GemmOverlapModel, DefaultRsFold) {
   const auto d = h200x2();
-  // 2 ranks: the inputs travel where the peer's rows of A and half its B arrive within this
-  // rank's own K-half (the three large ANCHORS shapes); else cuBLASLt's fold where the own
-  // block is long (B large against M: 1024 x 16384 x 16384), else the reduce pass (2048).
+  // 2 ranks: the inputs travel where the peer's rows of A and its B arrive within this rank's
+  // own K-half (8192x8192x14336, 16384x8192x3584); else cuBLASLt's fold where the own block is
+  // long (4096x8192x8192: 80 MiB against ~185 us; 1024 x 16384 x 16384), else the reduce pass.
   EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 8192, 14336, 8192, 2}, d, true), RsFold::kGather);
   EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 16384, 3584, 8192, 2}, d, true), RsFold::kGather);
-  EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 4096, 8192, 8192, 2}, d, true), RsFold::kGather);
+  EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 4096, 8192, 8192, 2}, d, true), RsFold::kLt);
   EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 1024, 16384, 16384, 2}, d, true), RsFold::kLt);
   EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 2048, 4096, 4096, 2}, d, true), RsFold::kNone);
   EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 4, 8192, 14336, 8192, 2}, d, true), RsFold::kWeft);

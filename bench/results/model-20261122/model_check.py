@@ -63,7 +63,7 @@ def fused(op,w,m,n,k):
 def fold_of(op,w,m,n,k):
     if op!='gemm_rs' or w<2: return 'none'
     own=gemm(m/w,n,k/w)
-    if w==2 and copy((m/w+n/2)*(k/w)*2)+LAT<=own: return 'gather'
+    if w==2 and copy((m/w+n)*(k/w)*2)+LAT<=own: return 'gather'
     if w==2 and own>=100: return 'lt'
     # default_rs_fold: otherwise weft's fold where the reduce pass would take >= 60 us
     red=(w+1)*(m/w)*n*2/(HBM*1e3)

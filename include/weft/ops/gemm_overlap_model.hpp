@@ -44,7 +44,7 @@ OverlapPrediction predict_overlap(const OverlapModelInput& in, const plan::Devic
                                   int chunks = 0, bool fused = true);
 
 // gemm_rs decomposed's fold where nothing forces one (GemmOverlap: WEFT_RS_FOLD): on 2 ranks
-// kGather where the peer's rows of A and half its B arrive before this rank's own K-half is
+// kGather where the peer's rows of A and its B arrive before this rank's own K-half is
 // computed (predicted), else cuBLASLt's fold where the own block's GEMM is predicted >= 100
 // us; else weft's fold where
 // `weft_fold_ok` (its sm_90a GEMM, copy-engine transfers) and the reduce pass it removes would
