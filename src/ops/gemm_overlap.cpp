@@ -23,12 +23,11 @@
 
 #ifdef WEFT_HAVE_CUDA
 #include <cublas_v2.h>
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include "lt_gemm.hpp"
+#include "stream_memops.hpp"
 #include "weft/core/cuda_check.hpp"
 #include "weft/kernels/gemm.hpp"
 #include "weft/kernels/gemm_overlap_kernels.hpp"
@@ -127,40 +126,6 @@ plan::DeviceConstants device_constants() {
 
 #ifdef WEFT_HAVE_CUDA
 namespace {
-// Stream memory operations (driver API, through the runtime's entry points: no -lcuda): a
-// stream waits until a 64-bit word is >= a value, or writes one, without an SM.
-struct StreamMemops {
-  PFN_cuStreamWriteValue64_v11070 write = nullptr;
-  PFN_cuStreamWaitValue64_v11070 wait = nullptr;
-};
-const StreamMemops& stream_memops() {
-  static const StreamMemops ops = [] {
-    StreamMemops o;
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &f, 11070, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      o.write = reinterpret_cast<PFN_cuStreamWriteValue64_v11070>(f);
-    f = nullptr;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &f, 11070, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      o.wait = reinterpret_cast<PFN_cuStreamWaitValue64_v11070>(f);
-    return o;
-  }();
-  return ops;
-}
-bool stream_memops_available() { return stream_memops().write && stream_memops().wait; }
-void stream_wait_geq(cudaStream_t s, const void* addr, uint64_t v) {
-  const CUresult r = stream_memops().wait(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), v,
-                                          CU_STREAM_WAIT_VALUE_GEQ);
-  if (r != CUDA_SUCCESS) throw Error(fmt::format("cuStreamWaitValue64 failed: CUresult {}", static_cast<int>(r)));
-}
-void stream_write(cudaStream_t s, void* addr, uint64_t v) {
-  const CUresult r = stream_memops().write(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), v,
-                                           CU_STREAM_WRITE_VALUE_DEFAULT);
-  if (r != CUDA_SUCCESS) throw Error(fmt::format("cuStreamWriteValue64 failed: CUresult {}", static_cast<int>(r)));
-}
-
 struct TimedEvent {
   cudaEvent_t start = nullptr, end = nullptr;
   TraceEvent meta;
@@ -350,10 +315,11 @@ RsFold GemmOverlap::Impl::choose_rs_fold(const OverlapModelInput& in, const plan
   if (force == "0") return RsFold::kNone;
   const bool weft_ok = !sm_copies && kernels::gemm_sm90_available();
   if (force == "lt") return world == 2 ? RsFold::kLt : RsFold::kNone;
-  if (force == "gather") return world == 2 && !sm_copies && stream_memops_available() ? RsFold::kGather : RsFold::kNone;
+  if (force == "gather")
+    return world == 2 && !sm_copies && detail::stream_memops_available() ? RsFold::kGather : RsFold::kNone;
   if (force == "1" || force == "weft") return weft_ok ? RsFold::kWeft : RsFold::kNone;
   const RsFold f = default_rs_fold(in, d, weft_ok);
-  if (f == RsFold::kGather && (sm_copies || !stream_memops_available())) return world == 2 ? RsFold::kLt : f;
+  if (f == RsFold::kGather && (sm_copies || !detail::stream_memops_available())) return world == 2 ? RsFold::kLt : f;
   return f;
 #else
   (void)in, (void)d;
@@ -1157,8 +1123,8 @@ void GemmOverlap::Impl::gather_rs(const void* a, const void* bp, void* c, cudaSt
   // i.e. after this call's data from here arrived there: after this reset. (No deadline: a
   // missing peer is named by the data waits below, which do not wait for this stream.)
   WEFT_CUDA_CHECK(cudaMemcpyAsync(flag(p, 0), one, sizeof(uint64_t), cudaMemcpyDefault, cs));
-  stream_wait_geq(cs, flag(rank, 0), 1);
-  stream_write(cs, flag(rank, 0), 0);
+  detail::stream_wait_geq(cs, flag(rank, 0), 1);
+  detail::stream_write(cs, flag(rank, 0), 0);
   // Out: this rank's rows of A for the peer's block, then B piece by piece, each followed by
   // the peer's flag for it = this rank's call counter (the copy engine runs them in order).
   const uint64_t a_bytes = static_cast<uint64_t>(m_shard * k_local) * eb;

@@ -39,6 +39,7 @@
 #include <tuple>
 #include <vector>
 
+#include "stream_memops.hpp"
 #include "weft/core/cuda_check.hpp"
 #include "weft/core/error.hpp"
 #include "weft/kernels/gemm.hpp"
@@ -48,39 +49,6 @@
 
 namespace weft::ops::fused {
 namespace {
-
-struct DriverOps {
-  PFN_cuStreamWriteValue64_v11070 write = nullptr;
-  PFN_cuStreamWaitValue64_v11070 wait = nullptr;
-};
-
-const DriverOps& driver_ops() {
-  static DriverOps ops = [] {
-    DriverOps d;
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &f, 11070, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      d.write = reinterpret_cast<PFN_cuStreamWriteValue64_v11070>(f);
-    f = nullptr;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue64", &f, 11070, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      d.wait = reinterpret_cast<PFN_cuStreamWaitValue64_v11070>(f);
-    return d;
-  }();
-  return ops;
-}
-
-void write_value(cudaStream_t s, const void* addr, uint64_t v) {
-  const CUresult r = driver_ops().write(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), v,
-                                        CU_STREAM_WRITE_VALUE_DEFAULT);
-  if (r != CUDA_SUCCESS) throw Error(fmt::format("cuStreamWriteValue64 failed: CUresult {}", static_cast<int>(r)));
-}
-void wait_value(cudaStream_t s, const void* addr, uint64_t v) {
-  const CUresult r = driver_ops().wait(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(addr), v,
-                                       CU_STREAM_WAIT_VALUE_GEQ);
-  if (r != CUDA_SUCCESS) throw Error(fmt::format("cuStreamWaitValue64 failed: CUresult {}", static_cast<int>(r)));
-}
 
 template <class T>
 std::vector<T> fetch(const T* dev, size_t n) {
@@ -617,7 +585,8 @@ void run_rs(const FusedArgs& A, State& st, cudaStream_t s) {
   const int done_base = st.done_base;  // counters [.., + world): "rank p finished call e"
   if (e > 1)
     for (int p = 0; p < world; ++p)
-      if (p != me) wait_value(s, A.ctx.ptr<uint64_t>(me, slot_off(A, done_base + p)), static_cast<uint64_t>(e - 1));
+      if (p != me)
+        detail::stream_wait_geq(s, A.ctx.ptr<uint64_t>(me, slot_off(A, done_base + p)), static_cast<uint64_t>(e - 1));
   if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.gemm_ev, s));
   for (const auto& l : st.launches) {
     kernels::GemmArgs g;
@@ -657,15 +626,16 @@ void run_rs(const FusedArgs& A, State& st, cudaStream_t s) {
       if (my_bytes)
         WEFT_CUDA_CHECK(
             cudaMemcpyAsync(A.ctx.ptr<char>(p, out.offset) + my_off, mine, my_bytes, cudaMemcpyDeviceToDevice, s));
-      write_value(s, A.ctx.ptr<uint64_t>(p, slot_off(A, ready_base + me)), static_cast<uint64_t>(e));
+      detail::stream_write(s, A.ctx.ptr<uint64_t>(p, slot_off(A, ready_base + me)), static_cast<uint64_t>(e));
     }
     for (int p = 0; p < world; ++p)
-      if (p != me) wait_value(s, A.ctx.ptr<uint64_t>(me, slot_off(A, ready_base + p)), static_cast<uint64_t>(e));
+      if (p != me)
+        detail::stream_wait_geq(s, A.ctx.ptr<uint64_t>(me, slot_off(A, ready_base + p)), static_cast<uint64_t>(e));
     WEFT_CUDA_CHECK(cudaMemcpyAsync(A.c, A.ctx.ptr<char>(me, out.offset), static_cast<size_t>(A.m * A.n) * eb,
                                     cudaMemcpyDeviceToDevice, s));
   }
   for (int p = 0; p < world; ++p)
-    if (p != me) write_value(s, A.ctx.ptr<uint64_t>(p, slot_off(A, done_base + me)), static_cast<uint64_t>(e));
+    if (p != me) detail::stream_write(s, A.ctx.ptr<uint64_t>(p, slot_off(A, done_base + me)), static_cast<uint64_t>(e));
 }
 
 // ---- gemm_rs: the copy-engine fold ---------------------------------------------------------
@@ -986,9 +956,7 @@ void collect_trace(const FusedArgs& A, State& st, cudaStream_t s) {
 
 }  // namespace
 
-bool fused_available() {
-  return kernels::gemm_sm90_available() && driver_ops().write != nullptr && driver_ops().wait != nullptr;
-}
+bool fused_available() { return kernels::gemm_sm90_available() && detail::stream_memops_available(); }
 
 bool fused_supports(Op op) { return op != Op::kGemmAr || fused_rs_chain(); }
 

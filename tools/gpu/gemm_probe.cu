@@ -9,99 +9,11 @@
 //               -o .gpu/gemm_probe -lcublasLt -lcublas
 // Run there: source tools/gpu/env.sh; .gpu/gemm_probe   (tools/gpu/probe.sh)
 // Row-major A[M,K], W[N,K] (torch linear), C[M,N], bf16, fp32 accumulation, as the bench.
-#include <cublasLt.h>
-#include <cublas_v2.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
+#include "probe_common.cuh"
 
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-#define CB(x)                                                                           \
-  do {                                                                                  \
-    int s_ = static_cast<int>(x);                                                       \
-    if (s_ != 0) {                                                                      \
-      std::fprintf(stderr, "%s:%d %s: cublas status %d\n", __FILE__, __LINE__, #x, s_); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
+using namespace probe;
 
 namespace {
-
-cudaStream_t g_stream;
-cudaEvent_t g_e0, g_e1;
-void* g_ws = nullptr;
-const size_t kWs = 64ull << 20;
-
-// Median over batches of `per` back-to-back calls, us per call.
-template <class F>
-double time_us(F&& f, int per = 4, int batches = 7) {
-  for (int i = 0; i < 2; ++i) f();
-  std::vector<double> v;
-  for (int b = 0; b < batches; ++b) {
-    CK(cudaEventRecord(g_e0, g_stream));
-    for (int i = 0; i < per; ++i) f();
-    CK(cudaEventRecord(g_e1, g_stream));
-    CK(cudaEventSynchronize(g_e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, g_e0, g_e1));
-    v.push_back(ms * 1e3 / per);
-  }
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-struct Lt {
-  cublasLtHandle_t h;
-  cublasLtMatmulDesc_t op;
-  cublasLtMatrixLayout_t la, lb, lc;
-  std::vector<cublasLtMatmulHeuristicResult_t> algos;
-};
-
-// Column-major view: C'[N,M] = W'[K,N]^T · A'[K,M].
-Lt make_lt(cublasLtHandle_t h, int m, int n, int k, int want) {
-  Lt l{};
-  l.h = h;
-  CB(cublasLtMatmulDescCreate(&l.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  CB(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  CB(cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-  CB(cublasLtMatrixLayoutCreate(&l.la, CUDA_R_16BF, k, n, k));
-  CB(cublasLtMatrixLayoutCreate(&l.lb, CUDA_R_16BF, k, m, k));
-  CB(cublasLtMatrixLayoutCreate(&l.lc, CUDA_R_16BF, n, m, n));
-  cublasLtMatmulPreference_t pref;
-  CB(cublasLtMatmulPreferenceCreate(&pref));
-  CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWs, sizeof kWs));
-  l.algos.resize(want);
-  int got = 0;
-  CB(cublasLtMatmulAlgoGetHeuristic(h, l.op, l.la, l.lb, l.lc, l.lc, pref, want, l.algos.data(), &got));
-  l.algos.resize(got);
-  cublasLtMatmulPreferenceDestroy(pref);
-  return l;
-}
-
-void run_lt(const Lt& l, int i, const void* w, const void* a, const void* c, void* d, float beta) {
-  const float alpha = 1.f;
-  CB(cublasLtMatmul(l.h, l.op, &alpha, w, l.la, a, l.lb, &beta, c, l.lc, d, l.lc, &l.algos[i].algo, g_ws, kWs,
-                    g_stream));
-}
-
-__global__ void fill(__nv_bfloat16* p, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    unsigned x = unsigned(i) * 2654435761u + seed;
-    p[i] = __float2bfloat16(float(int(x >> 24) - 128) / 256.f);
-  }
-}
 
 struct Shape {
   const char* what;
@@ -113,27 +25,11 @@ struct Shape {
 int main() {
   int ngpu = 0;
   CK(cudaGetDeviceCount(&ngpu));
-  CK(cudaSetDevice(0));
-  CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
-  CK(cudaEventCreate(&g_e0));
-  CK(cudaEventCreate(&g_e1));
-  CK(cudaMalloc(&g_ws, kWs));
   const size_t kA = 16384ull * 8192, kW = 14336ull * 8192, kC = 16384ull * 14336;
-  __nv_bfloat16 *a, *w, *c, *d;
-  CK(cudaMalloc(&a, kA * 2));
-  CK(cudaMalloc(&w, kW * 2));
-  CK(cudaMalloc(&c, kC * 2));
-  CK(cudaMalloc(&d, kC * 2));
-  fill<<<1024, 256>>>(a, kA, 1);
-  fill<<<1024, 256>>>(w, kW, 2);
-  fill<<<1024, 256>>>(c, kC, 3);
-  CK(cudaDeviceSynchronize());
-  cublasHandle_t bh;
-  CB(cublasCreate(&bh));
-  CB(cublasSetStream(bh, g_stream));
-  CB(cublasSetWorkspace(bh, g_ws, kWs));
-  cublasLtHandle_t lh;
-  CB(cublasLtCreate(&lh));
+  const Setup st = setup(kA, kW, kC);
+  __nv_bfloat16 *a = st.a, *w = st.w, *c = st.c, *d = st.d;
+  cublasHandle_t bh = st.bh;
+  cublasLtHandle_t lh = st.lh;
   auto gemmex = [&](int m, int n, int k, const void* aa, void* cc, float beta) {
     const float alpha = 1.f;
     CB(cublasGemmEx(bh, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, CUDA_R_16BF, k, aa, CUDA_R_16BF, k, &beta, cc,
