@@ -314,13 +314,11 @@ RsFold GemmOverlap::Impl::choose_rs_fold(const OverlapModelInput& in, const plan
   const std::string force = e ? e : "";
   if (force == "0") return RsFold::kNone;
   const bool weft_ok = !sm_copies && kernels::gemm_sm90_available();
+  const bool gather_ok = world == 2 && !sm_copies && detail::stream_memops_available();
   if (force == "lt") return world == 2 ? RsFold::kLt : RsFold::kNone;
-  if (force == "gather")
-    return world == 2 && !sm_copies && detail::stream_memops_available() ? RsFold::kGather : RsFold::kNone;
+  if (force == "gather") return gather_ok ? RsFold::kGather : RsFold::kNone;
   if (force == "1" || force == "weft") return weft_ok ? RsFold::kWeft : RsFold::kNone;
-  const RsFold f = default_rs_fold(in, d, weft_ok);
-  if (f == RsFold::kGather && (sm_copies || !detail::stream_memops_available())) return world == 2 ? RsFold::kLt : f;
-  return f;
+  return default_rs_fold(in, d, weft_ok, gather_ok);
 #else
   (void)in, (void)d;
   return RsFold::kNone;
@@ -752,7 +750,6 @@ void GemmOverlap::Impl::gemm(cudaStream_t s, const void* a, const void* bp, void
   p.b_nk = nk;
   p.dtype = cfg.dtype;
   p.add_c = add != nullptr;
-  p.in_place = add != nullptr && add == c;
   const void* bptr = nk ? at(bp, static_cast<uint64_t>(c0 * k) * eb) : at(bp, static_cast<uint64_t>(c0) * eb);
   lt->run(p, a, bptr, add ? at(add, static_cast<uint64_t>(c0) * eb) : nullptr, at(c, static_cast<uint64_t>(c0) * eb), s,
           /*may_time=*/lib == Blas::kLt);

@@ -145,7 +145,7 @@ double predict_fused(const Cost& c, const Shape& s) {
 // waits). weft's fold: removing a ~90 us reduce pass (8192x8192x14336) saved 115 us, removing
 // 46 / 29 / 10 us passes cost 7-31 us (the epilogue's source reads slow the own GEMM ~10%, and
 // its rows wait for the last piece; docs/gemm_overlap.md).
-RsFold default_rs_fold(const OverlapModelInput& in, const plan::DeviceConstants& d, bool weft_fold_ok) {
+RsFold default_rs_fold(const OverlapModelInput& in, const plan::DeviceConstants& d, bool weft_fold_ok, bool gather_ok) {
   if (in.op != GemmOp::kGemmRs || in.world < 2) return RsFold::kNone;
   const Shape s = shape_of(in);
   const Cost c = cost_of(d, in.world);
@@ -154,7 +154,8 @@ RsFold default_rs_fold(const OverlapModelInput& in, const plan::DeviceConstants&
   // one piece for the peer's half. Where it needs pieces (4096x8192x8192: 80 MiB against a
   // ~185 us half) it measured no better than cuBLASLt's fold (1.067-1.077 vs 1.066-1.075x the
   // GEMM alone, 2xH200, bench/results/gemm_rs-gather-20261122/).
-  if (in.world == 2 && c.copy((s.m / s.w + s.n) * s.kl * s.eb) + c.lat_us <= own_us) return RsFold::kGather;
+  if (in.world == 2 && gather_ok && c.copy((s.m / s.w + s.n) * s.kl * s.eb) + c.lat_us <= own_us)
+    return RsFold::kGather;
   if (in.world == 2 && own_us >= 100.0) return RsFold::kLt;
   const double reduce_us = (in.world + 1) * double(in.m / in.world) * double(in.n) * in.elem_bytes / (d.hbm_gbps * 1e3);
   return weft_fold_ok && reduce_us >= 60.0 ? RsFold::kWeft : RsFold::kNone;

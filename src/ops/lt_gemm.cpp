@@ -61,7 +61,8 @@ LtGemm::~LtGemm() {
 // "A" is B (transposed when B is W[N,K]) and its "B" is A.
 LtGemm::Entry& LtGemm::entry(const LtProblem& p, const void* a, const void* b, const void* c, const void* d) {
   const uint32_t al = alignment({a, b, c, d});
-  const auto key = std::tuple_cat(p.key(), std::tuple(static_cast<int>(al)));
+  const bool in_place = p.add_c && c == d;
+  const auto key = std::tuple_cat(p.key(), std::tuple(in_place, static_cast<int>(al)));
   auto it = cache_.find(key);
   if (it != cache_.end()) return it->second;
   Entry e;
@@ -92,7 +93,7 @@ LtGemm::Entry& LtGemm::entry(const LtProblem& p, const void* a, const void* b, c
       cublasLtMatmulAlgoGetHeuristic(h_, e.desc, e.la, e.lb, e.ld, e.ld, pref, kCandidates, e.algos.data(), &got);
   cublasLtMatmulPreferenceDestroy(pref);
   // cublasGemmEx adds C only in place (its C is D).
-  e.gemmex = gemmex_ != nullptr && (!p.add_c || p.in_place);
+  e.gemmex = gemmex_ != nullptr && (!p.add_c || in_place);
   if (st != CUBLAS_STATUS_SUCCESS) got = 0;  // cublasGemmEx may still take it
   if (got == 0 && !e.gemmex)
     throw Error(fmt::format("cuBLASLt has no algorithm for a {}x{}x{} GEMM (lda {}, ldb {}, ldd {}, {}-byte aligned)",
@@ -121,14 +122,14 @@ void LtGemm::launch(const LtProblem& p, const Entry& e, int i, const void* a, co
 void LtGemm::run(const LtProblem& p, const void* a, const void* b, const void* c, void* d, cudaStream_t s,
                  bool may_time) {
   if (p.rows <= 0 || p.cols <= 0) return;
-  WEFT_REQUIRE(p.in_place == (p.add_c && c == d), "LtGemm: in_place must say whether C is D");
   Entry& e = entry(p, a, b, c, d);
   if (!may_time) return launch(p, e, 0, a, b, c, d, s);
   e.tunable = true;
   const int n = candidates(e);
   // In place (C == D) a candidate's repeated runs would add C more than once: not timed.
+  const bool in_place = p.add_c && c == d;
   const bool timed = tune_ == Tune::kAll || (tune_ == Tune::kAddOnly && p.add_c);
-  if (e.chosen < 0 && timed && n > 1 && !(p.add_c && c == d)) {
+  if (e.chosen < 0 && timed && n > 1 && !in_place) {
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     WEFT_CUDA_CHECK(cudaStreamIsCapturing(s, &cap));
     if (cap == cudaStreamCaptureStatusNone) {
@@ -153,7 +154,7 @@ void LtGemm::run(const LtProblem& p, const void* a, const void* b, const void* c
       const int best = static_cast<int>(std::min_element(e.us.begin(), e.us.end()) - e.us.begin());
       e.chosen = e.us[static_cast<size_t>(best)] < 0.97 * e.us[0] ? best : 0;
     }
-  } else if (e.chosen < 0 && (!timed || n == 1 || (p.add_c && c == d))) {
+  } else if (e.chosen < 0 && (!timed || n == 1 || in_place)) {
     e.chosen = 0;
   }
   launch(p, e, std::max(e.chosen, 0), a, b, c, d, s);

@@ -30,9 +30,8 @@ struct LtProblem {
   int64_t lda = 0, ldb = 0, ldd = 0;
   bool b_nk = true;
   dev::DType dtype = dev::DType::kBF16;
-  bool add_c = false;     // D = A·op(B) + C
-  bool in_place = false;  // ... with C == D (then cublasGemmEx, beta = 1, is candidate 0)
-  auto key() const { return std::tuple(rows, cols, k, lda, ldb, ldd, b_nk, static_cast<int>(dtype), add_c, in_place); }
+  bool add_c = false;  // D = A·op(B) + C (in place where C is D: then cublasGemmEx, beta = 1, is candidate 0)
+  auto key() const { return std::tuple(rows, cols, k, lda, ldb, ldd, b_nk, static_cast<int>(dtype), add_c); }
 };
 
 class LtGemm {

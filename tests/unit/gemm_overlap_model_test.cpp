@@ -76,6 +76,10 @@ TEST(GemmOverlapModel, DefaultRsFold) {
   // long (4096x8192x8192: 80 MiB against ~185 us; 1024 x 16384 x 16384), else the reduce pass.
   EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 8192, 14336, 8192, 2}, d, true), RsFold::kGather);
   EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 16384, 3584, 8192, 2}, d, true), RsFold::kGather);
+  // Without stream memory operations or copy-engine transfers: the next rule, not a fixed fold.
+  EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 16384, 3584, 8192, 2}, d, true, false), RsFold::kLt);
+  EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 256, 264, 256, 2}, d, true, true), RsFold::kGather);
+  EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 256, 264, 256, 2}, d, true, false), RsFold::kNone);
   EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 4096, 8192, 8192, 2}, d, true), RsFold::kLt);
   EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 1024, 16384, 16384, 2}, d, true), RsFold::kLt);
   EXPECT_EQ(default_rs_fold({GemmOp::kGemmRs, 2, 2048, 4096, 4096, 2}, d, true), RsFold::kNone);

@@ -44,11 +44,12 @@ OverlapPrediction predict_overlap(const OverlapModelInput& in, const plan::Devic
                                   int chunks = 0, bool fused = true);
 
 // gemm_rs decomposed's fold where nothing forces one (GemmOverlap: WEFT_RS_FOLD): on 2 ranks
-// kGather where the peer's rows of A and its B arrive before this rank's own K-half is
-// computed (predicted), else cuBLASLt's fold where the own block's GEMM is predicted >= 100
-// us; else weft's fold where
+// kGather where `gather_ok` (copy-engine transfers, stream memory operations) and the peer's
+// rows of A and its B arrive before this rank's own K-half is computed (predicted), else
+// cuBLASLt's fold where the own block's GEMM is predicted >= 100 us; else weft's fold where
 // `weft_fold_ok` (its sm_90a GEMM, copy-engine transfers) and the reduce pass it removes would
 // take >= 60 us; else the reduce pass. kNone for the other ops and one rank.
-RsFold default_rs_fold(const OverlapModelInput& in, const plan::DeviceConstants& d, bool weft_fold_ok);
+RsFold default_rs_fold(const OverlapModelInput& in, const plan::DeviceConstants& d, bool weft_fold_ok,
+                       bool gather_ok = true);
 
 }  // namespace weft::ops
