@@ -18,39 +18,80 @@ __global__ void signal_kernel(dev::DeviceCtx c, OverlapSignals sig) {
   for (int i = 0; i < sig.count; ++i) dev::signal_add(c, sig.peer[i], sig.off[i], sig.inc[i]);
 }
 
-__global__ void wait_kernel(dev::DeviceCtx c, uint64_t epoch_off, OverlapWaits w) {
+// Waits until every w entry's local signal >= epoch * threshold (the rank named in `from`
+// on a timeout).
+__device__ inline void wait_all(const dev::DeviceCtx& c, uint64_t epoch_off, const OverlapWaits& w) {
   const uint64_t e = *c.local<volatile uint64_t>(epoch_off);
   for (int i = 0; i < w.count; ++i) dev::wait_ge(c, w.off[i], e * static_cast<uint64_t>(w.threshold[i]), w.from[i]);
   dev::fence_acq_rel();
 }
 
+__global__ void wait_kernel(dev::DeviceCtx c, uint64_t epoch_off, OverlapWaits w) { wait_all(c, epoch_off, w); }
+
+// The reduce kernels' waits (none when w.count is 0): thread 0 of every CTA waits, the CTA
+// barrier orders the other threads' reads after its acquire; their reads go to L2 (__ldcg),
+// never to a line this SM's L1 may hold from before the peers wrote it.
+__device__ inline void wait_then_sync(const dev::DeviceCtx& c, uint64_t epoch_off, const OverlapWaits& w) {
+  if (w.count == 0) return;
+  if (threadIdx.x == 0) wait_all(c, epoch_off, w);
+  __syncthreads();
+}
+
 template <class T>
-__global__ void reduce_kernel(const T* slots, uint64_t stride, int nslots, T* out, uint64_t n) {
+__device__ __forceinline__ float load_cg(const T* p) {
+  const unsigned short bits = __ldcg(reinterpret_cast<const unsigned short*>(p));
+  return dev::to_float(*reinterpret_cast<const T*>(&bits));
+}
+
+template <class T>
+__global__ void reduce_kernel(dev::DeviceCtx c, uint64_t epoch_off, OverlapWaits w, const T* slots, uint64_t stride,
+                              int nslots, T* out, uint64_t n) {
+  wait_then_sync(c, epoch_off, w);
   for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
     float acc = 0.f;
-    for (int s = 0; s < nslots; ++s) acc += dev::to_float(slots[s * stride + i]);
+    for (int s = 0; s < nslots; ++s) acc += load_cg(slots + s * stride + i);
     out[i] = dev::from_float<T>(acc);
   }
 }
 
-// Eight 16-bit elements per thread when slots, stride, out and n allow 16-byte vectors.
 template <class T>
-__global__ void reduce_kernel_vec(const uint4* slots, uint64_t stride_vec, int nslots, uint4* out, uint64_t nvec) {
-  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < nvec;
-       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+__device__ __forceinline__ void add8(float* acc, const uint4& v) {
+  const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) acc[k] += dev::to_float(e[k]);
+}
+
+template <class T>
+__device__ __forceinline__ uint4 pack8(const float* acc) {
+  uint4 r;
+  T* o = reinterpret_cast<T*>(&r);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) o[k] = dev::from_float<T>(acc[k]);
+  return r;
+}
+
+// Eight 16-bit elements per vector when slots, stride, out and n allow 16-byte vectors; two
+// vectors per thread and step (i and i + stride of the grid), so every slot has two loads in
+// flight per thread.
+template <class T>
+__global__ void reduce_kernel_vec(dev::DeviceCtx c, uint64_t epoch_off, OverlapWaits w, const uint4* slots,
+                                  uint64_t stride_vec, int nslots, uint4* out, uint64_t nvec) {
+  wait_then_sync(c, epoch_off, w);
+  const uint64_t grid = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < nvec; i += 2 * grid) {
+    const uint64_t j = i + grid;
+    const bool two = j < nvec;
+    float a0[8] = {0, 0, 0, 0, 0, 0, 0, 0}, a1[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int s = 0; s < nslots; ++s) {
-      const uint4 v = slots[s * stride_vec + i];
-      const T* e = reinterpret_cast<const T*>(&v);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) acc[k] += dev::to_float(e[k]);
+      const uint4* slot = slots + s * stride_vec;
+      const uint4 v0 = __ldcg(slot + i);
+      const uint4 v1 = two ? __ldcg(slot + j) : make_uint4(0, 0, 0, 0);
+      add8<T>(a0, v0);
+      add8<T>(a1, v1);
     }
-    uint4 r;
-    T* o = reinterpret_cast<T*>(&r);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) o[k] = dev::from_float<T>(acc[k]);
-    out[i] = r;
+    out[i] = pack8<T>(a0);
+    if (two) out[j] = pack8<T>(a1);
   }
 }
 
@@ -68,18 +109,20 @@ __global__ void copy_kernel(char* dst, size_t dpitch, const char* src, size_t sp
 }
 
 template <class T>
-cudaError_t reduce_typed(const void* slots, uint64_t stride, int nslots, void* out, uint64_t n, cudaStream_t s) {
+cudaError_t reduce_typed(const dev::DeviceCtx& c, uint64_t epoch_off, const OverlapWaits& w, const void* slots,
+                         uint64_t stride, int nslots, void* out, uint64_t n, cudaStream_t s) {
   const int threads = 256;
   const bool vec = (reinterpret_cast<uintptr_t>(slots) % 16 == 0) && (reinterpret_cast<uintptr_t>(out) % 16 == 0) &&
                    stride % 8 == 0 && n % 8 == 0;
-  const uint64_t items = vec ? n / 8 : n;
+  const uint64_t items = vec ? (n / 8 + 1) / 2 : n;  // threads' work items (two vectors each)
   const uint64_t want = (items + threads - 1) / threads;
   const int blocks = static_cast<int>(want < 1 ? 1 : want > 1056 ? 1056 : want);
   if (vec)
-    reduce_kernel_vec<T><<<blocks, threads, 0, s>>>(static_cast<const uint4*>(slots), stride / 8, nslots,
-                                                    static_cast<uint4*>(out), n / 8);
+    reduce_kernel_vec<T><<<blocks, threads, 0, s>>>(c, epoch_off, w, static_cast<const uint4*>(slots), stride / 8,
+                                                    nslots, static_cast<uint4*>(out), n / 8);
   else
-    reduce_kernel<T><<<blocks, threads, 0, s>>>(static_cast<const T*>(slots), stride, nslots, static_cast<T*>(out), n);
+    reduce_kernel<T><<<blocks, threads, 0, s>>>(c, epoch_off, w, static_cast<const T*>(slots), stride, nslots,
+                                                static_cast<T*>(out), n);
   return cudaGetLastError();
 }
 
@@ -123,17 +166,22 @@ cudaError_t overlap_copy(void* dst, size_t dpitch, const void* src, size_t spitc
   return cudaGetLastError();
 }
 
-cudaError_t overlap_reduce(const void* slots, uint64_t slot_stride, int nslots, void* out, uint64_t n, dev::DType t,
-                           cudaStream_t s) {
-  if (n == 0) return cudaSuccess;
+cudaError_t overlap_wait_reduce(const dev::DeviceCtx& c, uint64_t epoch_off, const OverlapWaits& w, const void* slots,
+                                uint64_t slot_stride, int nslots, void* out, uint64_t n, dev::DType t, cudaStream_t s) {
+  if (n == 0) return w.count == 0 ? cudaSuccess : overlap_wait(c, epoch_off, w, s);
   switch (t) {
     case dev::DType::kBF16:
-      return reduce_typed<dev::bf16_t>(slots, slot_stride, nslots, out, n, s);
+      return reduce_typed<dev::bf16_t>(c, epoch_off, w, slots, slot_stride, nslots, out, n, s);
     case dev::DType::kF16:
-      return reduce_typed<dev::f16_t>(slots, slot_stride, nslots, out, n, s);
+      return reduce_typed<dev::f16_t>(c, epoch_off, w, slots, slot_stride, nslots, out, n, s);
     default:
       return cudaErrorInvalidValue;
   }
+}
+
+cudaError_t overlap_reduce(const void* slots, uint64_t slot_stride, int nslots, void* out, uint64_t n, dev::DType t,
+                           cudaStream_t s) {
+  return overlap_wait_reduce(dev::DeviceCtx{}, 0, OverlapWaits{}, slots, slot_stride, nslots, out, n, t, s);
 }
 
 }  // namespace weft::kernels

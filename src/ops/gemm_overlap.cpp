@@ -209,6 +209,11 @@ struct GemmOverlap::Impl {
   // Transfers by SM copy kernels instead of the copy engine: WEFT_OVERLAP_ENGINE=sm, or after
   // the copy engine refused a pointer.
   bool sm_copies = false;
+  // WEFT_RS_KERNEL_SYNC=1 (comparisons): gemm_rs's reduce pass and cuBLASLt fold signal each
+  // piece by a signal kernel and the reduce pass waits in a wait kernel before the reduce, as
+  // before 2026-11-22 (default: the signal is a copy-engine copy of the call counter, the
+  // waits are met inside the reduce kernel).
+  bool rs_kernel_sync = false;
   // tracing
   std::vector<TimedEvent> timed;
   size_t timed_used = 0;
@@ -1003,25 +1008,25 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
           const size_t bytes = static_cast<size_t>((r1 - r0) * N) * eb;
           copy2d(owner_slot, bytes, at(scratch, static_cast<uint64_t>(g0 * N) * eb), bytes, bytes, 1, cs);
           mark_end(x, cs, tracing);
-          if (rs_fold == RsFold::kWeft) {
+          if (!sm_copies && !rs_kernel_sync) {
             // The signal by the copy engine, after the piece (stream order): the call count,
-            // copied from this rank's counter -- no SM needed while the peer's folded GEMM
-            // holds them all. Equal to what the kernel's +1 per call gives.
+            // copied from this rank's counter -- no SM needed while a GEMM holds them all
+            // (the peer's folded GEMM; this rank's own block, before the reduce pass). Equal
+            // to what the signal kernel's +1 per call gives.
             WEFT_CUDA_CHECK(cudaMemcpyAsync(ctx.peer_base[p] + sig_off, ctx.peer_base[rank] + epoch_off,
                                             sizeof(uint64_t), cudaMemcpyDefault, cs));
           } else {
             signal(p, sig_off, 1, cs);
-            if (rs_fold == RsFold::kLt) {
-              // The wait for the peer's piece j on this stream, after this rank's own piece j
-              // went out (the peer's is due about then: a short spin), the compute stream
-              // joining it by an event: between the compute stream's cuBLAS GEMMs only the
-              // launch gap stays (2.9 us, against 6.5-7.4 with a wait kernel there; 2xH200,
-              // 2026-11-22, bench/results/gemm_rs-probe-20261122/README.md section 7). Not
-              // for the reduce pass: its one-piece shapes (2048x4096x4096) would only gain a
-              // hop between the peer's signal and the reduce.
-              wait_list(cs, {{p, rs_signals.at(static_cast<uint32_t>(p * chunks + static_cast<int>(j))), 1}});
-              WEFT_CUDA_CHECK(cudaEventRecord(ev_recv[j], cs));
-            }
+          }
+          if (rs_fold == RsFold::kLt) {
+            // The wait for the peer's piece j on this stream, after this rank's own piece j
+            // went out (the peer's is due about then: a short spin), the compute stream
+            // joining it by an event: between the compute stream's cuBLAS GEMMs only the
+            // launch gap stays (2.9 us, against 6.5-7.4 with a wait kernel there; 2xH200,
+            // 2026-11-22, bench/results/gemm_rs-probe-20261122/README.md section 7). (The
+            // reduce pass meets its waits inside the reduce kernel, below.)
+            wait_list(cs, {{p, rs_signals.at(static_cast<uint32_t>(p * chunks + static_cast<int>(j))), 1}});
+            WEFT_CUDA_CHECK(cudaEventRecord(ev_recv[j], cs));
           }
         }
       }
@@ -1080,12 +1085,22 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
           for (int q = 0; q < world; ++q)
             if (q != rank)
               waits.emplace_back(q, rs_signals.at(static_cast<uint32_t>(q * chunks + static_cast<int>(j))), 1);
-          wait_list(s, waits);
+          // The waits inside the reduce kernel (one launch after the own block's GEMM, not a
+          // wait kernel and then the reduce), unless there are more than one kernel's list.
+          kernels::OverlapWaits w{};
+          if (rs_kernel_sync || waits.size() > static_cast<size_t>(kernels::kOverlapListMax))
+            wait_list(s, waits);
+          else
+            for (const auto& [q, off, th] : waits) {
+              w.from[w.count] = q;
+              w.off[w.count] = off;
+              w.threshold[w.count++] = th;
+            }
           x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev + 1 + j), 0, "compute stream",
                    fmt::format("reduce rows [{},{})", r0, r1), tracing);
-          WEFT_CUDA_CHECK(kernels::overlap_reduce(
-              stage_local + static_cast<uint64_t>(r0 * N) * eb, static_cast<uint64_t>(m_shard * N), world,
-              at(c, static_cast<uint64_t>(r0 * N) * eb), static_cast<uint64_t>((r1 - r0) * N), cfg.dtype, s));
+          WEFT_CUDA_CHECK(kernels::overlap_wait_reduce(
+              ctx, epoch_off, w, stage_local + static_cast<uint64_t>(r0 * N) * eb, static_cast<uint64_t>(m_shard * N),
+              world, at(c, static_cast<uint64_t>(r0 * N) * eb), static_cast<uint64_t>((r1 - r0) * N), cfg.dtype, s));
           mark_end(x, s, tracing);
         }
       }
@@ -1313,6 +1328,8 @@ GemmOverlap::GemmOverlap(Backend& backend, const GemmOverlapConfig& config)
                    fmt::format("WEFT_OVERLAP_ENGINE={}: expected sm or copy_engine", e));
       I.sm_copies = std::string(e) == "sm";
     }
+    const char* ks = std::getenv("WEFT_RS_KERNEL_SYNC");
+    I.rs_kernel_sync = ks && std::string(ks) == "1";
   }
 #endif
   I.decide(I.available());
