@@ -188,6 +188,13 @@ struct GemmOverlap::Impl {
   // decomposed gemm_rs: staging [world][m_shard x N] and one signal per (source, chunk)
   uint64_t rs_stage = 0;
   dev::SignalSlab rs_signals{};
+  // ... the reduce pass's epoch guard without an SM (rs_memop_guard; not with
+  // WEFT_RS_KERNEL_SYNC=1 or without stream memory operations): slot q = "rank q began this
+  // call", a copy of `one` from q, waited for by a stream memory operation and reset by the
+  // waiter -- as the gathered inputs' guard. (A device-barrier kernel on the copy stream waited
+  // in graph replays for an SM until the first GEMM's last wave, delaying the first copy.)
+  bool rs_memop_guard = false;
+  dev::SignalSlab rs_guard{};
   // ... with the own block on weft's GEMM (RsFold::kWeft): one launch that waits per M-block
   // for the peers' pieces and adds them in its epilogue -- no reduce pass. Its wait tables.
   void* rs_fold_tables = nullptr;
@@ -258,6 +265,13 @@ struct GemmOverlap::Impl {
   void wait_list(cudaStream_t s, const std::vector<std::tuple<int, uint64_t, int64_t>>& waits);
   // A one-CTA kernel on `s`: fence, then peer's signal at `off` += inc (after what `s` ran).
   void signal(int peer, uint64_t off, uint64_t inc, cudaStream_t s);
+  // The reduce pass's epoch guard on `s` (rs_memop_guard): tell every peer this rank began
+  // this call, wait until every peer did, reset those words.
+  void memop_guard(cudaStream_t s);
+  // The result of a copy-engine call on `s`: true if it was taken; false if the copy engine
+  // refused a peer pointer (outside a capture: sm_copies from now on, with a message; the
+  // caller falls back to SMs); any other error is thrown.
+  bool copy_engine_took(cudaError_t e, cudaStream_t s);
   void copy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, cudaStream_t s);
   const char* engine_name() const { return sm_copies ? "SM copy" : "copy engine"; }
 #endif
@@ -594,6 +608,14 @@ void GemmOverlap::Impl::setup_gpu() {
       ev_recv.resize(static_cast<size_t>(chunks));
       for (auto& e : ev_recv) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
+    rs_memop_guard =
+        rs_fold == RsFold::kNone && world > 1 && !sm_copies && !rs_kernel_sync && detail::stream_memops_available();
+    if (rs_memop_guard) rs_guard = heap.alloc_signals(static_cast<uint32_t>(world), tag + ".decomposed.guard");
+    if (rs_memop_guard || rs_fold == RsFold::kGather) {
+      WEFT_CUDA_CHECK(cudaMalloc(&one, sizeof(uint64_t)));
+      const uint64_t v = 1;
+      WEFT_CUDA_CHECK(cudaMemcpy(one, &v, sizeof v, cudaMemcpyHostToDevice));
+    }
     if (rs_fold == RsFold::kGather) {
       g_a = heap.alloc_bytes(static_cast<size_t>(m_shard * k_local) * eb, tag + ".gather.a");
       g_b = heap.alloc_bytes(static_cast<size_t>(b_rows * b_cols) * eb, tag + ".gather.b");
@@ -603,9 +625,6 @@ void GemmOverlap::Impl::setup_gpu() {
         const auto round = [&](int64_t x) { return x == cfg.n ? x : std::min<int64_t>(cfg.n, (x + 64) / 128 * 128); };
         g_cols.emplace_back(round(c0), round(c1));
       }
-      WEFT_CUDA_CHECK(cudaMalloc(&one, sizeof(uint64_t)));
-      const uint64_t v = 1;
-      WEFT_CUDA_CHECK(cudaMemcpy(one, &v, sizeof v, cudaMemcpyHostToDevice));
       WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cw, cudaStreamNonBlocking));
       WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cb, cudaStreamNonBlocking));
       WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_backup, cudaEventDisableTiming));
@@ -838,19 +857,38 @@ void GemmOverlap::Impl::signal(int peer, uint64_t off, uint64_t inc, cudaStream_
   WEFT_CUDA_CHECK(kernels::overlap_signal(b.ctx(), sig, s));
 }
 
+bool GemmOverlap::Impl::copy_engine_took(cudaError_t e, cudaStream_t s) {
+  if (e == cudaSuccess) return true;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (e != cudaErrorInvalidValue || cudaStreamIsCapturing(s, &st) != cudaSuccess || st != cudaStreamCaptureStatusNone)
+    WEFT_CUDA_CHECK(e);
+  (void)cudaGetLastError();
+  std::fprintf(stderr, "weft: rank %d: the copy engine refused a peer pointer (%s); %s uses SM copies from now on\n",
+               rank, cudaGetErrorString(e), to_string(cfg.op));
+  sm_copies = true;
+  return false;
+}
+
+void GemmOverlap::Impl::memop_guard(cudaStream_t s) {
+  const dev::DeviceCtx& ctx = b.ctx();
+  for (int q = 0; q < world; ++q) {
+    if (q == rank) continue;
+    char* word = ctx.peer_base[q] + rs_guard.at(static_cast<uint32_t>(rank));
+    if (!sm_copies && copy_engine_took(cudaMemcpyAsync(word, one, sizeof(uint64_t), cudaMemcpyDefault, s), s)) continue;
+    signal(q, rs_guard.at(static_cast<uint32_t>(rank)), 1, s);  // the same word, by a kernel (>= 1 either way)
+  }
+  for (int q = 0; q < world; ++q) {
+    if (q == rank) continue;
+    const char* mine = ctx.peer_base[rank] + rs_guard.at(static_cast<uint32_t>(q));
+    detail::stream_wait_geq(s, mine, 1);
+    detail::stream_write(s, mine, 0);
+  }
+}
+
 void GemmOverlap::Impl::copy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows,
                                cudaStream_t s) {
-  if (!sm_copies) {
-    const cudaError_t e = cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, s);
-    if (e == cudaSuccess) return;
-    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    if (e != cudaErrorInvalidValue || cudaStreamIsCapturing(s, &st) != cudaSuccess || st != cudaStreamCaptureStatusNone)
-      WEFT_CUDA_CHECK(e);
-    (void)cudaGetLastError();
-    std::fprintf(stderr, "weft: rank %d: the copy engine refused a peer pointer (%s); %s uses SM copies from now on\n",
-                 rank, cudaGetErrorString(e), to_string(cfg.op));
-    sm_copies = true;
-  }
+  if (!sm_copies && copy_engine_took(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, s), s))
+    return;
   WEFT_CUDA_CHECK(kernels::overlap_copy(dst, dpitch, src, spitch, width, rows, 16, s));
 }
 
@@ -910,7 +948,10 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
     // has finished reading them for the previous call (this stream waited for ev_fork,
     // which follows that call's last GEMM or reduce on the compute stream).
     // (kGather: its own guard, below, with no SM kernel.)
-    if (world > 1 && rs_fold != RsFold::kGather) WEFT_CUDA_CHECK(kernels::device_barrier(ctx, barrier, cs));
+    if (cfg.op == GemmOp::kGemmRs && rs_memop_guard)
+      memop_guard(cs);
+    else if (world > 1 && rs_fold != RsFold::kGather)
+      WEFT_CUDA_CHECK(kernels::device_barrier(ctx, barrier, cs));
     if (rs_fold == RsFold::kWeft) WEFT_CUDA_CHECK(cudaEventRecord(ev_guard, cs));
     if (cfg.op == GemmOp::kAgGemm) {
       const plan::LoweredRank& lr = ag.lowered.ranks[static_cast<size_t>(rank)];

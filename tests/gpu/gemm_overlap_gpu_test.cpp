@@ -383,14 +383,14 @@ TEST(GemmOverlapGpuTrace, DecomposedCallIsTraced) {
   }));
 }
 
-// gemm_rs with the gathered inputs (2 ranks) when the peer never comes: its guard is a stream
-// memory operation with no deadline, so the wait for the peer's data must not sit behind it —
-// the surviving rank's call ends in a TimeoutError naming the missing rank within the deadline,
-// not a hang.
-TEST(GemmOverlapGpuFaults, GatheredInputsNameARankThatNeverComes) {
-  if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
+// gemm_rs (2 ranks) when the peer never comes, with the gathered inputs and with the reduce
+// pass: their guards (the peer began this call) are stream memory operations with no deadline,
+// so the waits for the peer's data must not sit behind them -- the surviving rank's call ends in
+// a TimeoutError naming the missing rank within the deadline, not a hang.
+namespace {
+void expect_missing_peer_named(const char* fold) {
   ScopedEnv env;
-  env.set("WEFT_RS_FOLD", "gather");
+  env.set("WEFT_RS_FOLD", fold);
   const int victim = 1;
   const int64_t timeout_ms = 3000;
   const auto t0 = std::chrono::steady_clock::now();
@@ -413,11 +413,22 @@ TEST(GemmOverlapGpuFaults, GatheredInputsNameARankThatNeverComes) {
       },
       /*heap_mib=*/256, /*deadline_ms=*/120000, timeout_ms);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("[gpu] gathered-inputs fault test: run ended after %.1f s; wait deadline %.1f s\n", secs,
+  std::printf("[gpu] fault test, WEFT_RS_FOLD=%s: run ended after %.1f s; wait deadline %.1f s\n", fold, secs,
               timeout_ms / 1e3);
   for (const auto& r : res) {
     if (r.rank == victim) continue;
     EXPECT_EQ(r.exit_code, 1) << "rank " << r.rank << (r.killed_by_launcher ? " hung" : "");
     EXPECT_NE(r.message.find("rank " + std::to_string(victim) + " did not arrive"), std::string::npos) << r.message;
   }
+}
+}  // namespace
+
+TEST(GemmOverlapGpuFaults, GatheredInputsNameARankThatNeverComes) {
+  if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  expect_missing_peer_named("gather");
+}
+
+TEST(GemmOverlapGpuFaults, ReducePassNamesARankThatNeverComes) {
+  if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  expect_missing_peer_named("0");
 }
