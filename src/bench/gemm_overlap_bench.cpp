@@ -304,10 +304,15 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
     //    12:40): each column's runs back to back, then its check.
     const int reps = gpu ? (opt.quick ? 3 : 15) : 3;
     if (opt.sequential) {
+      // (Each column's start and end in the progress output: with many calls per run
+      // (WEFT_BENCH_PER_GRAPH) a column runs for seconds, long enough to sample the GPU's
+      // clock and power beside it: tools/gpu/power_probe.sh.)
       for (Column& col : cols) {
         if (!col.ran) continue;
+        if (opt.progress) opt.progress(fmt::format("{} {} {}: timing", opt.op, shape, col.method));
         run_once(col);  // warm-up
         for (int r = 0; r < reps; ++r) col.us.push_back(run_once(col));
+        if (opt.progress) opt.progress(fmt::format("{} {} {}: timed", opt.op, shape, col.method));
         check(col);
       }
     } else {
