@@ -746,6 +746,12 @@ void build_rs_ce(const FusedArgs& A, State& st) {
 
 void run_rs_ce(const FusedArgs& A, State& st, cudaStream_t s) {
   const int me = A.ctx.rank, world = A.ctx.world;
+  // Timing experiments only (wrong results): WEFT_FUSED_RS_DEBUG=nosrc drops the own tiles'
+  // waits and sources (the copies still run); nocomm also drops the copies (the GEMM keeps its
+  // order, destinations and counts). What each part of the fold costs beside weft's GEMM alone.
+  const char* dbg_env = std::getenv("WEFT_FUSED_RS_DEBUG");
+  const std::string dbg = dbg_env ? dbg_env : "";
+  const bool no_src = dbg == "nosrc" || dbg == "nocomm", no_comm = dbg == "nocomm";
   const size_t eb = 2;
   const int64_t ms = A.m / world;
   const uint64_t slot_bytes = static_cast<uint64_t>(ms * A.n) * eb;
@@ -753,7 +759,7 @@ void run_rs_ce(const FusedArgs& A, State& st, cudaStream_t s) {
   char* outbox = A.ctx.ptr<char>(me, outbox_t.offset);
   const uint64_t* epoch = begin_call(A, st, s);
   // Side stream (after the epoch guard): each piece to its owner as soon as its tiles are in.
-  for (int d = 1; d < world; ++d) {
+  for (int d = 1; d < world && !no_comm; ++d) {
     const int p = (me + d) % world;
     for (int j = 0; j < st.pieces; ++j) {
       const size_t ci = static_cast<size_t>((d - 1) * st.pieces + j);
@@ -802,7 +808,7 @@ void run_rs_ce(const FusedArgs& A, State& st, cudaStream_t s) {
       g.c[1] = outbox;
       g.c_row0[1] = 0;
       g.c_rows[1] = A.m;
-      if (world > 1) {
+      if (world > 1 && !no_src) {
         own_sources(g, me * ms);
         h.wait_begin = st.own_wait_begin;
       }
@@ -810,7 +816,7 @@ void run_rs_ce(const FusedArgs& A, State& st, cudaStream_t s) {
       g = gemm_args(A, static_cast<const char*>(A.a) + static_cast<size_t>(l.owner * ms * A.k_local) * eb, A.k_local);
       g.m = static_cast<int>(ms);
       g.c[0] = l.owner == me ? A.c : outbox + static_cast<size_t>(l.owner * ms * A.n) * eb;
-      if (l.owner == me && world > 1) {
+      if (l.owner == me && world > 1 && !no_src) {
         own_sources(g, 0);
         h.wait_begin = st.own_wait_begin;
       }
