@@ -10,7 +10,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
 
 #include "gemm_overlap_plan.hpp"
@@ -186,14 +185,6 @@ struct GemmOverlap::Impl {
   std::vector<uint64_t> ag_tensor_off;
   dev::SignalSlab ag_signals{};
   bool ag_own_in_place = false;  // own rows read in place, their local copy left out (setup_gpu)
-  // ... 2 ranks, every signal written once per call with +1 and waited for at 1 per call (the
-  // direct template): each signal a copy-engine copy of the call counter, and each tile's
-  // waits on the copy stream after this rank's pushes, the compute stream joining by an event
-  // (ev_tile) -- no SM kernel between its GEMMs or waiting for an SM beside them, as gemm_rs's
-  // folds. Not with WEFT_AG_KERNEL_SYNC=1 (comparisons: signal kernels, waits on the compute
-  // stream, as before 2026-11-22 22:xx).
-  bool ag_ce_sync = false;
-  std::vector<cudaEvent_t> ev_tile;
   // decomposed gemm_rs: staging [world][m_shard x N] and one signal per (source, chunk)
   uint64_t rs_stage = 0;
   dev::SignalSlab rs_signals{};
@@ -609,23 +600,6 @@ void GemmOverlap::Impl::setup_gpu() {
       straddles |= r0 < own1 && r1 > own0 && (r0 < own0 || r1 > own1);
     }
     ag_own_in_place = own_rows_in_place_allowed() && !forwards && !straddles;
-    const char* ks = std::getenv("WEFT_AG_KERNEL_SYNC");
-    ag_ce_sync = world == 2 && !sm_copies && !(ks && std::string(ks) == "1");
-    std::map<std::pair<int, int>, int> writers;  // (rank, lowered signal) -> transfers writing it
-    for (const plan::LoweredRank& r : ag.lowered.ranks) {
-      for (const plan::TransferDesc& d : r.transfers)
-        if (d.signal_rank >= 0) {
-          ++writers[{d.signal_rank, d.signal}];
-          ag_ce_sync = ag_ce_sync && d.increment == 1;
-        }
-      for (const auto* waits : {&r.tile_waits, &r.transfer_waits})
-        for (const plan::WaitEntry& w : *waits) ag_ce_sync = ag_ce_sync && w.threshold == 1;
-    }
-    for (const auto& [key, n] : writers) ag_ce_sync = ag_ce_sync && n == 1;
-    if (ag_ce_sync) {
-      ev_tile.resize(lr.tiles.size());
-      for (auto& e : ev_tile) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    }
   } else if (cfg.op == GemmOp::kGemmRs) {
     rs_stage = heap.alloc_bytes(static_cast<size_t>(world) * m_shard * cfg.n * eb, tag + ".decomposed.staging");
     rs_signals = heap.alloc_signals(static_cast<uint32_t>(world * chunks), tag + ".decomposed.signals");
@@ -1017,12 +991,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
           mark_end(x, cs, tracing);
         }
         if (d.signal_rank >= 0) {
-          const uint64_t off = ag_signals.at(static_cast<uint32_t>(d.signal));
-          if (ag_ce_sync && !sm_copies)  // the call count (= +1 per call: one writer, increment 1)
-            WEFT_CUDA_CHECK(cudaMemcpyAsync(ctx.peer_base[d.signal_rank] + off, ctx.peer_base[rank] + epoch_off,
-                                            sizeof(uint64_t), cudaMemcpyDefault, cs));
-          else
-            signal(d.signal_rank, off, static_cast<uint64_t>(d.increment), cs);
+          signal(d.signal_rank, ag_signals.at(static_cast<uint32_t>(d.signal)), static_cast<uint64_t>(d.increment), cs);
         }
       }
       // Tiles (chunks of rows x all of N) in arrival order on the compute stream; own-row
@@ -1039,15 +1008,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
           waits.emplace_back(ex.producer[static_cast<size_t>(w.signal)], ag_signals.at(static_cast<uint32_t>(w.signal)),
                              w.threshold);
         }
-        if (ag_ce_sync && !waits.empty()) {
-          // After this rank's pushes on the copy stream (the peer's arrive about then: a short
-          // spin), the compute stream joining by an event.
-          wait_list(cs, waits);
-          WEFT_CUDA_CHECK(cudaEventRecord(ev_tile[i], cs));
-          WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_tile[i], 0));
-        } else {
-          wait_list(s, waits);
-        }
+        wait_list(s, waits);
         size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(i), 0, "compute stream",
                         fmt::format("gemm rows [{},{}){}", r0, r1, own ? " (own, in place)" : ""), tracing);
         const char* arows = own ? static_cast<const char*>(a) + static_cast<uint64_t>((r0 - own0) * k_local) * eb
@@ -1334,7 +1295,6 @@ GemmOverlap::Impl::~Impl() {
   for (auto& e : ev_piece) cudaEventDestroy(e);
   for (auto& e : ev_recv) cudaEventDestroy(e);
   for (auto& e : ev_out) cudaEventDestroy(e);
-  for (auto& e : ev_tile) cudaEventDestroy(e);
   if (ev_fork) cudaEventDestroy(ev_fork);
   if (ev_join) cudaEventDestroy(ev_join);
   if (ev_base) cudaEventDestroy(ev_base);
