@@ -179,9 +179,4 @@ cudaError_t overlap_wait_reduce(const dev::DeviceCtx& c, uint64_t epoch_off, con
   }
 }
 
-cudaError_t overlap_reduce(const void* slots, uint64_t slot_stride, int nslots, void* out, uint64_t n, dev::DType t,
-                           cudaStream_t s) {
-  return overlap_wait_reduce(dev::DeviceCtx{}, 0, OverlapWaits{}, slots, slot_stride, nslots, out, n, t, s);
-}
-
 }  // namespace weft::kernels

@@ -168,9 +168,8 @@ struct GemmOverlap::Impl {
   std::vector<cudaEvent_t> ev_recv;
   // ... RsFold::kGather (2 ranks; gather_rs): the peer's rows of A for this rank's block and
   // the peer's B land in g_a / g_b (symmetric; B's layout), in `chunks` column pieces of B
-  // (g_cols). Flags (symmetric words): [0] the peer began this call (a copy of `one`, waited for
-  // by a stream memory operation and reset by the waiter), [1 + j] the peer's A and B up to
-  // piece j are here (a copy of the peer's call counter; a wait kernel on cw).
+  // (g_cols). Flag j (symmetric word): the peer's A and B up to piece j are here (a copy of the
+  // peer's call counter; a wait kernel on cw). Its epoch guard: rs_guard (memop_guard).
   uint64_t g_a = 0, g_b = 0;
   dev::SignalSlab g_flags{};
   std::vector<std::pair<int64_t, int64_t>> g_cols;
@@ -188,11 +187,11 @@ struct GemmOverlap::Impl {
   // decomposed gemm_rs: staging [world][m_shard x N] and one signal per (source, chunk)
   uint64_t rs_stage = 0;
   dev::SignalSlab rs_signals{};
-  // ... the reduce pass's epoch guard without an SM (rs_memop_guard; not with
-  // WEFT_RS_KERNEL_SYNC=1 or without stream memory operations): slot q = "rank q began this
-  // call", a copy of `one` from q, waited for by a stream memory operation and reset by the
-  // waiter -- as the gathered inputs' guard. (A device-barrier kernel on the copy stream waited
-  // in graph replays for an SM until the first GEMM's last wave, delaying the first copy.)
+  // ... the epoch guard without an SM (rs_memop_guard: the gathered inputs always, the reduce
+  // pass unless WEFT_RS_KERNEL_SYNC=1 or without stream memory operations): slot q = "rank q
+  // began this call", a copy of `one` from q, waited for by a stream memory operation and reset
+  // by the waiter (memop_guard). (A device-barrier kernel on the copy stream waited in graph
+  // replays for an SM until the first GEMM's last wave, delaying the first copy.)
   bool rs_memop_guard = false;
   dev::SignalSlab rs_guard{};
   // ... with the own block on weft's GEMM (RsFold::kWeft): one launch that waits per M-block
@@ -263,11 +262,18 @@ struct GemmOverlap::Impl {
   void mark_end(size_t i, cudaStream_t s, bool tracing);
   void collect(cudaStream_t s);
   void wait_list(cudaStream_t s, const std::vector<std::tuple<int, uint64_t, int64_t>>& waits);
+  // waits[begin, begin + kOverlapListMax) as one wait kernel's (or reduce kernel's) list.
+  static kernels::OverlapWaits overlap_waits(const std::vector<std::tuple<int, uint64_t, int64_t>>& waits,
+                                             size_t begin = 0);
   // A one-CTA kernel on `s`: fence, then peer's signal at `off` += inc (after what `s` ran).
   void signal(int peer, uint64_t off, uint64_t inc, cudaStream_t s);
-  // The reduce pass's epoch guard on `s` (rs_memop_guard): tell every peer this rank began
-  // this call, wait until every peer did, reset those words.
+  // gemm_rs's epoch guard on `s` without an SM (rs_memop_guard): tell every peer this rank
+  // began this call, wait until every peer did, reset those words. No deadline: the waits for
+  // the peers' data must not sit behind it (they name a missing peer).
   void memop_guard(cudaStream_t s);
+  // Sets the word at `off` on `peer` to this rank's call count, by the copy engine in `s`'s
+  // order (after the transfer it flags; no SM): what a signal kernel's +1 per call gives.
+  void put_count(int peer, uint64_t off, cudaStream_t s);
   // The result of a copy-engine call on `s`: true if it was taken; false if the copy engine
   // refused a peer pointer (outside a capture: sm_copies from now on, with a message; the
   // caller falls back to SMs); any other error is thrown.
@@ -608,10 +614,10 @@ void GemmOverlap::Impl::setup_gpu() {
       ev_recv.resize(static_cast<size_t>(chunks));
       for (auto& e : ev_recv) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
-    rs_memop_guard =
-        rs_fold == RsFold::kNone && world > 1 && !sm_copies && !rs_kernel_sync && detail::stream_memops_available();
-    if (rs_memop_guard) rs_guard = heap.alloc_signals(static_cast<uint32_t>(world), tag + ".decomposed.guard");
-    if (rs_memop_guard || rs_fold == RsFold::kGather) {
+    rs_memop_guard = rs_fold == RsFold::kGather || (rs_fold == RsFold::kNone && world > 1 && !sm_copies &&
+                                                    !rs_kernel_sync && detail::stream_memops_available());
+    if (rs_memop_guard) {
+      rs_guard = heap.alloc_signals(static_cast<uint32_t>(world), tag + ".decomposed.guard");
       WEFT_CUDA_CHECK(cudaMalloc(&one, sizeof(uint64_t)));
       const uint64_t v = 1;
       WEFT_CUDA_CHECK(cudaMemcpy(one, &v, sizeof v, cudaMemcpyHostToDevice));
@@ -619,7 +625,7 @@ void GemmOverlap::Impl::setup_gpu() {
     if (rs_fold == RsFold::kGather) {
       g_a = heap.alloc_bytes(static_cast<size_t>(m_shard * k_local) * eb, tag + ".gather.a");
       g_b = heap.alloc_bytes(static_cast<size_t>(b_rows * b_cols) * eb, tag + ".gather.b");
-      g_flags = heap.alloc_signals(static_cast<uint32_t>(1 + chunks), tag + ".gather.flags");
+      g_flags = heap.alloc_signals(static_cast<uint32_t>(chunks), tag + ".gather.flags");
       // Column pieces on 128-column boundaries where N allows (whole tiles of cuBLAS's).
       for (const auto& [c0, c1] : plan::split_range(0, cfg.n, chunks)) {
         const auto round = [&](int64_t x) { return x == cfg.n ? x : std::min<int64_t>(cfg.n, (x + 64) / 128 * 128); };
@@ -836,16 +842,20 @@ void GemmOverlap::Impl::collect(cudaStream_t s) {
   }
 }
 
-void GemmOverlap::Impl::wait_list(cudaStream_t s, const std::vector<std::tuple<int, uint64_t, int64_t>>& waits) {
-  for (size_t i = 0; i < waits.size(); i += kernels::kOverlapListMax) {
-    kernels::OverlapWaits w{};
-    for (size_t j = i; j < waits.size() && j < i + kernels::kOverlapListMax; ++j, ++w.count) {
-      w.from[w.count] = std::get<0>(waits[j]);
-      w.off[w.count] = std::get<1>(waits[j]);
-      w.threshold[w.count] = std::get<2>(waits[j]);
-    }
-    WEFT_CUDA_CHECK(kernels::overlap_wait(b.ctx(), epoch_off, w, s));
+kernels::OverlapWaits GemmOverlap::Impl::overlap_waits(const std::vector<std::tuple<int, uint64_t, int64_t>>& waits,
+                                                       size_t begin) {
+  kernels::OverlapWaits w{};
+  for (size_t j = begin; j < waits.size() && j < begin + kernels::kOverlapListMax; ++j, ++w.count) {
+    w.from[w.count] = std::get<0>(waits[j]);
+    w.off[w.count] = std::get<1>(waits[j]);
+    w.threshold[w.count] = std::get<2>(waits[j]);
   }
+  return w;
+}
+
+void GemmOverlap::Impl::wait_list(cudaStream_t s, const std::vector<std::tuple<int, uint64_t, int64_t>>& waits) {
+  for (size_t i = 0; i < waits.size(); i += kernels::kOverlapListMax)
+    WEFT_CUDA_CHECK(kernels::overlap_wait(b.ctx(), epoch_off, overlap_waits(waits, i), s));
 }
 
 void GemmOverlap::Impl::signal(int peer, uint64_t off, uint64_t inc, cudaStream_t s) {
@@ -867,6 +877,12 @@ bool GemmOverlap::Impl::copy_engine_took(cudaError_t e, cudaStream_t s) {
                rank, cudaGetErrorString(e), to_string(cfg.op));
   sm_copies = true;
   return false;
+}
+
+void GemmOverlap::Impl::put_count(int peer, uint64_t off, cudaStream_t s) {
+  const dev::DeviceCtx& ctx = b.ctx();
+  WEFT_CUDA_CHECK(cudaMemcpyAsync(ctx.peer_base[peer] + off, ctx.peer_base[rank] + epoch_off, sizeof(uint64_t),
+                                  cudaMemcpyDefault, s));
 }
 
 void GemmOverlap::Impl::memop_guard(cudaStream_t s) {
@@ -947,10 +963,10 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
     // The epoch guard: peers write into this rank's symmetric buffers only after every rank
     // has finished reading them for the previous call (this stream waited for ev_fork,
     // which follows that call's last GEMM or reduce on the compute stream).
-    // (kGather: its own guard, below, with no SM kernel.)
-    if (cfg.op == GemmOp::kGemmRs && rs_memop_guard)
+    // (gemm_rs's gathered inputs and reduce pass: without an SM, memop_guard.)
+    if (rs_memop_guard)
       memop_guard(cs);
-    else if (world > 1 && rs_fold != RsFold::kGather)
+    else if (world > 1)
       WEFT_CUDA_CHECK(kernels::device_barrier(ctx, barrier, cs));
     if (rs_fold == RsFold::kWeft) WEFT_CUDA_CHECK(cudaEventRecord(ev_guard, cs));
     if (cfg.op == GemmOp::kAgGemm) {
@@ -1049,16 +1065,13 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
           const size_t bytes = static_cast<size_t>((r1 - r0) * N) * eb;
           copy2d(owner_slot, bytes, at(scratch, static_cast<uint64_t>(g0 * N) * eb), bytes, bytes, 1, cs);
           mark_end(x, cs, tracing);
-          if (!sm_copies && !rs_kernel_sync) {
-            // The signal by the copy engine, after the piece (stream order): the call count,
-            // copied from this rank's counter -- no SM needed while a GEMM holds them all
-            // (the peer's folded GEMM; this rank's own block, before the reduce pass). Equal
-            // to what the signal kernel's +1 per call gives.
-            WEFT_CUDA_CHECK(cudaMemcpyAsync(ctx.peer_base[p] + sig_off, ctx.peer_base[rank] + epoch_off,
-                                            sizeof(uint64_t), cudaMemcpyDefault, cs));
-          } else {
+          // The signal by the copy engine where it takes peer pointers: no SM needed while a
+          // GEMM holds them all (the peer's folded GEMM -- always so for weft's fold, whose
+          // GEMM waits for it holding every SM; this rank's own block, before the reduce pass).
+          if (rs_fold == RsFold::kWeft || (!sm_copies && !rs_kernel_sync))
+            put_count(p, sig_off, cs);
+          else
             signal(p, sig_off, 1, cs);
-          }
           if (rs_fold == RsFold::kLt) {
             // The wait for the peer's piece j on this stream, after this rank's own piece j
             // went out (the peer's is due about then: a short spin), the compute stream
@@ -1128,15 +1141,9 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
               waits.emplace_back(q, rs_signals.at(static_cast<uint32_t>(q * chunks + static_cast<int>(j))), 1);
           // The waits inside the reduce kernel (one launch after the own block's GEMM, not a
           // wait kernel and then the reduce), unless there are more than one kernel's list.
-          kernels::OverlapWaits w{};
-          if (rs_kernel_sync || waits.size() > static_cast<size_t>(kernels::kOverlapListMax))
-            wait_list(s, waits);
-          else
-            for (const auto& [q, off, th] : waits) {
-              w.from[w.count] = q;
-              w.off[w.count] = off;
-              w.threshold[w.count++] = th;
-            }
+          const bool in_kernel = !rs_kernel_sync && waits.size() <= static_cast<size_t>(kernels::kOverlapListMax);
+          if (!in_kernel) wait_list(s, waits);
+          const kernels::OverlapWaits w = in_kernel ? overlap_waits(waits) : kernels::OverlapWaits{};
           x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev + 1 + j), 0, "compute stream",
                    fmt::format("reduce rows [{},{})", r0, r1), tracing);
           WEFT_CUDA_CHECK(kernels::overlap_wait_reduce(
@@ -1170,14 +1177,9 @@ void GemmOverlap::Impl::gather_rs(const void* a, const void* bp, void* c, cudaSt
   const int p = 1 - rank;
   const int64_t N = cfg.n;
   const bool nk = cfg.b_layout == BLayout::kNK;
-  auto flag = [&](int r, int i) { return ctx.peer_base[r] + g_flags.at(static_cast<uint32_t>(i)); };
-  // Guard: this rank has begun (it finished reading what the peer wrote here last call); wait
-  // for the peer's word and reset it. The peer sets it again only once its next call began,
-  // i.e. after this call's data from here arrived there: after this reset. (No deadline: a
-  // missing peer is named by the data waits below, which do not wait for this stream.)
-  WEFT_CUDA_CHECK(cudaMemcpyAsync(flag(p, 0), one, sizeof(uint64_t), cudaMemcpyDefault, cs));
-  detail::stream_wait_geq(cs, flag(rank, 0), 1);
-  detail::stream_write(cs, flag(rank, 0), 0);
+  // (The epoch guard, memop_guard, is on cs already: the peer began this call, so it has read
+  // what this rank wrote into it last call. No deadline: a missing peer is named by the data
+  // waits below, which do not wait for this stream.)
   // Out: this rank's rows of A for the peer's block, then B piece by piece, each followed by
   // the peer's flag for it = this rank's call counter (the copy engine runs them in order).
   const uint64_t a_bytes = static_cast<uint64_t>(m_shard * k_local) * eb;
@@ -1201,8 +1203,7 @@ void GemmOverlap::Impl::gather_rs(const void* a, const void* bp, void* c, cudaSt
              static_cast<size_t>(k_local), cs);
     }
     mark_end(x, cs, tracing);
-    WEFT_CUDA_CHECK(cudaMemcpyAsync(flag(p, 1 + static_cast<int>(j)), ctx.peer_base[rank] + epoch_off, sizeof(uint64_t),
-                                    cudaMemcpyDefault, cs));
+    put_count(p, g_flags.at(static_cast<uint32_t>(j)), cs);
     WEFT_CUDA_CHECK(cudaEventRecord(ev_out[j], cs));
   }
   const int64_t r0 = rank * m_shard;
@@ -1212,7 +1213,7 @@ void GemmOverlap::Impl::gather_rs(const void* a, const void* bp, void* c, cudaSt
   mark_end(x, s, tracing);
   WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[0], s));  // the own K-half is done
   WEFT_CUDA_CHECK(cudaStreamWaitEvent(cb, ev_piece[0], 0));
-  wait_list(cb, {{p, g_flags.at(1), 1}});
+  wait_list(cb, {{p, g_flags.at(0), 1}});
   WEFT_CUDA_CHECK(cudaEventRecord(ev_backup, cb));
   const char* pa = ctx.peer_base[rank] + g_a;
   const char* pb = ctx.peer_base[rank] + g_b;
@@ -1220,7 +1221,7 @@ void GemmOverlap::Impl::gather_rs(const void* a, const void* bp, void* c, cudaSt
     const auto [c0, c1] = g_cols[j];
     WEFT_CUDA_CHECK(cudaStreamWaitEvent(cw, ev_out[j], 0));
     if (j > 0) WEFT_CUDA_CHECK(cudaStreamWaitEvent(cw, ev_piece[j], 0));  // piece j-1's GEMM launched
-    wait_list(cw, {{p, g_flags.at(1 + static_cast<uint32_t>(j)), 1}});
+    wait_list(cw, {{p, g_flags.at(static_cast<uint32_t>(j)), 1}});
     WEFT_CUDA_CHECK(cudaEventRecord(ev_recv[j], cw));
     WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_recv[j], 0));
     if (j + 1 < g_cols.size()) WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[j + 1], s));

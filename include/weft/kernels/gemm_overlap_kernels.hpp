@@ -45,10 +45,8 @@ cudaError_t overlap_copy(void* dst, size_t dpitch, const void* src, size_t spitc
                          cudaStream_t s);
 // out[i] = sum over s < nslots of slots[s * slot_stride + i], i < n: fp32 sums in slot order,
 // rounded once to t (bf16 or f16). Any alignment (16-byte vectors when everything allows).
-cudaError_t overlap_reduce(const void* slots, uint64_t slot_stride, int nslots, void* out, uint64_t n, dev::DType t,
-                           cudaStream_t s);
-// overlap_reduce after the waits w (as overlap_wait's), met inside the reduce kernel: one
-// launch, not a wait kernel and then the reduce (w.count 0: no waits).
+// The waits w (as overlap_wait's; none when w.count is 0) are met inside the reduce kernel
+// first: one launch, not a wait kernel and then the reduce.
 cudaError_t overlap_wait_reduce(const dev::DeviceCtx& c, uint64_t epoch_off, const OverlapWaits& w, const void* slots,
                                 uint64_t slot_stride, int nslots, void* out, uint64_t n, dev::DType t, cudaStream_t s);
 
