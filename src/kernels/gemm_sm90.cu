@@ -339,6 +339,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* waitbar = srcbar + kConsumers;  // the producer met the tile's waits (wait_at_epilogue)
   uint64_t* waitfree = waitbar + 1;         // both consumer warpgroups saw waitbar's last phase
 
+  uint64_t* const tcta = p.hooks.trace_cta ? p.hooks.trace_cta + 4 * blockIdx.x : nullptr;
+  if (tcta && threadIdx.x == 0) tcta[0] = globaltimer();
   const int wg = threadIdx.x / 128;  // 0..kConsumers-1: consumers; kConsumers: producer
   const int tid = threadIdx.x % 128;
   const int kblocks = (p.k + BK - 1) / BK;
@@ -362,6 +364,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     cluster_sync();
   else
     __syncthreads();
+  if (tcta && threadIdx.x == 0) tcta[1] = globaltimer();
 
   // GemmHooks::wait_at_epilogue: the producer meets a tile's waits after issuing its last
   // k-block (the main loop never waits for them) and arrives on waitbar; the consumers wait on
@@ -387,6 +390,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int s = it % kStages;
           const uint32_t ph = (it / kStages) & 1u;
           mbar_wait(&empty[s], ph ^ 1u);
+          if (it == 0 && tcta) tcta[2] = globaltimer();
           mbar_expect_tx(&full[s], kAStage + kBStage);
           if (a2)
             tma_load_2d(sa + s * kAStage, &maps.a2, &full[s], kb * BK, mb * BM - p.a2_row0);
@@ -482,6 +486,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t ph = (it / kStages) & 1u;
         mbar_wait(&full[s], ph);
         if (kb == 0 && p.hooks.trace && wg == 0 && tid == 0) p.hooks.trace[3 * pos] = globaltimer();
+        if (it == 0 && tcta && wg == 0 && tid == 0) tcta[3] = globaltimer();
         if (kb == flush_kb) flush_notify();
         if (kb == src_kb && epi_waits) {
           // The producer met this tile's waits (GemmHooks::wait_at_epilogue): the main loop ran

@@ -418,7 +418,8 @@ TEST(GemmGpu, WaitsForRowsThatArriveAfterTheLaunch) {
         widx[p] = mode == 0 ? p / tn : p;          // closed-form order: M-block = p / tn (group_m 1)
       std::iota(wbegin.begin(), wbegin.end(), 0);  // one wait per position (M-block)
       const WaitTables waits(wbegin, widx, wval, wpeer);
-      DevBuf<uint64_t> heap(64), d_trace(3 * tiles);
+      DevBuf<uint64_t> heap(64), d_trace(3 * tiles), d_cta(4 * 1024);
+      WEFT_CUDA_CHECK(cudaMemset(d_cta.p, 0, 4 * 1024 * sizeof(uint64_t)));
       const uint64_t want = mode == 0 ? 1 : 3;  // the signal value that releases a block
       if (mode == 1)
         heap.put([tm] {
@@ -431,6 +432,7 @@ TEST(GemmGpu, WaitsForRowsThatArriveAfterTheLaunch) {
       h.ctx = one_gpu_ctx(heap);
       waits.set(h);
       h.trace = d_trace.p;
+      h.trace_cta = d_cta.p;
       h.wait_off = 0;
       h.wait_per_mblock = mode == 1;
       if (mode == 1) h.wait_scale_dev = heap.p + 62;
@@ -465,6 +467,25 @@ TEST(GemmGpu, WaitsForRowsThatArriveAfterTheLaunch) {
         t_max = std::max(t_max, tr[3 * p + 1]);
       }
       std::printf("[gpu] gemm waits: traced tiles span %.1f us\n", (t_max - t_min) / 1e3);
+      // Per-CTA stamps (sm_90a kernel): every launched CTA stamped entry <= barrier set-up <=
+      // first TMA issued (after the waits: the rows landed >= 1 ms later) <= first stage arrived.
+      if (kernels::gemm_sm90_available()) {
+        int ctas = 0, cluster = 0;
+        kernels::gemm_last_launch(&ctas, &cluster);
+        const auto tc = d_cta.get();
+        for (int i = 0; i < 1024; ++i) {
+          const uint64_t* x = &tc[4 * static_cast<size_t>(i)];
+          if (i >= ctas) {
+            WEFT_REQUIRE(x[0] == 0, fmt::format("CTA stamps past the grid ({} CTAs): {}", ctas, i));
+            continue;
+          }
+          WEFT_REQUIRE(x[0] > 0 && x[0] <= x[1] && x[1] <= x[2] && x[2] <= x[3],
+                       fmt::format("CTA {} stamps out of order: {} {} {} {}", i, x[0], x[1], x[2], x[3]));
+          WEFT_REQUIRE(x[2] - x[0] >= 1'000'000, fmt::format("CTA {} issued its first load {} ns after entry: before "
+                                                             "its rows landed",
+                                                             i, x[2] - x[0]));
+        }
+      }
       cudaStreamDestroy(s1);
       cudaStreamDestroy(s2);
       std::printf("[gpu] gemm waits (%s): rows landing 2 ms after launch, out of order: exact\n",

@@ -123,7 +123,11 @@ struct GemmHooks {
   const int32_t* notify_rank = nullptr;
   uint64_t notify_off = 0;
   uint64_t* trace = nullptr;  // [3 * positions] or null
-  bool any() const { return order || wait_begin || dest || notify_idx || trace; }
+  // [4 * CTAs] or null (sm_90a kernel; diagnostics): per CTA, globaltimer at entry, after the
+  // barrier set-up (cluster sync), when its producer issued the first TMA load, and when its
+  // consumers' first stage arrived.
+  uint64_t* trace_cta = nullptr;
+  bool any() const { return order || wait_begin || dest || notify_idx || trace || trace_cta; }
 };
 
 inline int gemm_tiles_m(int m) { return (m + kGemmTileM - 1) / kGemmTileM; }
