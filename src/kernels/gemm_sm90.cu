@@ -68,6 +68,12 @@ struct KernelParams {
   int src_tma;             // source 0 through TMA into the epilogue buffer (the others: register loads)
   int src_row0, src_rows;  // GemmArgs::src_row0 / src_rows (src_rows resolved: > 0)
   int a2_row0, a2_rows;    // GemmArgs::a2's rows (a2_rows 0: none)
+  // Programmatic dependent launch (GEMMs without waits only): launched so that its launch and
+  // set-up overlap the stream's previous kernel, and letting the next kernel of the stream
+  // launch once every CTA has begun its last tile. A GEMM that waits for another stream's work
+  // keeps the ordinary launch: neither it nor a successor may hold SMs early that the work it
+  // waits for could need (multi-GPU orderings not re-measured since, 2026-11-25).
+  int pdl;
   GemmHooks hooks;
 };
 
@@ -231,6 +237,11 @@ __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+// Programmatic dependent launch (PTX griddepcontrol): wait until the stream's previous kernel
+// completed and its memory is visible (at once when it was not launched so); let the next
+// kernel launch early.
+__device__ __forceinline__ void grid_dep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void grid_dep_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -377,6 +388,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tid == 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(&maps.a) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(&maps.b) : "memory");
+      // Everything above overlaps the previous kernel's tail under programmatic dependent
+      // launch; the first global access (signals, A, B) waits for it.
+      grid_dep_wait();
       uint32_t it = 0, arrivals = 0;
       for (int pos = first; pos < p.num_positions; pos += step) {
         int mb, nb;
@@ -431,6 +445,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     // ---- consumers ----
     setmaxnreg_inc<232>();
+    grid_dep_wait();  // before any global access (sources, stores, counts)
     const int warp = tid / 32, lane = tid % 32;
     uint8_t* epi = se + wg * kEpiBytes;
     // Descriptors of stage 0 (this warpgroup's 64 rows of A; B).
@@ -487,6 +502,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(&full[s], ph);
         if (kb == 0 && p.hooks.trace && wg == 0 && tid == 0) p.hooks.trace[3 * pos] = globaltimer();
         if (it == 0 && tcta && wg == 0 && tid == 0) tcta[3] = globaltimer();
+        if (kb == 0 && p.pdl && pos + step >= p.num_positions && wg == 0) grid_dep_launch();
         if (kb == flush_kb) flush_notify();
         if (kb == src_kb && epi_waits) {
           // The producer met this tile's waits (GemmHooks::wait_at_epilogue): the main loop ran
@@ -794,17 +810,27 @@ cudaError_t launch_sm90(const GemmArgs& a, const KernelParams& kp, const TensorM
   g_last_ctas = ctas;
   g_last_cluster = CM;
   cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = CM;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
+  cudaLaunchAttribute attr[2] = {};
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = CM;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  // Programmatic dependent launch (KernelParams::pdl): this kernel's launch and set-up may
+  // overlap the previous kernel of the stream (its CTAs wait in griddepcontrol.wait before any
+  // global access). WEFT_GEMM_PDL=0: never (comparisons).
+  static const bool pdl_env = [] {
+    const char* e = std::getenv("WEFT_GEMM_PDL");
+    return !(e && e[0] == '0');
+  }();
+  const bool pdl = pdl_env && kp.pdl;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.gridDim = dim3(ctas);
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = kSmemBytes;
   cfg.stream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 2 : 1;
   return cudaLaunchKernelEx(&cfg, kern, kp, maps);
 }
 
@@ -970,6 +996,7 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   kp.src_rows = static_cast<int>(src_rows);
   kp.a2_row0 = static_cast<int>(a.a2_row0);
   kp.a2_rows = static_cast<int>(a.a2_rows);
+  kp.pdl = h.wait_begin == nullptr ? 1 : 0;
   // Source 0 by TMA where C is TMA-stored (same box and swizzle as the stores).
   kp.src_tma = a.num_src > 0 && !direct_c && sm90;
   kp.hooks = h;

@@ -296,6 +296,53 @@ TEST(GemmGpu, RandomDataCloseToReference) {
   });
 }
 
+// Programmatic dependent launch: a GEMM that reads the previous GEMM's output, enqueued right
+// behind it (its launch and set-up may overlap the first's last tiles), reads the finished
+// output -- bitwise the same result as the second GEMM run alone after a synchronisation, and
+// no NaN from the poisoned buffer the first GEMM overwrites. Several rounds, a few tiles per CTA
+// in the first GEMM, both kernels (pairs, single CTAs).
+TEST(GemmGpu, ChainedGemmsReadTheFinishedOutput) {
+  if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
+  in_child([] {
+    const dev::DType t = dev::DType::kBF16;
+    const Case c1{4096, 2048, 1024};  // 32 x 8 tiles: about two per CTA
+    const Case c2{4096, 512, 2048};   // A2 = C1 (4096 x 2048)
+    const auto ha = fill(t, static_cast<size_t>(c1.m) * c1.k, 41, false);
+    const auto hb1 = fill(t, static_cast<size_t>(c1.n) * c1.k, 42, false);
+    const auto hb2 = fill(t, static_cast<size_t>(c2.n) * c2.k, 43, false);
+    DevBuf<uint16_t> a(ha.size()), b1(hb1.size()), b2(hb2.size()), c1buf(static_cast<size_t>(c1.m) * c1.n),
+        out(static_cast<size_t>(c2.m) * c2.n), alone(static_cast<size_t>(c2.m) * c2.n);
+    a.put(ha);
+    b1.put(hb1);
+    b2.put(hb2);
+    cudaStream_t s;
+    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (int kernel : {0, 1})
+      for (int round = 0; round < 3; ++round) {
+        auto g1 = args_for(t, false, c1, a.p, b1.p, c1buf.p);
+        auto g2 = args_for(t, false, c2, c1buf.p, b2.p, out.p);
+        use_kernel(g1, kernel);
+        use_kernel(g2, kernel);
+        WEFT_CUDA_CHECK(cudaMemset(c1buf.p, 0xFF, c1buf.n * 2));  // NaNs until the first GEMM writes
+        WEFT_CUDA_CHECK(cudaMemset(out.p, 0, out.n * 2));
+        WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+        ops::gemm_gpu(g1, {}, s);
+        ops::gemm_gpu(g2, {}, s);  // right behind it on the same stream
+        WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+        auto g3 = args_for(t, false, c2, c1buf.p, b2.p, alone.p);
+        use_kernel(g3, kernel);
+        ops::gemm_gpu(g3, {}, s);
+        WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto got = out.get();
+        for (size_t i = 0; i < got.size(); ++i)
+          WEFT_REQUIRE(!std::isnan(dec(t, got[i])), fmt::format("kernel {} round {}: NaN at {}", kernel, round, i));
+        expect_equal(got, alone.get(), fmt::format("kernel {} round {}: chained GEMM", kernel, round));
+      }
+    cudaStreamDestroy(s);
+    std::printf("[gpu] chained GEMMs (programmatic dependent launch unless WEFT_GEMM_PDL=0): bitwise as alone\n");
+  });
+}
+
 // Tile order from a table, two destinations splitting the rows, reduce-add into a prefilled
 // C, and notify counters: every hook the fused operators use, on one GPU.
 TEST(GemmGpu, HooksOrderDestinationsReduceAddAndNotify) {
