@@ -139,8 +139,17 @@ __device__ inline void hook_notify(const KernelParams& p, int pos) {
   if (!h.notify_idx) return;
   const int idx = h.notify_idx[pos];
   if (idx < 0) return;
-  dev::signal_add(h.ctx, h.notify_rank ? h.notify_rank[pos] : h.ctx.rank,
-                  h.notify_off + 8ull * static_cast<uint64_t>(idx), 1);
+  const int rank = h.notify_rank ? h.notify_rank[pos] : h.ctx.rank;
+  const uint64_t off = h.notify_off + 8ull * static_cast<uint64_t>(idx);
+#if defined(__CUDA_ARCH__)
+  // A count on this GPU (read by its kernels, e.g. the fused gemm_rs's piece waits, before a
+  // copy of what it guards): a release at GPU scope; a peer's: at system scope.
+  if (rank == h.ctx.rank) {
+    ptx::red_release_gpu_global_add(h.ctx.ptr<uint64_t>(rank, off), 1);
+    return;
+  }
+#endif
+  dev::signal_add(h.ctx, rank, off, 1);
 }
 __device__ inline int hook_dest(const KernelParams& p, int pos) {
   return p.hooks.dest ? (p.hooks.dest[pos] & (kGemmDestReduce - 1)) : 0;
@@ -480,7 +489,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // epilogue waits, or at the end), so the stores drain -- over NVLink, for a peer's buffer --
     // while the next tile computes. Uniform over the warpgroup; tid 0 notifies.
     int pending = -1;
-    const int flush_kb = kblocks > 2 ? kblocks - 2 : 0;
+    const int flush_late = kblocks > 2 ? kblocks - 2 : 0;
+    const int flush_kb =
+        p.hooks.notify_flush_kb > 0 && p.hooks.notify_flush_kb < flush_late ? p.hooks.notify_flush_kb : flush_late;
     auto flush_notify = [&]() {
       if (pending < 0) return;
       if (tid == 0) {
@@ -494,6 +505,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       int mb, nb;
       tile_coords(p, pos, mb, nb);
       const bool tile_src = mb < p.tiles_m && has_src(p, mb);
+      // Whether this position counts (read now, used after the epilogue's stores).
+      const bool tile_notifies = p.hooks.notify_idx && mb < p.tiles_m && p.hooks.notify_idx[pos] >= 0;
 #pragma unroll
       for (int i = 0; i < 128; ++i) d[i] = 0.f;
       for (int kb = 0; kb < kblocks; ++kb, ++it) {
@@ -646,8 +659,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       if (p.hooks.notify_idx) {
-        pending = pos;
-        if (!p.hooks.notify_deferred) flush_notify();  // at once: the stores complete, then the count
+        // Only a position that counts waits for its stores (a warpgroup-wide stall: tid 0's
+        // wait holds the next tile's first WGMMA).
+        if (tile_notifies) {
+          pending = pos;
+          if (!p.hooks.notify_deferred) flush_notify();  // at once: the stores complete, then the count
+        }
       }
       if (p.hooks.trace && wg == 0 && tid == 0) {
         p.hooks.trace[3 * pos + 1] = globaltimer();

@@ -36,6 +36,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -792,11 +793,19 @@ void run_rs_ce(const FusedArgs& A, State& st, cudaStream_t s) {
     g.src_row0 = row0;
     g.src_rows = ms;
   };
+  // The piece counts given at k-block 4 of a CTA's next tile, not right after the stores (tid
+  // 0's wait for their completion held the next tile's first WGMMA: +1-1.5% of the GEMM on one
+  // H100, tools/gpu/hooks_probe.cu, 2026-11-25); a copy then starts ~3 us later.
+  // WEFT_FUSED_RS_NOTIFY=now: at once (comparisons).
+  const char* nt = std::getenv("WEFT_FUSED_RS_NOTIFY");
+  const bool notify_now = nt && std::string(nt) == "now";
   for (const auto& l : st.launches) {
     kernels::GemmHooks h = gemm_hooks(A, st, A.counters.offset, l.pos_begin, true);
     h.wait_begin = nullptr;
     h.wait_per_mblock = true;
     h.wait_at_epilogue = true;
+    h.notify_deferred = !notify_now;
+    h.notify_flush_kb = 4;
     kernels::GemmArgs g;
     if (l.owner < 0) {  // one launch: dest 0 = C (this rank's rows), dest 1 = the outbox (all rows)
       g = gemm_args(A, A.a, A.k_local);

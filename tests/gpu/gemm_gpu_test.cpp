@@ -389,7 +389,8 @@ TEST(GemmGpu, HooksOrderDestinationsReduceAddAndNotify) {
       for (int p = 0; p < positions; ++p) {
         const int mb = order[p] / tn;
         dest[p] = static_cast<int8_t>(mb * kernels::kGemmTileM >= split_row ? 1 : 0);
-        notify_idx[p] = std::min(mb, tm);  // the phantom's counter (index tm) must stay 0
+        notify_idx[p] =
+            mb == 1 ? -1 : std::min(mb, tm);  // the phantom's counter (index tm) must stay 0; M-block 1 counts nothing
       }
       DevBuf<int32_t> d_order(positions), d_nidx(positions), d_nrank(positions);
       DevBuf<int8_t> d_dest(positions);
@@ -405,39 +406,48 @@ TEST(GemmGpu, HooksOrderDestinationsReduceAddAndNotify) {
       h.notify_idx = d_nidx.p;
       h.notify_rank = d_nrank.p;
       h.notify_off = 0;
-      for (bool reduce : {false, true}) {
-        // Prefill (reduce-add adds to it): small integers.
-        const auto pre0 = fill(t, static_cast<size_t>(split_row) * c.n, 8, true);
-        const auto pre1 = fill(t, static_cast<size_t>(c.m - split_row) * c.n, 9, true);
-        DevBuf<uint16_t> c0(pre0.size()), c1(pre1.size());
-        c0.put(pre0);
-        c1.put(pre1);
-        WEFT_CUDA_CHECK(cudaMemset(heap.p, 0, 64 * 8));
-        auto g = args_for(t, false, c, a.p, b.p, c0.p);
-        g.c[1] = c1.p;
-        g.num_dests = 2;
-        g.c_row0[1] = split_row;
-        g.c_rows[0] = split_row;
-        g.out = reduce ? kernels::GemmOut::kReduceAdd : kernels::GemmOut::kStore;
-        g.cluster_m = cluster;
-        ops::gemm_gpu(g, h);
-        WEFT_CUDA_CHECK(cudaDeviceSynchronize());
-        std::vector<uint16_t> pre(pre0);
-        pre.insert(pre.end(), pre1.begin(), pre1.end());
-        const auto want = reference(t, false, c, ha, hb, reduce ? &pre : nullptr);
-        auto got = c0.get();
-        const auto got1 = c1.get();
-        got.insert(got.end(), got1.begin(), got1.end());
-        expect_equal(got, want, reduce ? "reduce-add into two destinations" : "store into two destinations");
-        const auto counters = heap.get();
-        WEFT_REQUIRE(counters[tm] == 0, "the phantom tile notified");
-        for (int mb = 0; mb < tm; ++mb)
-          WEFT_REQUIRE(counters[mb] == static_cast<uint64_t>(kernels::kGemmNotifyPerTile * tn),
-                       fmt::format("notify counter of M-block {} is {}, expected {}", mb, counters[mb],
-                                   kernels::kGemmNotifyPerTile * tn));
-      }
+      // Counts given at once, deferred to 2 k-blocks before the next tile's end, deferred to its
+      // k-block 1 (GemmHooks::notify_flush_kb); K = 136 is 3 k-blocks.
+      for (int nmode : {0, 1, 2})
+        for (bool reduce : {false, true}) {
+          h.notify_deferred = nmode > 0;
+          h.notify_flush_kb = nmode == 2 ? 1 : 0;
+          // Prefill (reduce-add adds to it): small integers.
+          const auto pre0 = fill(t, static_cast<size_t>(split_row) * c.n, 8, true);
+          const auto pre1 = fill(t, static_cast<size_t>(c.m - split_row) * c.n, 9, true);
+          DevBuf<uint16_t> c0(pre0.size()), c1(pre1.size());
+          c0.put(pre0);
+          c1.put(pre1);
+          WEFT_CUDA_CHECK(cudaMemset(heap.p, 0, 64 * 8));
+          auto g = args_for(t, false, c, a.p, b.p, c0.p);
+          g.c[1] = c1.p;
+          g.num_dests = 2;
+          g.c_row0[1] = split_row;
+          g.c_rows[0] = split_row;
+          g.out = reduce ? kernels::GemmOut::kReduceAdd : kernels::GemmOut::kStore;
+          g.cluster_m = cluster;
+          ops::gemm_gpu(g, h);
+          WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+          std::vector<uint16_t> pre(pre0);
+          pre.insert(pre.end(), pre1.begin(), pre1.end());
+          const auto want = reference(t, false, c, ha, hb, reduce ? &pre : nullptr);
+          auto got = c0.get();
+          const auto got1 = c1.get();
+          got.insert(got.end(), got1.begin(), got1.end());
+          expect_equal(got, want, reduce ? "reduce-add into two destinations" : "store into two destinations");
+          const auto counters = heap.get();
+          WEFT_REQUIRE(counters[tm] == 0, "the phantom tile notified");
+          for (int mb = 0; mb < tm; ++mb) {
+            const uint64_t want_count = mb == 1 ? 0 : static_cast<uint64_t>(kernels::kGemmNotifyPerTile * tn);
+            WEFT_REQUIRE(counters[mb] == want_count,
+                         fmt::format("notify mode {}: counter of M-block {} is {}, expected {}", nmode, mb,
+                                     counters[mb], want_count));
+          }
+        }
     }
-    std::printf("[gpu] gemm hooks: shuffled order, 2 destinations, store and reduce-add, notify counts exact\n");
+    std::printf(
+        "[gpu] gemm hooks: shuffled order, 2 destinations, store and reduce-add, notify counts exact (at once, "
+        "deferred, deferred to k-block 1)\n");
   });
 }
 

@@ -118,6 +118,10 @@ struct GemmHooks {
   // others notify at once). A notify may then come a tile later: the waits it meets must not
   // be those of the notifying CTA's own next tile beyond that point.
   bool notify_deferred = false;
+  // With notify_deferred: flush at this k-block of the next tile instead (if earlier than 2
+  // before its end; 0: 2 before its end). Local stores complete within a few k-blocks; a
+  // count given a whole main loop late delays whoever waits for it (a copy of the piece).
+  int notify_flush_kb = 0;
   const int8_t* dest = nullptr;         // [positions] destination index (| kGemmDestReduce), null: 0
   const int32_t* notify_idx = nullptr;  // [num_tiles] -1: no notify
   const int32_t* notify_rank = nullptr;

@@ -24,6 +24,12 @@ __device__ __forceinline__ void red_release_sys_global_add(uint64_t* p, uint64_t
   asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+// Release add at GPU scope: for a counter read on this GPU only (by its threads, or by a
+// kernel or a copy the stream orders after such a reader) -- no system-wide drain.
+__device__ __forceinline__ void red_release_gpu_global_add(uint64_t* p, uint64_t v) {
+  asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 // Cumulative fence: orders every access this thread observed before it against later ones.
 __device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
