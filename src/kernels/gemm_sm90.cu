@@ -74,6 +74,9 @@ struct KernelParams {
   // keeps the ordinary launch: neither it nor a successor may hold SMs early that the work it
   // waits for could need (multi-GPU orderings not re-measured since, 2026-11-25).
   int pdl;
+  // GemmHooks::wait_at_epilogue met by a second producer thread (warp 1), not by the thread
+  // issuing TMA loads: the wait table and signal loads then never hold up the next tile's loads.
+  int waiter;
   GemmHooks hooks;
 };
 
@@ -438,7 +441,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             tma_load_2d(bs + (BN / 2) * kRow, &maps.b, &full[s], kb * BK, nb * BN + BN / 2);
           }
         }
-        if (epi_waits) {
+        if (epi_waits && !p.waiter) {
           if (mb < p.tiles_m) {
             hook_wait(p, pos, mb);
             fence_proxy_async_global();
@@ -449,6 +452,21 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_arrive(waitbar);
           ++arrivals;
         }
+      }
+    } else if (tid == 32 && epi_waits && p.waiter) {
+      // The epilogue waits, position by position, beside the loads (KernelParams::waiter).
+      grid_dep_wait();
+      uint32_t arrivals = 0;
+      for (int pos = first; pos < p.num_positions; pos += step) {
+        int mb, nb;
+        tile_coords(p, pos, mb, nb);
+        if (mb < p.tiles_m) {
+          hook_wait(p, pos, mb);
+          fence_proxy_async_global();
+        }
+        if (arrivals > 0) mbar_wait(waitfree, (arrivals - 1) & 1u);
+        mbar_arrive(waitbar);
+        ++arrivals;
       }
     }
   } else {
@@ -522,6 +540,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           // while the peers' data came; every thread's source reads come after this.
           mbar_wait(waitbar, waits_met & 1u);
           ++waits_met;
+          // Every thread of the warpgroup has seen this phase before waitfree lets the waiting
+          // thread complete the next one: a thread still polling this phase's parity after two
+          // more completions would see the parity come round and poll forever (hit on one H100
+          // once the waits left the loading thread, which the ring had throttled).
+          named_sync(1 + wg, 128);
           if (tid == 0) {
             mbar_arrive(waitfree);
             fence_proxy_async_global();
@@ -1014,6 +1037,11 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   kp.a2_row0 = static_cast<int>(a.a2_row0);
   kp.a2_rows = static_cast<int>(a.a2_rows);
   kp.pdl = h.wait_begin == nullptr ? 1 : 0;
+  static const int waiter_env = [] {  // WEFT_GEMM_WAITER=0: the loading thread meets them (comparisons)
+    const char* e = std::getenv("WEFT_GEMM_WAITER");
+    return e && e[0] == '0' ? 0 : 1;
+  }();
+  kp.waiter = waiter_env;
   // Source 0 by TMA where C is TMA-stored (same box and swizzle as the stores).
   kp.src_tma = a.num_src > 0 && !direct_c && sm90;
   kp.hooks = h;

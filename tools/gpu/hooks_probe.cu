@@ -11,6 +11,7 @@
 //             = the fused gemm_rs's GEMM
 //   notify_d, fold_d: notify and fold with the counts deferred to k-block 4 of the next tile
 //             (GemmHooks::notify_deferred + notify_flush_kb = 4), as the fold runs since 2026-11-25
+//   waits_d : notify_d + the own tiles' waits at the epilogue (met), no source (plain stores)
 //   fold_r  : fold_d with the own tiles reduce-adding (TMA reduce-add, bf16) into C instead of
 //             adding a source in the epilogue (C would hold the peer's piece, copied there first)
 // Each variant: 10 back-to-back calls between two events, all variants in turn over 9 rounds
@@ -73,8 +74,8 @@ int main(int argc, char** argv) {
   CK(cudaEventCreate(&e1));
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  std::printf("%-16s | %8s %8s %8s %8s %8s %8s %8s %8s %8s | %s\n", "M x K x N", "cuBLAS", "plain", "ctas", "order",
-              "notify", "fold", "notify_d", "fold_d", "fold_r", "each / plain");
+  std::printf("%-16s | %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s | %s\n", "M x K x N", "cuBLAS", "plain", "ctas", "order",
+              "notify", "fold", "notify_d", "fold_d", "fold_r", "waits_d", "each / plain");
   for (const std::string& sh : shapes) {
     int m = 0, k = 0, n = 0;
     if (std::sscanf(sh.c_str(), "%dx%dx%d", &m, &k, &n) != 3) return 2;
@@ -170,7 +171,7 @@ int main(int argc, char** argv) {
       g.cluster_m = 2;
       CK(weft::kernels::gemm(g, {}, s, &why));
     });
-    auto fold_args = [&](int level, bool deferred, bool reduce = false) {
+    auto fold_args = [&](int level, bool deferred, bool reduce = false, bool no_src = false) {
       auto g = base();
       g.ctas = sms - 1;
       g.cluster_m = 2;
@@ -189,7 +190,7 @@ int main(int argc, char** argv) {
         h.notify_flush_kb = deferred ? 4 : 0;
       }
       if (level >= 2) {
-        if (!reduce) g.src[0] = slot, g.num_src = 1, g.ld_src = n, g.src_row0 = 0, g.src_rows = ms;
+        if (!reduce && !no_src) g.src[0] = slot, g.num_src = 1, g.ld_src = n, g.src_row0 = 0, g.src_rows = ms;
         h.wait_begin = d_wbegin, h.wait_idx = d_widx, h.wait_val = d_wval, h.wait_peer = d_wpeer;
         h.wait_off = 0;
         h.wait_per_mblock = true;
@@ -204,14 +205,18 @@ int main(int argc, char** argv) {
     variants.push_back([&] { fold_args(1, true); });
     variants.push_back([&] { fold_args(2, true); });
     variants.push_back([&] { fold_args(2, true, true); });
+    variants.push_back([&] { fold_args(2, true, false, true); });
     if (order.size() != static_cast<size_t>(weft::kernels::gemm_positions(m, n, 2))) {
       std::printf("%s: order table %zu positions, the kernel runs %d: skipped\n", sh.c_str(), order.size(),
                   weft::kernels::gemm_positions(m, n, 2));
       continue;
     }
     // Heat, then the rounds.
-    for (auto& v : variants) v();
-    CK(cudaStreamSynchronize(s));
+    for (size_t v = 0; v < variants.size(); ++v) {  // each once, checked on its own
+      variants[v]();
+      CK(cudaStreamSynchronize(s));
+      if (std::getenv("PROBE_VERBOSE")) std::fprintf(stderr, "%s: variant %zu ran\n", sh.c_str(), v);
+    }
     CK(cudaEventRecord(e0, s));
     variants[1]();
     CK(cudaEventRecord(e1, s));
@@ -229,15 +234,16 @@ int main(int argc, char** argv) {
         float ms_v = 0;
         CK(cudaEventElapsedTime(&ms_v, e0, e1));
         t[v].push_back(ms_v * 1e3 / 10);
+        if (std::getenv("PROBE_VERBOSE")) std::fprintf(stderr, "round %d variant %zu: %.1f us\n", r, v, ms_v * 1e2);
       }
     std::vector<double> med;
     for (auto& x : t) med.push_back(median(x));
     std::printf(
-        "%-16s | %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f | cuBLAS %.3f, ctas %.3f, order %.3f, "
-        "notify %.3f, fold %.3f, notify_d %.3f, fold_d %.3f, fold_r %.3f (pieces %d)\n",
-        sh.c_str(), med[0], med[1], med[2], med[3], med[4], med[5], med[6], med[7], med[8], med[0] / med[1],
+        "%-16s | %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f | cuBLAS %.3f, ctas %.3f, order "
+        "%.3f, notify %.3f, fold %.3f, notify_d %.3f, fold_d %.3f, fold_r %.3f, waits_d %.3f (pieces %d)\n",
+        sh.c_str(), med[0], med[1], med[2], med[3], med[4], med[5], med[6], med[7], med[8], med[9], med[0] / med[1],
         med[2] / med[1], med[3] / med[1], med[4] / med[1], med[5] / med[1], med[6] / med[1], med[7] / med[1],
-        med[8] / med[1], pieces);
+        med[8] / med[1], med[9] / med[1], pieces);
     std::fflush(stdout);
     for (void* p : {static_cast<void*>(a), static_cast<void*>(b), static_cast<void*>(c), static_cast<void*>(outbox),
                     static_cast<void*>(slot), static_cast<void*>(heap), static_cast<void*>(d_order),
