@@ -519,12 +519,23 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       pending = -1;
     };
+    // With an order table, each position's tile id is loaded one tile ahead (the load of
+    // order[pos] at the tile's start would hold the next main loop ~0.6 us), and its
+    // destination at the tile's start (not after the main loop).
+    int next_id = p.hooks.order && first < p.num_positions ? p.hooks.order[first] : 0;
     for (int pos = first; pos < p.num_positions; pos += step) {
       int mb, nb;
-      tile_coords(p, pos, mb, nb);
+      if (p.hooks.order) {
+        mb = next_id / p.tiles_n;
+        nb = next_id % p.tiles_n;
+        if (pos + step < p.num_positions) next_id = p.hooks.order[pos + step];
+      } else {
+        tile_coords(p, pos, mb, nb);
+      }
       const bool tile_src = mb < p.tiles_m && has_src(p, mb);
-      // Whether this position counts (read now, used after the epilogue's stores).
+      // Whether this position counts, and where it goes (read now, used after the main loop).
       const bool tile_notifies = p.hooks.notify_idx && mb < p.tiles_m && p.hooks.notify_idx[pos] >= 0;
+      const int8_t dest_bits = p.hooks.dest ? p.hooks.dest[pos] : int8_t{0};
 #pragma unroll
       for (int i = 0; i < 128; ++i) d[i] = 0.f;
       for (int kb = 0; kb < kblocks; ++kb, ++it) {
@@ -594,8 +605,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (kblocks > 0) release((it - 1) % kStages);
       if (mb >= p.tiles_m) continue;  // phantom partner: nothing to store
 
-      const int dest = hook_dest(p, pos);
-      const bool reduce = hook_reduce(p, pos);
+      const int dest = dest_bits & (kGemmDestReduce - 1);
+      const bool reduce = p.reduce_add || (dest_bits & kGemmDestReduce);
       const int r = warp * 16 + lane / 4;
       const int t0 = lane % 4;
       if (p.direct_c) {
