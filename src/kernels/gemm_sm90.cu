@@ -397,6 +397,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == kConsumers) {
     // ---- producer ----
     setmaxnreg_dec<40>();
+    // GemmHooks::wait_at_epilogue: meet position pos's waits and hand them to the consumers,
+    // one waitbar phase per position, never ahead of them (waitfree: with K of a few k-blocks
+    // the ring alone would let the loading thread run several positions ahead).
+    auto hand_over_waits = [&](int pos, int mb, uint32_t& arrivals) {
+      if (mb < p.tiles_m) {
+        hook_wait(p, pos, mb);
+        fence_proxy_async_global();
+      }
+      if (arrivals > 0) mbar_wait(waitfree, (arrivals - 1) & 1u);
+      mbar_arrive(waitbar);
+      ++arrivals;
+    };
     if (tid == 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(&maps.a) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(&maps.b) : "memory");
@@ -441,17 +453,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             tma_load_2d(bs + (BN / 2) * kRow, &maps.b, &full[s], kb * BK, nb * BN + BN / 2);
           }
         }
-        if (epi_waits && !p.waiter) {
-          if (mb < p.tiles_m) {
-            hook_wait(p, pos, mb);
-            fence_proxy_async_global();
-          }
-          // One phase per position, never ahead of the consumers (with K of a few k-blocks the
-          // ring would let the producer run several positions ahead).
-          if (arrivals > 0) mbar_wait(waitfree, (arrivals - 1) & 1u);
-          mbar_arrive(waitbar);
-          ++arrivals;
-        }
+        if (epi_waits && !p.waiter) hand_over_waits(pos, mb, arrivals);
       }
     } else if (tid == 32 && epi_waits && p.waiter) {
       // The epilogue waits, position by position, beside the loads (KernelParams::waiter).
@@ -460,13 +462,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int pos = first; pos < p.num_positions; pos += step) {
         int mb, nb;
         tile_coords(p, pos, mb, nb);
-        if (mb < p.tiles_m) {
-          hook_wait(p, pos, mb);
-          fence_proxy_async_global();
-        }
-        if (arrivals > 0) mbar_wait(waitfree, (arrivals - 1) & 1u);
-        mbar_arrive(waitbar);
-        ++arrivals;
+        hand_over_waits(pos, mb, arrivals);
       }
     }
   } else {

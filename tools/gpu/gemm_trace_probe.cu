@@ -18,33 +18,14 @@
 #include <string>
 #include <vector>
 
+#include "probe_common.cuh"
 #include "weft/kernels/gemm.hpp"
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-
 namespace {
-__global__ void fill(__nv_bfloat16* p, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    unsigned x = unsigned(i) * 2654435761u + seed;
-    p[i] = __float2bfloat16(float(int(x >> 24) - 128) / 256.f);
-  }
-}
 __global__ void stamp(uint64_t* t) {
   uint64_t v;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
   *t = v;
-}
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 }  // namespace
 
@@ -72,7 +53,7 @@ int main(int argc, char** argv) {
       CK(cudaMemcpy(hs, st, 16, cudaMemcpyDeviceToHost));
       g.push_back((double(hs[1]) - double(hs[0])) / 1e3);
     }
-    std::printf("stamp-only: stamp -> next stamp %.2f us (median of 20)\n", median(g));
+    std::printf("stamp-only: stamp -> next stamp %.2f us (median of 20)\n", probe::median(g));
     CK(cudaFree(st));
   }
   for (const std::string& sh : shapes) {
@@ -82,8 +63,8 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&a, size_t(m) * k * 2));
     CK(cudaMalloc(&b, size_t(n) * k * 2));
     CK(cudaMalloc(&c, size_t(m) * n * 2));
-    fill<<<1024, 256>>>(a, size_t(m) * k, 1);
-    fill<<<1024, 256>>>(b, size_t(n) * k, 2);
+    probe::fill<<<1024, 256>>>(a, size_t(m) * k, 1);
+    probe::fill<<<1024, 256>>>(b, size_t(n) * k, 2);
     weft::kernels::GemmArgs ga;
     ga.m = m, ga.n = n, ga.k = k;
     ga.a = a, ga.lda = k, ga.b = b, ga.ldb = k, ga.c[0] = c, ga.ldc = n;
@@ -176,8 +157,9 @@ int main(int argc, char** argv) {
         std::printf(
             "%s: per CTA (median; %zu CTAs): stamp -> entry %.2f us (min %.2f, max %.2f), entry -> barrier "
             "set-up done %.2f, -> first TMA issued %.2f, -> first stage arrived %.2f\n",
-            sh.c_str(), entry.size(), median(entry), *std::min_element(entry.begin(), entry.end()),
-            *std::max_element(entry.begin(), entry.end()), median(sync), median(issue), median(arrive));
+            sh.c_str(), entry.size(), probe::median(entry), *std::min_element(entry.begin(), entry.end()),
+            *std::max_element(entry.begin(), entry.end()), probe::median(sync), probe::median(issue),
+            probe::median(arrive));
       }
       std::printf(
           "%s: stamp before -> first tile start %.2f us, first tile start -> last store %.1f us, last store -> "
@@ -185,7 +167,7 @@ int main(int argc, char** argv) {
           sh.c_str(), (double(t0) - double(hs[0])) / 1e3, (t1 - t0) / 1e3, (double(hs[1]) - double(t1)) / 1e3,
           "see the stamp-only line");
     }
-    std::printf("%s: stamp -> stamp around cuBLAS (median of 9): %.1f us\n", sh.c_str(), median(cublas_stamps));
+    std::printf("%s: stamp -> stamp around cuBLAS (median of 9): %.1f us\n", sh.c_str(), probe::median(cublas_stamps));
     {  // back to back: 10 calls between two events, weft and cuBLAS in turn, 9 rounds
       std::vector<double> bw, bc;
       for (int r = 0; r < 9; ++r)
@@ -203,17 +185,17 @@ int main(int argc, char** argv) {
           (t ? bc : bw).push_back(ms * 1e3 / 10);
         }
       std::printf("%s: back to back (10 calls, median of 9 rounds): weft %.1f us, cuBLAS %.1f us per call\n",
-                  sh.c_str(), median(bw), median(bc));
+                  sh.c_str(), probe::median(bw), probe::median(bc));
     }
     std::printf(
         "%s bf16 nk: kernel %.1f us (traced %.1f); per CTA (median over %zu SMs): %.0f tiles, first start +%.2f us "
         "(max %.2f), tile span %.2f us (min %.2f, max %.2f), gap store->next start %.2f us (max %.2f), last store -> "
         "end of all %.2f us\n",
-        sh.c_str(), median(plain_us), median(traced_us), first.size(), median(ntiles), median(first),
-        first.empty() ? 0 : *std::max_element(first.begin(), first.end()), median(spans),
+        sh.c_str(), probe::median(plain_us), probe::median(traced_us), first.size(), probe::median(ntiles),
+        probe::median(first), first.empty() ? 0 : *std::max_element(first.begin(), first.end()), probe::median(spans),
         spans.empty() ? 0 : *std::min_element(spans.begin(), spans.end()),
-        spans.empty() ? 0 : *std::max_element(spans.begin(), spans.end()), median(gaps),
-        gaps.empty() ? 0 : *std::max_element(gaps.begin(), gaps.end()), median(tail));
+        spans.empty() ? 0 : *std::max_element(spans.begin(), spans.end()), probe::median(gaps),
+        gaps.empty() ? 0 : *std::max_element(gaps.begin(), gaps.end()), probe::median(tail));
     std::fflush(stdout);
     CK(cudaFree(a));
     CK(cudaFree(b));

@@ -30,34 +30,16 @@
 #include <string>
 #include <vector>
 
+#include "probe_common.cuh"
 #include "weft/kernels/gemm.hpp"
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-
 namespace {
-__global__ void fill(__nv_bfloat16* p, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    unsigned x = unsigned(i) * 2654435761u + seed;
-    p[i] = __float2bfloat16(float(int(x >> 24) - 128) / 256.f);
-  }
-}
 template <class T>
 T* upload(const std::vector<T>& h) {
   T* d = nullptr;
   CK(cudaMalloc(&d, std::max<size_t>(h.size(), 1) * sizeof(T)));
   CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
-}
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 }  // namespace
 
@@ -86,9 +68,9 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&c, size_t(ms) * n * 2));
     CK(cudaMalloc(&outbox, size_t(m) * n * 2));
     CK(cudaMalloc(&slot, size_t(ms) * n * 2));
-    fill<<<1024, 256>>>(a, size_t(m) * k, 1);
-    fill<<<1024, 256>>>(b, size_t(n) * k, 2);
-    fill<<<1024, 256>>>(slot, size_t(ms) * n, 3);
+    probe::fill<<<1024, 256>>>(a, size_t(m) * k, 1);
+    probe::fill<<<1024, 256>>>(b, size_t(n) * k, 2);
+    probe::fill<<<1024, 256>>>(slot, size_t(ms) * n, 3);
     // The fold's tables for rank 0 of 2 (build_rs_ce): pieces of >= 8 M-blocks, <= 8 pieces.
     int pieces = std::clamp(blocks / 8, 1, 8);
     if (blocks * tiles_n <= sms - 1) pieces = 1;
@@ -237,7 +219,7 @@ int main(int argc, char** argv) {
         if (std::getenv("PROBE_VERBOSE")) std::fprintf(stderr, "round %d variant %zu: %.1f us\n", r, v, ms_v * 1e2);
       }
     std::vector<double> med;
-    for (auto& x : t) med.push_back(median(x));
+    for (auto& x : t) med.push_back(probe::median(x));
     std::printf(
         "%-16s | %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f | cuBLAS %.3f, ctas %.3f, order "
         "%.3f, notify %.3f, fold %.3f, notify_d %.3f, fold_d %.3f, fold_r %.3f, waits_d %.3f (pieces %d)\n",

@@ -1,4 +1,5 @@
-// Helpers shared by the probes of tools/gpu/ (gemm_probe.cu, piece_probe.cu; store_probe.cu its CK): error
+// Helpers shared by the probes of tools/gpu/ (gemm_probe.cu, piece_probe.cu, concur_probe.cu,
+// gemm_trace_probe.cu, hooks_probe.cu; store_probe.cu its CK): error
 // macros, event timing (median over batches of back-to-back calls), cublasLt descriptors and
 // heuristics for row-major A[M,K] · W[N,K]^T, a bf16 fill. Single-file nvcc programs include it.
 #pragma once
@@ -50,6 +51,13 @@ double time_us(F&& f, int per = 4, int batches = 7) {
     CK(cudaEventElapsedTime(&ms, g_e0, g_e1));
     v.push_back(ms * 1e3 / per);
   }
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The middle element (upper median) of v.
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
