@@ -389,9 +389,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
   if (tcta && threadIdx.x == 0) tcta[1] = globaltimer();
 
-  // GemmHooks::wait_at_epilogue: the producer meets a tile's waits after issuing its last
-  // k-block (the main loop never waits for them) and arrives on waitbar; the consumers wait on
-  // waitbar (shared memory, once per position) a k-block or two before the epilogue, then read
+  // GemmHooks::wait_at_epilogue: a producer thread meets a tile's waits (the second one, warp 1,
+  // beside the loads; with KernelParams::waiter off, the loading thread after issuing the tile's
+  // last k-block) and arrives on waitbar; the main loop never waits for them. The consumers wait
+  // on waitbar (shared memory, once per position) two k-blocks before the epilogue, then read
   // the sources. The slow part -- the table and signal loads -- stays off the consumers.
   const bool epi_waits = p.hooks.wait_begin && p.hooks.wait_at_epilogue;
   if (wg == kConsumers) {
