@@ -1,31 +1,22 @@
-#include <cstdlib>
-
+#include "weft/device/ptx/launch_control.cuh"
 #include "weft/kernels/collective_kernels.hpp"
+#include "weft/kernels/runtime_kernels.hpp"
 
 namespace weft::kernels {
 namespace {
 
-// Programmatic dependent launch (sm_90): a collective may be scheduled while the stream's
-// previous kernel finishes. It waits (griddepcontrol.wait) for that kernel to complete, with
-// its memory visible, before touching any memory, so the order is the stream's as always;
-// what it saves is the launch gap between back-to-back kernels. It then lets the next kernel
-// of the stream start its own launch. WEFT_PDL=0 turns it off (A/B measurements).
-bool pdl_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("WEFT_PDL");
-    return !(v && v[0] == '0');
-  }();
-  return on;
-}
+// Programmatic dependent launch (sm_90; pdl_enabled()): a collective may be scheduled while
+// the stream's previous kernel finishes. It waits (griddepcontrol.wait) for that kernel to
+// complete, with its memory visible, before touching any memory, so the order is the stream's
+// as always; what it saves is the launch gap between back-to-back kernels. It then lets the
+// next kernel of the stream start its own launch.
 
 // One kernel per (type, algorithm): the bandwidth paths (unrolled fp32 sums) need many
 // registers, the LL paths few; one kernel for all would give every path the worst case.
 template <class T, coll::Algo A>
 __global__ void __launch_bounds__(kCollThreads) collective_kernel(dev::DeviceCtx c, coll::Args a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+  ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
   coll::run_slice_as<T>(dev::CoopCta{}, c, a, static_cast<int>(blockIdx.x), A);
 }
 

@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "weft/device/ptx/launch_control.cuh"
 #include "weft/device/signal.hpp"
 #include "weft/kernels/gemm.hpp"
 #include "weft/kernels/runtime_kernels.hpp"
@@ -68,12 +69,6 @@ struct KernelParams {
   int src_tma;             // source 0 through TMA into the epilogue buffer (the others: register loads)
   int src_row0, src_rows;  // GemmArgs::src_row0 / src_rows (src_rows resolved: > 0)
   int a2_row0, a2_rows;    // GemmArgs::a2's rows (a2_rows 0: none)
-  // Programmatic dependent launch (GEMMs without waits only): launched so that its launch and
-  // set-up overlap the stream's previous kernel, and letting the next kernel of the stream
-  // launch once every CTA has begun its last tile. A GEMM that waits for another stream's work
-  // keeps the ordinary launch: neither it nor a successor may hold SMs early that the work it
-  // waits for could need (multi-GPU orderings not re-measured since, 2026-11-25).
-  int pdl;
   // GemmHooks::wait_at_epilogue met by a second producer thread (warp 1), not by the thread
   // issuing TMA loads: the wait table and signal loads then never hold up the next tile's loads.
   int waiter;
@@ -93,13 +88,13 @@ __host__ __device__ inline void raster(int pos, int rows, int cols, int group, i
 // Tile of schedule position `pos`: from the order table, or the closed-form raster (with
 // clusters, over M-block pairs; position 2q + c is M-block 2*pair + c). An M-block at or past
 // tiles_m is a phantom (the odd pair's partner): it loads and multicasts, stores nothing.
+// M-block and N-block of tile id `id` (m_block * tiles_n + n_block: GemmHooks::order's entries).
+__host__ __device__ inline void tile_of_id(const KernelParams& p, int id, int& mb, int& nb) {
+  mb = id / p.tiles_n;
+  nb = id % p.tiles_n;
+}
 __host__ __device__ inline void tile_coords(const KernelParams& p, int pos, int& mb, int& nb) {
-  if (p.hooks.order) {
-    const int id = p.hooks.order[pos];
-    mb = id / p.tiles_n;
-    nb = id % p.tiles_n;
-    return;
-  }
+  if (p.hooks.order) return tile_of_id(p, p.hooks.order[pos], mb, nb);
   if (p.cluster == 2) {
     int pm;
     raster(pos / 2, (p.tiles_m + 1) / 2, p.tiles_n, p.group_m / 2 > 0 ? p.group_m / 2 : 1, pm, nb);
@@ -144,22 +139,27 @@ __device__ inline void hook_notify(const KernelParams& p, int pos) {
   if (idx < 0) return;
   const int rank = h.notify_rank ? h.notify_rank[pos] : h.ctx.rank;
   const uint64_t off = h.notify_off + 8ull * static_cast<uint64_t>(idx);
-#if defined(__CUDA_ARCH__)
-  // A count on this GPU (read by its kernels, e.g. the fused gemm_rs's piece waits, before a
-  // copy of what it guards): a release at GPU scope; a peer's: at system scope.
-  if (rank == h.ctx.rank) {
-    ptx::red_release_gpu_global_add(h.ctx.ptr<uint64_t>(rank, off), 1);
-    return;
-  }
-#endif
-  dev::signal_add(h.ctx, rank, off, 1);
+  // A count on this GPU is read by its own kernels (e.g. the fused gemm_rs's piece waits,
+  // before a copy of what it guards): released at GPU scope; a peer's at system scope.
+  uint64_t* const counter = h.ctx.ptr<uint64_t>(rank, off);
+  if (rank == h.ctx.rank)
+    dev::add_release_gpu(counter, 1);
+  else
+    dev::add_release(counter, 1);
 }
-__device__ inline int hook_dest(const KernelParams& p, int pos) {
-  return p.hooks.dest ? (p.hooks.dest[pos] & (kGemmDestReduce - 1)) : 0;
+// Position pos's GemmHooks::dest entry (destination index | kGemmDestReduce; 0 without a
+// table), its destination index, and whether it reduce-adds.
+__device__ inline int8_t hook_dest_bits(const KernelParams& p, int pos) {
+  return p.hooks.dest ? p.hooks.dest[pos] : int8_t{0};
 }
-__device__ inline bool hook_reduce(const KernelParams& p, int pos) {
-  return p.reduce_add || (p.hooks.dest && (p.hooks.dest[pos] & kGemmDestReduce));
+__device__ inline int dest_index(int8_t bits) { return bits & (kGemmDestReduce - 1); }
+__device__ inline bool dest_reduce(const KernelParams& p, int8_t bits) {
+  return p.reduce_add || (bits & kGemmDestReduce);
 }
+// Programmatic dependent launch is for GEMMs without waits only: one that waits for another
+// stream's work keeps the ordinary launch, so that neither it nor a successor holds SMs early
+// that the work it waits for could need (multi-GPU orderings not re-measured since 2026-11-25).
+__host__ __device__ inline bool gemm_pdl(const GemmHooks& h) { return h.wait_begin == nullptr; }
 __device__ inline uint64_t globaltimer() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -249,11 +249,6 @@ __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
-// Programmatic dependent launch (PTX griddepcontrol): wait until the stream's previous kernel
-// completed and its memory is visible (at once when it was not launched so); let the next
-// kernel launch early.
-__device__ __forceinline__ void grid_dep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void grid_dep_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -415,7 +410,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       asm volatile("prefetch.tensormap [%0];" ::"l"(&maps.b) : "memory");
       // Everything above overlaps the previous kernel's tail under programmatic dependent
       // launch; the first global access (signals, A, B) waits for it.
-      grid_dep_wait();
+      ptx::griddepcontrol_wait();
       uint32_t it = 0, arrivals = 0;
       for (int pos = first; pos < p.num_positions; pos += step) {
         int mb, nb;
@@ -425,11 +420,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           fence_proxy_async_global();
         }
         const bool a2 = p.a2_rows > 0 && mb * BM >= p.a2_row0 && mb * BM < p.a2_row0 + p.a2_rows;
+        if (it == 0 && tcta) tcta[2] = globaltimer();  // the first loads go out now (empty ring)
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const int s = it % kStages;
           const uint32_t ph = (it / kStages) & 1u;
           mbar_wait(&empty[s], ph ^ 1u);
-          if (it == 0 && tcta) tcta[2] = globaltimer();
           mbar_expect_tx(&full[s], kAStage + kBStage);
           if (a2)
             tma_load_2d(sa + s * kAStage, &maps.a2, &full[s], kb * BK, mb * BM - p.a2_row0);
@@ -458,7 +453,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     } else if (tid == 32 && epi_waits && p.waiter) {
       // The epilogue waits, position by position, beside the loads (KernelParams::waiter).
-      grid_dep_wait();
+      ptx::griddepcontrol_wait();
       uint32_t arrivals = 0;
       for (int pos = first; pos < p.num_positions; pos += step) {
         int mb, nb;
@@ -469,7 +464,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     // ---- consumers ----
     setmaxnreg_inc<232>();
-    grid_dep_wait();  // before any global access (sources, stores, counts)
+    ptx::griddepcontrol_wait();  // before any global access (sources, stores, counts)
     const int warp = tid / 32, lane = tid % 32;
     uint8_t* epi = se + wg * kEpiBytes;
     // Descriptors of stage 0 (this warpgroup's 64 rows of A; B).
@@ -523,8 +518,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int pos = first; pos < p.num_positions; pos += step) {
       int mb, nb;
       if (p.hooks.order) {
-        mb = next_id / p.tiles_n;
-        nb = next_id % p.tiles_n;
+        tile_of_id(p, next_id, mb, nb);
         if (pos + step < p.num_positions) next_id = p.hooks.order[pos + step];
       } else {
         tile_coords(p, pos, mb, nb);
@@ -532,7 +526,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const bool tile_src = mb < p.tiles_m && has_src(p, mb);
       // Whether this position counts, and where it goes (read now, used after the main loop).
       const bool tile_notifies = p.hooks.notify_idx && mb < p.tiles_m && p.hooks.notify_idx[pos] >= 0;
-      const int8_t dest_bits = p.hooks.dest ? p.hooks.dest[pos] : int8_t{0};
+      const int8_t dest_bits = hook_dest_bits(p, pos);
+      // This CTA's last tile: the stream's next kernel may launch (programmatic dependent launch).
+      if (pos + step >= p.num_positions && wg == 0 && gemm_pdl(p.hooks)) ptx::griddepcontrol_launch_dependents();
 #pragma unroll
       for (int i = 0; i < 128; ++i) d[i] = 0.f;
       for (int kb = 0; kb < kblocks; ++kb, ++it) {
@@ -541,7 +537,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(&full[s], ph);
         if (kb == 0 && p.hooks.trace && wg == 0 && tid == 0) p.hooks.trace[3 * pos] = globaltimer();
         if (it == 0 && tcta && wg == 0 && tid == 0) tcta[3] = globaltimer();
-        if (kb == 0 && p.pdl && pos + step >= p.num_positions && wg == 0) grid_dep_launch();
         if (kb == flush_kb) flush_notify();
         if (kb == src_kb && epi_waits) {
           // The producer met this tile's waits (GemmHooks::wait_at_epilogue): the main loop ran
@@ -602,8 +597,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (kblocks > 0) release((it - 1) % kStages);
       if (mb >= p.tiles_m) continue;  // phantom partner: nothing to store
 
-      const int dest = dest_bits & (kGemmDestReduce - 1);
-      const bool reduce = p.reduce_add || (dest_bits & kGemmDestReduce);
+      const int dest = dest_index(dest_bits);
+      const bool reduce = dest_reduce(p, dest_bits);
       const int r = warp * 16 + lane / 4;
       const int t0 = lane % 4;
       if (p.direct_c) {
@@ -731,7 +726,7 @@ __global__ void __launch_bounds__(256) gemm_portable_kernel(const KernelParams p
     if (threadIdx.x == 0) hook_wait(p, pos, mb);
     if (threadIdx.x == 0 && p.hooks.trace) p.hooks.trace[3 * pos] = globaltimer();
     __syncthreads();
-    const int dest = hook_dest(p, pos);
+    const int dest = dest_index(hook_dest_bits(p, pos));
     T* c = static_cast<T*>(args.c[dest]);
     const int64_t rows = args.c_rows[dest];
     for (int sub = 0; sub < (BM / TM) * (BN / TN); ++sub) {
@@ -768,7 +763,7 @@ __global__ void __launch_bounds__(256) gemm_portable_kernel(const KernelParams p
           float v = acc[i][j];
           if (has_src(p, mb))
             for (int q = 0; q < p.num_src; ++q) v += src_elem<T>(p, q, gm, gn);
-          if (hook_reduce(p, pos))
+          if (dest_reduce(p, hook_dest_bits(p, pos)))
             atomicAdd(out, static_cast<T>(v));
           else
             *out = static_cast<T>(v);
@@ -863,14 +858,10 @@ cudaError_t launch_sm90(const GemmArgs& a, const KernelParams& kp, const TensorM
   attr[0].val.clusterDim.x = CM;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
-  // Programmatic dependent launch (KernelParams::pdl): this kernel's launch and set-up may
-  // overlap the previous kernel of the stream (its CTAs wait in griddepcontrol.wait before any
-  // global access). WEFT_GEMM_PDL=0: never (comparisons).
-  static const bool pdl_env = [] {
-    const char* e = std::getenv("WEFT_GEMM_PDL");
-    return !(e && e[0] == '0');
-  }();
-  const bool pdl = pdl_env && kp.pdl;
+  // Programmatic dependent launch (gemm_pdl): this kernel's launch and set-up may overlap the
+  // previous kernel of the stream (its CTAs wait in griddepcontrol.wait before any global
+  // access).
+  const bool pdl = pdl_enabled() && gemm_pdl(kp.hooks);
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.gridDim = dim3(ctas);
@@ -1044,7 +1035,6 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   kp.src_rows = static_cast<int>(src_rows);
   kp.a2_row0 = static_cast<int>(a.a2_row0);
   kp.a2_rows = static_cast<int>(a.a2_rows);
-  kp.pdl = h.wait_begin == nullptr ? 1 : 0;
   static const int waiter_env = [] {  // WEFT_GEMM_WAITER=0: the loading thread meets them (comparisons)
     const char* e = std::getenv("WEFT_GEMM_WAITER");
     return e && e[0] == '0' ? 0 : 1;

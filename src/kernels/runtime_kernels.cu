@@ -1,5 +1,7 @@
 #include <nccl_device.h>
 
+#include <cstdlib>
+
 #include "weft/device/api.hpp"
 #include "weft/kernels/runtime_kernels.hpp"
 
@@ -54,6 +56,14 @@ cudaError_t symmetry_write(const dev::DeviceCtx& c, cudaStream_t stream) {
 cudaError_t device_barrier(const dev::DeviceCtx& c, dev::BarrierHandle bar, cudaStream_t stream) {
   barrier_kernel<<<1, 1, 0, stream>>>(c, bar);
   return cudaGetLastError();
+}
+
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("WEFT_PDL");
+    return !(v && v[0] == '0');
+  }();
+  return on;
 }
 
 }  // namespace weft::kernels

@@ -339,7 +339,7 @@ TEST(GemmGpu, ChainedGemmsReadTheFinishedOutput) {
         expect_equal(got, alone.get(), fmt::format("kernel {} round {}: chained GEMM", kernel, round));
       }
     cudaStreamDestroy(s);
-    std::printf("[gpu] chained GEMMs (programmatic dependent launch unless WEFT_GEMM_PDL=0): bitwise as alone\n");
+    std::printf("[gpu] chained GEMMs (programmatic dependent launch unless WEFT_PDL=0): bitwise as alone\n");
   });
 }
 

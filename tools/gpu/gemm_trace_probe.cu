@@ -30,16 +30,11 @@ __global__ void stamp(uint64_t* t) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> shapes;
-  for (int i = 1; i < argc; ++i) shapes.push_back(argv[i]);
-  if (shapes.empty()) shapes = {"2048x2048x4096", "4096x4096x8192", "2048x4096x4096", "8192x8192x8192"};
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cublasHandle_t bh;
-  if (cublasCreate(&bh) != CUBLAS_STATUS_SUCCESS || cublasSetStream(bh, s) != CUBLAS_STATUS_SUCCESS) return 3;
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  const std::vector<std::string> shapes =
+      probe::shapes_from(argc, argv, {"2048x2048x4096", "4096x4096x8192", "2048x4096x4096", "8192x8192x8192"});
+  cublasHandle_t bh = probe::init_stream();
+  cudaStream_t s = probe::g_stream;
+  cudaEvent_t e0 = probe::g_e0, e1 = probe::g_e1;
   {
     // Two stamp kernels back to back: the launch gap the lines above include twice.
     uint64_t* st = nullptr;

@@ -44,16 +44,11 @@ T* upload(const std::vector<T>& h) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> shapes;
-  for (int i = 1; i < argc; ++i) shapes.push_back(argv[i]);
-  if (shapes.empty()) shapes = {"4096x4096x8192", "2048x2048x4096", "8192x4096x14336", "16384x4096x3584"};
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cublasHandle_t bh;
-  if (cublasCreate(&bh) != CUBLAS_STATUS_SUCCESS || cublasSetStream(bh, s) != CUBLAS_STATUS_SUCCESS) return 3;
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  const std::vector<std::string> shapes =
+      probe::shapes_from(argc, argv, {"4096x4096x8192", "2048x2048x4096", "8192x4096x14336", "16384x4096x3584"});
+  cublasHandle_t bh = probe::init_stream();
+  cudaStream_t s = probe::g_stream;
+  cudaEvent_t e0 = probe::g_e0, e1 = probe::g_e1;
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   std::printf("%-16s | %8s %8s %8s %8s %8s %8s %8s %8s %8s %8s | %s\n", "M x K x N", "cuBLAS", "plain", "ctas", "order",

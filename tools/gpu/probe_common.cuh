@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #define CK(x)                                                                                 \
@@ -104,6 +105,24 @@ __global__ void fill(__nv_bfloat16* p, size_t n, unsigned seed) {
   }
 }
 
+// The stream and the two timing events above, created on GPU 0; a cuBLAS handle on the stream.
+inline cublasHandle_t init_stream() {
+  CK(cudaSetDevice(0));
+  CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+  CK(cudaEventCreate(&g_e0));
+  CK(cudaEventCreate(&g_e1));
+  cublasHandle_t bh = nullptr;
+  CB(cublasCreate(&bh));
+  CB(cublasSetStream(bh, g_stream));
+  return bh;
+}
+
+// The shapes named on the command line (argv[1..]), or `defaults`.
+inline std::vector<std::string> shapes_from(int argc, char** argv, std::vector<std::string> defaults) {
+  std::vector<std::string> shapes(argv + 1, argv + argc);
+  return shapes.empty() ? defaults : shapes;
+}
+
 // One GPU's probe state: the stream, events and workspace above, A / W / C / D of the given
 // element counts filled with bf16 values, a cuBLAS handle on the stream with the workspace,
 // a cuBLASLt handle.
@@ -114,10 +133,7 @@ struct Setup {
 };
 inline Setup setup(size_t a_elems, size_t w_elems, size_t c_elems) {
   Setup s;
-  CK(cudaSetDevice(0));
-  CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
-  CK(cudaEventCreate(&g_e0));
-  CK(cudaEventCreate(&g_e1));
+  s.bh = init_stream();
   CK(cudaMalloc(&g_ws, kWs));
   CK(cudaMalloc(&s.a, a_elems * 2));
   CK(cudaMalloc(&s.w, w_elems * 2));
@@ -127,8 +143,6 @@ inline Setup setup(size_t a_elems, size_t w_elems, size_t c_elems) {
   fill<<<1024, 256>>>(s.w, w_elems, 2);
   fill<<<1024, 256>>>(s.c, c_elems, 3);
   CK(cudaDeviceSynchronize());
-  CB(cublasCreate(&s.bh));
-  CB(cublasSetStream(s.bh, g_stream));
   CB(cublasSetWorkspace(s.bh, g_ws, kWs));
   CB(cublasLtCreate(&s.lh));
   return s;

@@ -52,6 +52,16 @@ WEFT_HD void add_release(uint64_t* p, uint64_t v) {
 #endif
 }
 
+// add_release at GPU scope: for a counter only this GPU reads (its threads, or a kernel or a
+// copy its stream orders after such a reader) -- no system-wide drain.
+WEFT_HD void add_release_gpu(uint64_t* p, uint64_t v) {
+#if defined(__CUDA_ARCH__)
+  ptx::red_release_gpu_global_add(p, v);
+#else
+  __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
+#endif
+}
+
 // Orders this thread's earlier accesses (and, being cumulative, those it observed through
 // a barrier) before its later ones, across GPUs.
 WEFT_HD void fence_acq_rel() {

@@ -23,6 +23,11 @@ cudaError_t load_kernels(const void* const* fns, size_t n);
 // This file's barrier and sleep kernels, loaded now (load_kernels).
 cudaError_t runtime_preload();
 
+// Whether kernels that support programmatic dependent launch (the collectives, weft's GEMMs
+// without waits; device side: weft/device/ptx/launch_control.cuh) are launched with it:
+// WEFT_PDL=0 turns it off (A/B measurements).
+bool pdl_enabled();
+
 // Keeps the stream busy for about `ns` nanoseconds (one thread): lets the host enqueue what
 // follows before the GPU reaches it, so launch latency stays out of timed regions.
 cudaError_t device_sleep(uint64_t ns, cudaStream_t stream);
