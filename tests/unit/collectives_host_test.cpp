@@ -116,8 +116,39 @@ TEST(CollectivesHostErrors, AllToAllVThatWouldOverflowIsRefusedEverywhere) {
 }
 
 TEST(CollectivesHostErrors, UnknownMethodIsRefused) {
-  EXPECT_THROW(ops::parse_method("ring"), InvalidArgument);
-  EXPECT_EQ(ops::parse_method("two-shot"), ops::Method::kTwoShot);
+  try {
+    ops::parse_method("ring");
+    ADD_FAILURE() << "parse_method(\"ring\") returned";
+  } catch (const InvalidArgument& e) {
+    // The name table lists every accepted name.
+    EXPECT_NE(std::string(e.what()).find("unknown method 'ring': expected auto, baseline, one-shot, two-shot, direct, "
+                                         "ll or ll128"),
+              std::string::npos)
+        << e.what();
+  }
+  for (const auto& row : ops::kMethodNames) {
+    EXPECT_EQ(ops::parse_method(row.name), row.value);
+    EXPECT_STREQ(ops::to_string(row.value), row.name);
+  }
+}
+
+// Ranks that disagree on a call's shape are told so, naming both, instead of one of them
+// returning a wrong result (or both hanging).
+TEST(CollectivesHostErrors, RanksThatDisagreeOnTheCountAreNamed) {
+  auto res = run_host_ranks(2, [] {
+    auto b = make_backend();
+    ops::Collectives ops(*b);
+    alignas(16) float x[64] = {};
+    ops.all_reduce(x, x, b->rank() == 0 ? 64 : 32, dev::DType::kF32, ops::Method::kOneShot);
+  });
+  ASSERT_EQ(res.size(), 2u);
+  for (const auto& r : res) {
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.message.find("collectives: ranks disagree on the call: rank 0 has all-reduce (one-shot).64.f32, rank 1 "
+                             "has all-reduce (one-shot).32.f32"),
+              std::string::npos)
+        << r.message;
+  }
 }
 
 TEST(CollectivesHostFaults, PeerThatSkipsACallIsNamed) {

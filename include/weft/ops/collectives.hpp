@@ -8,23 +8,29 @@
 // nothing, so they can be captured in a CUDA graph (make the first call before capture).
 #pragma once
 #include <cstdint>
-#include <map>
+#include <memory>
 #include <string>
-#include <tuple>
 
 #include "weft/device/dtype.hpp"
-#include "weft/kernels/collective_algos.hpp"
+#include "weft/ops/names.hpp"
 #include "weft/runtime/backend.hpp"
 
 namespace weft::ops {
 
+// The collectives' methods. kOneShot, kTwoShot, kLowLatency128: all-reduce only; kDirect:
+// all-gather, reduce-scatter, all-to-all (and all-to-all by counts); kLowLatency: every one
+// but all-to-all by counts.
 enum class Method { kAuto, kBaseline, kOneShot, kTwoShot, kDirect, kLowLatency, kLowLatency128 };
-const char* to_string(Method m);
-Method parse_method(const std::string& s);
+inline constexpr Named<Method> kMethodNames[] = {{Method::kAuto, "auto"},          {Method::kBaseline, "baseline"},
+                                                 {Method::kOneShot, "one-shot"},   {Method::kTwoShot, "two-shot"},
+                                                 {Method::kDirect, "direct"},      {Method::kLowLatency, "ll"},
+                                                 {Method::kLowLatency128, "ll128"}};
+inline const char* to_string(Method m) { return name_in(kMethodNames, m); }
+inline Method parse_method(const std::string& s) { return parse_in(kMethodNames, s, "method"); }
 
 class Collectives {
  public:
-  explicit Collectives(Backend& b) : b_(b) {}
+  explicit Collectives(Backend& b);
   ~Collectives();
   Collectives(const Collectives&) = delete;
   Collectives& operator=(const Collectives&) = delete;
@@ -68,26 +74,11 @@ class Collectives {
   // What `auto` picks for an all-gather, reduce-scatter or all-to-all in which every rank
   // sends `bytes_to_peers` in all (ll for small calls, else direct).
   Method auto_exchange(uint64_t bytes_to_peers) const;
-  // CTAs (GPU) a call of this algorithm and size uses; host worker teams are capped at 2.
-  // `bytes`: all-reduce and LL methods: one rank's payload per peer; others: the whole call.
-  int ctas_for(coll::Algo algo, uint64_t bytes) const;
-  // GPU threads per CTA (LL: about one 16-byte line per thread; others kCtaThreads).
-  int threads_for(coll::Algo algo, uint64_t bytes, int ctas) const;
+
+  struct Impl;
 
  private:
-  struct Instance {
-    coll::Args args;
-  };
-  const Instance& instance(coll::Algo algo, uint64_t count, dev::DType t, void* stream);
-  void run(coll::Args a, dev::DType t, void* stream);
-  void check_pointer(const void* p, dev::DType t, const char* what) const;
-  void check_symmetric_out(uint64_t out_off, uint64_t elems, dev::DType t, const char* what) const;
-  void baseline(coll::Algo algo, const void* in, void* out, uint64_t count, dev::DType t, void* stream);
-
-  Backend& b_;
-  std::map<std::tuple<int, uint64_t, int>, Instance> instances_;
-  void* a2a_scratch_ = nullptr;  // device memory outside the NCCL window (see all_to_all)
-  size_t a2a_scratch_bytes_ = 0;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace weft::ops

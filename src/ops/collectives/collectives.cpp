@@ -1,0 +1,137 @@
+// The collectives op: argument checks, the method choice (`auto` from model.cpp) and dispatch
+// to the method objects (baseline.cpp, algorithms.cpp).
+#include "weft/ops/collectives.hpp"
+
+#include <fmt/format.h>
+
+#include "collectives_impl.hpp"
+#include "weft/core/error.hpp"
+
+namespace weft::ops {
+
+struct Collectives::Impl {
+  explicit Impl(Backend& b) : op(b, "collectives"), baseline(op), algos(op) {}
+
+  detail::OpBase op;
+  detail::BaselineCollective baseline;
+  detail::AlgoCollective algos;
+
+  void check_pointer(const void* p, dev::DType t, const char* what) const {
+    op.check_ptr(p, dev::dtype_size(t), what,
+                 fmt::format("its element size ({} bytes for {})", dev::dtype_size(t), dev::dtype_name(t)));
+  }
+  void check_symmetric_out(uint64_t out_off, uint64_t elems, dev::DType t, const char* what) const {
+    WEFT_REQUIRE(out_off % dev::dtype_size(t) == 0,
+                 fmt::format("{} output offset is not aligned to its element size", what));
+    WEFT_REQUIRE(out_off + elems * dev::dtype_size(t) <= op.backend().heap().used(),
+                 fmt::format("{} output is not a symmetric allocation (or too small for {} elements)", what, elems));
+  }
+  // `m` must be one of `allowed` (auto already resolved).
+  static void check_method(Method m, std::initializer_list<Method> allowed, const char* call) {
+    for (Method a : allowed)
+      if (m == a) return;
+    throw_invalid(__FILE__, __LINE__, fmt::format("{} has no method '{}'", call, to_string(m)));
+  }
+  void run_algo(coll::Algo algo, uint64_t count, dev::DType t, void* stream, const void* in, void* out,
+                uint64_t out_off) {
+    coll::Args a = algos.args(algo, count, t, stream);
+    a.in = in;
+    a.out = out;
+    a.out_off = out_off;
+    algos.run(a, t, stream);
+  }
+};
+
+Collectives::Collectives(Backend& b) : impl_(std::make_unique<Impl>(b)) {}
+Collectives::~Collectives() = default;
+
+Method Collectives::auto_all_reduce(uint64_t bytes) const { return detail::auto_all_reduce(bytes, impl_->op.world()); }
+
+Method Collectives::auto_exchange(uint64_t bytes_to_peers) const { return detail::auto_exchange(bytes_to_peers); }
+
+void Collectives::baseline_all_gather(const void* in, void* out, uint64_t count, dev::DType t, void* stream) {
+  if (count == 0) return;
+  impl_->check_pointer(in, t, "all_gather input");
+  impl_->check_pointer(out, t, "all_gather output");
+  impl_->baseline.run(coll::Algo::kAllGather, in, out, count, t, stream);
+}
+
+void Collectives::baseline_all_to_all(const void* in, void* out, uint64_t count, dev::DType t, void* stream) {
+  if (count == 0) return;
+  impl_->check_pointer(in, t, "all_to_all input");
+  impl_->check_pointer(out, t, "all_to_all output");
+  impl_->baseline.run(coll::Algo::kAllToAll, in, out, count, t, stream);
+}
+
+void Collectives::all_to_all_v(const void* in, const uint64_t* send_counts, uint64_t out_off, uint64_t out_capacity,
+                               uint64_t* recv_counts, dev::DType t, Method m, void* stream) {
+  Impl& I = *impl_;
+  WEFT_REQUIRE(send_counts && recv_counts, "all_to_all_v: send_counts and recv_counts must not be null");
+  I.check_symmetric_out(out_off, out_capacity, t, "all_to_all_v");
+  if (m == Method::kBaseline)
+    return I.baseline.all_to_all_v(in, send_counts, out_off, out_capacity, recv_counts, t, stream);
+  Impl::check_method(m, {Method::kAuto, Method::kDirect}, "all_to_all_v");
+  coll::Args a = I.algos.args(coll::Algo::kAllToAllV, out_capacity, t, stream);
+  a.in = in;
+  a.out_off = out_off;
+  a.send_counts = send_counts;
+  a.recv_counts = recv_counts;
+  a.out_capacity = out_capacity;
+  I.algos.run(a, t, stream);
+}
+
+void Collectives::all_reduce(const void* in, void* out, uint64_t count, dev::DType t, Method m, void* stream) {
+  if (count == 0) return;
+  Impl& I = *impl_;
+  I.check_pointer(in, t, "all_reduce input");
+  I.check_pointer(out, t, "all_reduce output");
+  if (m == Method::kAuto) m = auto_all_reduce(count * dev::dtype_size(t));
+  Impl::check_method(
+      m, {Method::kBaseline, Method::kOneShot, Method::kTwoShot, Method::kLowLatency, Method::kLowLatency128},
+      "all_reduce");
+  if (m == Method::kBaseline) return I.baseline.run(coll::Algo::kAllReduceOneShot, in, out, count, t, stream);
+  const auto algo = m == Method::kOneShot         ? coll::Algo::kAllReduceOneShot
+                    : m == Method::kTwoShot       ? coll::Algo::kAllReduceTwoShot
+                    : m == Method::kLowLatency128 ? coll::Algo::kAllReduceLL128
+                                                  : coll::Algo::kAllReduceLL;
+  I.run_algo(algo, count, t, stream, in, out, 0);
+}
+
+void Collectives::all_gather(const void* in, uint64_t out_off, uint64_t count, dev::DType t, Method m, void* stream) {
+  if (count == 0) return;
+  Impl& I = *impl_;
+  I.check_pointer(in, t, "all_gather input");
+  I.check_symmetric_out(out_off, count * I.op.world(), t, "all_gather");
+  if (m == Method::kBaseline)
+    return I.baseline.run(coll::Algo::kAllGather, in, I.op.backend().local_ptr(out_off), count, t, stream);
+  if (m == Method::kAuto) m = auto_exchange(count * dev::dtype_size(t) * static_cast<uint64_t>(I.op.world() - 1));
+  Impl::check_method(m, {Method::kDirect, Method::kLowLatency}, "all_gather");
+  I.run_algo(m == Method::kDirect ? coll::Algo::kAllGather : coll::Algo::kAllGatherLL, count, t, stream, in, nullptr,
+             out_off);
+}
+
+void Collectives::reduce_scatter(const void* in, void* out, uint64_t count, dev::DType t, Method m, void* stream) {
+  if (count == 0) return;
+  Impl& I = *impl_;
+  I.check_pointer(in, t, "reduce_scatter input");
+  I.check_pointer(out, t, "reduce_scatter output");
+  if (m == Method::kBaseline) return I.baseline.run(coll::Algo::kReduceScatter, in, out, count, t, stream);
+  if (m == Method::kAuto) m = auto_exchange(count * dev::dtype_size(t) * static_cast<uint64_t>(I.op.world() - 1));
+  Impl::check_method(m, {Method::kDirect, Method::kLowLatency}, "reduce_scatter");
+  I.run_algo(m == Method::kDirect ? coll::Algo::kReduceScatter : coll::Algo::kReduceScatterLL, count, t, stream, in,
+             out, 0);
+}
+
+void Collectives::all_to_all(const void* in, uint64_t out_off, uint64_t count, dev::DType t, Method m, void* stream) {
+  if (count == 0) return;
+  Impl& I = *impl_;
+  I.check_pointer(in, t, "all_to_all input");
+  I.check_symmetric_out(out_off, count * I.op.world(), t, "all_to_all");
+  if (m == Method::kBaseline) return I.baseline.all_to_all_symmetric(in, out_off, count, t, stream);
+  if (m == Method::kAuto) m = auto_exchange(count * dev::dtype_size(t) * static_cast<uint64_t>(I.op.world() - 1));
+  Impl::check_method(m, {Method::kDirect, Method::kLowLatency}, "all_to_all");
+  I.run_algo(m == Method::kDirect ? coll::Algo::kAllToAll : coll::Algo::kAllToAllLL, count, t, stream, in, nullptr,
+             out_off);
+}
+
+}  // namespace weft::ops

@@ -1,0 +1,51 @@
+// Private to src/ops: what every op shares (docs/architecture.md, "Adding an op").
+//
+// An op object holds an OpBase and one object per method it runs. OpBase carries the
+// concerns that are the same for every op, written once:
+//  - the backend, rank and world, and the op's name for messages;
+//  - cross-rank agreement: agree() compares a description of what every rank is about to do
+//    (shape, dtype, method) and refuses a mismatch on every rank, naming both values, instead
+//    of letting the ranks allocate or move different things and hang;
+//  - argument checks with the op's name in the message (null, alignment);
+//  - the symmetric workspace: heap allocations tagged "<op>.<what>", made at construction or
+//    at a shape's first call, never inside a CUDA graph capture.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "weft/runtime/backend.hpp"
+
+namespace weft::ops::detail {
+
+class OpBase {
+ public:
+  OpBase(Backend& backend, std::string op_name) : b_(backend), name_(std::move(op_name)) {}
+
+  Backend& backend() const { return b_; }
+  int rank() const { return b_.rank(); }
+  int world() const { return b_.size(); }
+  const std::string& name() const { return name_; }
+
+  // Collective: every rank passes its description of `what` (a short text: the same text on
+  // every rank means they agree). Throws InvalidArgument on every rank when any differs:
+  // "<op>: ranks disagree on <what>: rank 0 has <...>, rank r has <...>".
+  void agree(std::string_view what, const std::string& description) const;
+
+  // Throws InvalidArgument "<op>: <what>: null pointer" / "...: pointer P is not aligned to
+  // <align_name>" (align_name empty: "<align> bytes").
+  void check_ptr(const void* p, size_t align, std::string_view what, std::string_view align_name = {}) const;
+
+  // Collective: `bytes` of the symmetric heap (zeroed), tagged "<op>.<what>"; its offset.
+  uint64_t workspace(size_t bytes, std::string_view what) const;
+
+  // Whether `stream` (a cudaStream_t on the nccl backend) is being captured into a graph.
+  bool capturing(void* stream) const;
+
+ private:
+  Backend& b_;
+  std::string name_;
+};
+
+}  // namespace weft::ops::detail
