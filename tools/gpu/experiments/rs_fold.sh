@@ -2,12 +2,12 @@
 # gemm_rs decomposed with the reduction folded into the own block's GEMM epilogue (default on
 # sm_90) against the cuBLAS + reduce-pass path (WEFT_RS_FOLD=0), with traces (one device call):
 #   here:   bash tools/gpu/build.sh
-#   device: bash tools/gpu/rs_fold.sh .gpu        (kind nvidia-h200-x2, carry .gpu)
+#   device: bash tools/gpu/experiments/rs_fold.sh .gpu        (kind nvidia-h200-x2, carry .gpu)
 # GEMM and GEMM+communication GPU tests, then `weft bench gemm_rs` (auto chunks, traced),
 # `--chunks 4`, and WEFT_RS_FOLD=0; `weft trace` of each decomposed trace. One archive in $OUT.
 set -uo pipefail
 BIN=${1:-.gpu}
-source "$(dirname "$0")/env.sh"
+source "$(dirname "$0")/../env.sh"
 export WEFT_TIMEOUT_MS=${WEFT_TIMEOUT_MS:-15000}
 status=0
 step "GPU tests (GEMM, GEMM+communication)"

@@ -2,10 +2,10 @@
 # gemm_rs's fused method (the copy-engine fold) on 2 GPUs: a traced call of every method per
 # ANCHORS shape (JSON kept, `weft trace` summaries printed), then the piece count swept.
 #   here:   bash tools/gpu/build.sh
-#   device: bash tools/gpu/rs_fused.sh .gpu   (kind nvidia-h200-x2, carry .gpu)
+#   device: bash tools/gpu/experiments/rs_fused.sh .gpu   (kind nvidia-h200-x2, carry .gpu)
 set -uo pipefail
 BIN=${1:-.gpu}
-source "$(dirname "$0")/env.sh"
+source "$(dirname "$0")/../env.sh"
 step "weft bench gemm_rs, traced"
 timeout 200 "$BIN/weft" bench gemm_rs --trace-dir "$OUT/traces" --out "$OUT" > "$OUT/bench.log" 2>&1
 grep -E "^MxKxN|^[0-9]+x" "$OUT/bench.log"

@@ -3,7 +3,7 @@
 # device call, 2 GPUs): does a method cost time because the GEMM runs at a lower clock under
 # the power cap (energy), or at the same clock (waiting)?
 #   here:   bash tools/gpu/build.sh
-#   device: OP=gemm_rs SHAPES=4096x8192x8192 PER_GRAPH=300 bash tools/gpu/power_probe.sh .gpu
+#   device: OP=gemm_rs SHAPES=4096x8192x8192 PER_GRAPH=300 bash tools/gpu/experiments/power_probe.sh .gpu
 #           (kind nvidia-h200-x2, carry .gpu)
 # Runs `weft bench OP --sequential` with PER_GRAPH calls per timed run, so each column's 16
 # runs last seconds back to back, samples nvidia-smi every 50 ms, and prints per column the
@@ -11,7 +11,7 @@
 # lines "METHOD: timing" ... "METHOD: timed"), beside its time per call. Reads only.
 set -uo pipefail
 BIN=${1:-.gpu}
-source "$(dirname "$0")/env.sh"
+source "$(dirname "$0")/../env.sh"
 OP=${OP:-gemm_rs}
 nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 50 \
   > "$OUT/smi.csv" &

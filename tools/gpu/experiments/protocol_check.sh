@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GEMM+communication benches under both timing protocols, one device call, 2 GPUs:
 #   here:   bash tools/gpu/build.sh
-#   device: bash tools/gpu/protocol_check.sh .gpu   (kind nvidia-h200-x2, carry .gpu)
+#   device: bash tools/gpu/experiments/protocol_check.sh .gpu   (kind nvidia-h200-x2, carry .gpu)
 # 1. the GEMM+communication GPU tests (exact on 1 and 2 GPUs, graph replays);
 # 2. `weft bench OP --sequential` (each column's replays back to back, then its check: the
 #    protocol of every run before 2026-11-22 12:40) for ag_gemm and gemm_rs, random data;
@@ -12,7 +12,7 @@
 #    random data, TRACE, TORCH as given).
 set -uo pipefail
 BIN=${1:-.gpu}
-source "$(dirname "$0")/env.sh"
+source "$(dirname "$0")/../env.sh"
 export WEFT_TIMEOUT_MS=${WEFT_TIMEOUT_MS:-15000}
 overlap_tests
 mkdir -p "$OUT/sequential"
@@ -26,4 +26,4 @@ step "reduce chain probe (WEFT_FUSED_RS=1), gemm_rs 2048x4096x4096, sequential"
 WEFT_FUSED_RS=1 timeout 60 "$BIN/weft" bench gemm_rs --sequential --shapes 2048x4096x4096 --out "$OUT/sequential" \
   > "$OUT/sequential/bench_gemm_rs_chain.log" 2>&1
 grep -E "^MxKxN|^[0-9]+x|WRONG|rror" "$OUT/sequential/bench_gemm_rs_chain.log" | head -5
-SKIP_TESTS=1 SKIP_MEMCHECK=1 exec bash "$(dirname "$0")/overlap_check.sh" "$BIN" ag_gemm gemm_rs gemm_ar
+SKIP_TESTS=1 SKIP_MEMCHECK=1 exec bash "$(dirname "$0")/../overlap_check.sh" "$BIN" ag_gemm gemm_rs gemm_ar

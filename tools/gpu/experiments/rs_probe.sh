@@ -2,8 +2,8 @@
 # Why gemm_rs's overlapped methods miss their bars at 2048x4096x4096 and 16384x8192x3584 (one
 # device call, 2 GPUs):
 #   here:   bash tools/gpu/build.sh && nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
-#             tools/gpu/store_probe.cu -o .gpu/store_probe -lcublas
-#   device: bash tools/gpu/rs_probe.sh .gpu   (kind nvidia-h200-x2, carry .gpu)
+#             tools/gpu/experiments/store_probe.cu -o .gpu/store_probe -lcublas
+#   device: bash tools/gpu/experiments/rs_probe.sh .gpu   (kind nvidia-h200-x2, carry .gpu)
 # 1. store_probe: TMA bulk / plain stores into the peer against weft's push loop, alone and beside
 #    a GEMM (is the epilogue's store rate into a peer the limit?);
 # 2. weft bench gemm_rs on SHAPES (SKIP_PROBE=1: this only) under each of VARIANTS (one
@@ -12,7 +12,7 @@
 #    tools/trace_tiles.py) (BENCH_ARGS: more bench options, e.g. --chunks 4), SM clock and power sampled every 100 ms beside it (is it the clock?).
 set -uo pipefail
 BIN=${1:-.gpu}
-source "$(dirname "$0")/env.sh"
+source "$(dirname "$0")/../env.sh"
 export WEFT_TIMEOUT_MS=${WEFT_TIMEOUT_MS:-15000}
 SHAPES=${SHAPES:-2048x4096x4096,16384x8192x3584}
 if [ -x "$BIN/store_probe" ] && [ "${SKIP_PROBE:-0}" != 1 ]; then

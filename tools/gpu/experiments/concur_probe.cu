@@ -14,12 +14,12 @@
 //          writes flag j (an 8-byte copy-engine copy, as put_count), and O_j waits for a
 //          1-thread kernel that spins on the flag (and clears it) -- on the copy stream
 //          (seq_w, as weft's one-stream fold) or on a high-priority stream (conc_w, variant a
-//          of bench/results/gemm_rs-prio-20261122/). The kernel needs an SM: does it find one?
+//          of bench/results/gemm_rs-prio-20261122/ at commit 57cb476). The kernel needs an SM: does it find one?
 // One GPU only: on 2xH200 the multi-stream design measured no gain in the bench's sustained
-// timing (2026-11-22); this probe's gain (bench/results/concur-probe-20261125/) does not carry.
+// timing (2026-11-22); this probe's gain (docs/gemm_overlap.md) does not carry.
 // Every variant is one CUDA graph; rounds replay every graph in turn (interleaved: all see the
 // same power-capped clock) after 300 ms of heat; median µs per replay.
-// Build here: nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/gpu/concur_probe.cu \
+// Build here: nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/gpu/experiments/concur_probe.cu \
 //               -o .gpu/concur_probe -lcublasLt -lcublas
 // Run there: source tools/gpu/env.sh; .gpu/concur_probe [rounds]
 #include <string>

@@ -5,9 +5,9 @@
 //     cuBLAS's epilogue at no cost?
 //  3. interference: the full GEMM alone, beside a copy-engine push from GPU 1 into GPU 0's
 //     memory, and beside a local copy — how much of ag_gemm's overhead is the traffic itself.
-// Build here: nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/gpu/gemm_probe.cu \
+// Build here: nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/gpu/experiments/gemm_probe.cu \
 //               -o .gpu/gemm_probe -lcublasLt -lcublas
-// Run there: source tools/gpu/env.sh; .gpu/gemm_probe   (tools/gpu/probe.sh)
+// Run there: source tools/gpu/env.sh; .gpu/gemm_probe   (tools/gpu/experiments/probe.sh)
 // Row-major A[M,K], W[N,K] (torch linear), C[M,N], bf16, fp32 accumulation, as the bench.
 #include "probe_common.cuh"
 

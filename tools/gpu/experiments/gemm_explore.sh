@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GEMM experiments on one GPU (issue 5), one call of the device tool:
-#   device run: bash tools/gpu/gemm_explore.sh .gpu       (kind nvidia-h200, carry .gpu)
+#   device run: bash tools/gpu/experiments/gemm_explore.sh .gpu       (kind nvidia-h200, carry .gpu)
 # 1. the raster group (WEFT_GEMM_GROUP_M) against cuBLAS on the benchmark shapes, with the
 #    GPU's power draw and SM clock sampled during each run (nvidia-smi, 50 ms);
 # 2. ncu speed-of-light, memory and warp stalls of weft (single CTAs, CTA pairs) and cuBLAS on
@@ -11,7 +11,7 @@ BIN=${1:-.gpu}
 RASTER_GROUPS=${2:-"8 16 4"}  # (not GROUPS: bash keeps the user's groups there)
 NCU=${3:-ncu}                 # "noncu": the benchmarks alone
 # WEFT_BENCH_SUSTAIN_MS=t in the environment: each timing after t ms of back-to-back calls.
-source "$(dirname "$0")/env.sh"
+source "$(dirname "$0")/../env.sh"
 for g in $RASTER_GROUPS; do
   step "raster group $g"
   nvidia-smi --query-gpu=power.draw,clocks.sm,temperature.gpu --format=csv,noheader,nounits -lms 50 > "$OUT/power-g$g.csv" &

@@ -3,13 +3,13 @@
 # small-integer inputs (`--data ints`, what every run before 2026-11-22 12:30 used): random
 # data draws more power, so GEMMs run at a lower clock. One device call, 2 GPUs:
 #   here:   bash tools/gpu/build.sh
-#   device: bash tools/gpu/data_check.sh .gpu   (kind nvidia-h200-x2, carry .gpu)
+#   device: bash tools/gpu/experiments/data_check.sh .gpu   (kind nvidia-h200-x2, carry .gpu)
 # Then the full overlap_check.sh (every GPU test, memcheck, benches on random data, traces,
 # PyTorch's fused ops) unless SKIP_CHECK=1; its options (SKIP_TESTS, SKIP_MEMCHECK, TRACE,
 # TORCH) pass through.
 set -uo pipefail
 BIN=${1:-.gpu}
-source "$(dirname "$0")/env.sh"
+source "$(dirname "$0")/../env.sh"
 export WEFT_TIMEOUT_MS=${WEFT_TIMEOUT_MS:-15000}
 mkdir -p "$OUT/ints"
 for op in ${DATA_OPS:-ag_gemm gemm_rs}; do
@@ -19,4 +19,4 @@ for op in ${DATA_OPS:-ag_gemm gemm_rs}; do
   grep -E "^MxKxN|^[0-9]+x" "$OUT/ints/bench_$op.log"
 done
 [ "${SKIP_CHECK:-0}" = 1 ] && exit 0
-exec bash "$(dirname "$0")/overlap_check.sh" "$BIN" ag_gemm gemm_rs gemm_ar
+exec bash "$(dirname "$0")/../overlap_check.sh" "$BIN" ag_gemm gemm_rs gemm_ar

@@ -17,7 +17,7 @@
 // Each variant: 10 back-to-back calls between two events, all variants in turn over 9 rounds
 // after 300 ms of heat; median µs per call.
 // Build here (after tools/gpu/build.sh):
-//   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude tools/gpu/hooks_probe.cu \
+//   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude tools/gpu/experiments/hooks_probe.cu \
 //     build-gpu/libweft.a -o .gpu/hooks_probe -lcuda -lcublasLt -lcublas -lnccl
 // Run there: source tools/gpu/env.sh; .gpu/hooks_probe [MxKxN ...]   (the op's M x K_local x N)
 #include <cublas_v2.h>

@@ -1,4 +1,4 @@
-// Probe for gemm_rs's direct stores (bench/results/gemm_rs-direct-20261122/README.md): how fast
+// Probe for gemm_rs's direct stores (docs/gemm_overlap.md): how fast
 // do stores issued the way a GEMM epilogue issues them reach a peer over NVLink? One process, 2
 // GPUs, GPU 0 writing into GPU 1's memory (peer access) and, for reference, into its own.
 //  bulk:  each CTA's 2 "warpgroups" (thread 0 of each 128) store 64 KiB tiles from shared memory
@@ -8,10 +8,10 @@
 //  push:  weft's push loop for comparison (four 16-byte loads in flight per thread).
 // Each mode on 132 / 66 / 16 CTAs, 256 MiB in total, median of 5 runs; then the bulk mode beside
 // a cuBLAS GEMM (8192 x 8192 x 4096 bf16) on another stream, and that GEMM alone.
-// First run 2026-11-22 14:33 (2xH200): bench/results/gemm_rs-direct-20261122/store-probe.md.
-// Build here: nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/gpu/store_probe.cu \
+// Its results: docs/gemm_overlap.md (the direct stores).
+// Build here: nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/gpu/experiments/store_probe.cu \
 //               -o .gpu/store_probe -lcublas
-// Run there: bash tools/gpu/store_probe.sh .gpu   (nvidia-h200-x2, carry .gpu)
+// Run there: bash tools/gpu/experiments/store_probe.sh .gpu   (nvidia-h200-x2, carry .gpu)
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -3,7 +3,7 @@
 // cublasGemmEx (the peer pieces: D = A·B) and of the fastest of cublasLt's first 8 candidates
 // with C added (the own pieces of the cuBLASLt fold: D = A·B + C, C != D), per call and per
 // row — which piece sizes does cuBLAS run efficiently? Interleaved rounds, sustained load.
-// Build here: nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/gpu/piece_probe.cu \
+// Build here: nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/gpu/experiments/piece_probe.cu \
 //               -o .gpu/piece_probe -lcublasLt -lcublas
 // Run there: source tools/gpu/env.sh; .gpu/piece_probe [family ...]   (families: 3584 8192 14336)
 // Row-major A[M,K], W[N,K] (torch linear), C[M,N], bf16, fp32 accumulation, as the bench.

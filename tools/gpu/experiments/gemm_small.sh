@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # weft's GEMM against cuBLAS at the small local GEMMs of gemm_rs / ag_gemm (one GPU):
-#   device run: bash tools/gpu/gemm_small.sh .gpu      (carry .gpu, built by tools/gpu/build.sh)
+#   device run: bash tools/gpu/experiments/gemm_small.sh .gpu      (carry .gpu, built by tools/gpu/build.sh)
 # 1. `weft bench gemm` (sustained protocol) at the gemm_rs local shapes (K = the rank's half)
 #    and two references; 2. ncu of both kernels at 2048x2048x4096 (M x K x N): duration,
 #    tensor-pipe activity, SM clock -- where does weft's per-tile time go at short K?
 # Env: SHAPES (bench shapes, MxKxN), NCU_SHAPE, SKIP_NCU=1, EXTRA_ENV (e.g. WEFT_GEMM_X=1).
 set -uo pipefail
 BIN=${1:-.gpu}
-source "$(dirname "$0")/env.sh"
+source "$(dirname "$0")/../env.sh"
 SHAPES=${SHAPES:-"2048x2048x4096 4096x4096x8192 2048x4096x4096 1024x2048x4096 8192x8192x8192"}
 NCU_SHAPE=${NCU_SHAPE:-2048x2048x4096}
 step "weft bench gemm: $SHAPES"

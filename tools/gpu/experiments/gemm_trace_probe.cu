@@ -5,7 +5,7 @@
 // after the earliest start, each tile's span, the gaps between one tile's stores and the next
 // tile's start, and the last store to the kernel's end -- medians over CTAs.
 // Build here (after tools/gpu/build.sh):
-//   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude tools/gpu/gemm_trace_probe.cu \
+//   nvcc -O2 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Iinclude tools/gpu/experiments/gemm_trace_probe.cu \
 //     build-gpu/libweft.a -o .gpu/gemm_trace_probe -lcuda -lcublasLt -lcublas
 // Run there: source tools/gpu/env.sh; .gpu/gemm_trace_probe [MxKxN ...]
 #include <cublas_v2.h>

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Where the folded gemm_rs's own-block GEMM loses time (timing experiments, wrong results):
-#   device: bash tools/gpu/rs_fold_diag.sh .gpu      (kind nvidia-h200-x2, carry .gpu)
+#   device: bash tools/gpu/experiments/rs_fold_diag.sh .gpu      (kind nvidia-h200-x2, carry .gpu)
 # weft vs cuBLAS on the own-block shapes alone (GPU 0, short timings), then `weft bench gemm_rs`
 # traced with WEFT_RS_FOLD_DEBUG = (unset) | nosrc | nowait | none; prints each trace's GEMM spans.
 set -uo pipefail
 BIN=${1:-.gpu}
-source "$(dirname "$0")/env.sh"
+source "$(dirname "$0")/../env.sh"
 step "own-block GEMMs alone (GPU 0): weft vs cuBLAS"
 CUDA_VISIBLE_DEVICES=0 WEFT_BENCH_SUSTAIN_MS=${SUSTAIN:-0} timeout 120 "$BIN/weft" bench gemm \
   --shapes 4096x4096x14336,2048x4096x8192,8192x4096x3584,1024x2048x4096 > "$OUT/gemm_own.log" 2>/dev/null

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # All-reduce up to 4 MiB against the CTA count of the LL and LL128 kernels (WEFT_COLL_CTAS),
-# beside NCCL, on 2 GPUs:   device run: bash tools/gpu/ar_ctas.sh .gpu "64 96 128"   (carry .gpu)
+# beside NCCL, on 2 GPUs:   device run: bash tools/gpu/experiments/ar_ctas.sh .gpu "64 96 128"   (carry .gpu)
 # Prints time/NCCL per size and CTA count for each method.
 set -uo pipefail
 BIN=${1:-.gpu}
 CTAS=${2:-"64 96 128 132"}
-source "$(dirname "$0")/env.sh"
+source "$(dirname "$0")/../env.sh"
 for c in default $CTAS; do
   mkdir -p "$OUT/ctas-$c"
   if [ "$c" = default ]; then unset WEFT_COLL_CTAS; else export WEFT_COLL_CTAS=$c; fi

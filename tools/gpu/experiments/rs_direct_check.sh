@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The fused gemm_rs with direct stores (WEFT_FUSED_RS_DIRECT=1) on 2 GPUs, one device call:
 #   here:   bash tools/gpu/build.sh
-#   device: bash tools/gpu/rs_direct_check.sh .gpu   (kind nvidia-h200-x2, carry .gpu)
+#   device: bash tools/gpu/experiments/rs_direct_check.sh .gpu   (kind nvidia-h200-x2, carry .gpu)
 # The GEMM+communication GPU tests (direct stores in OtherPaths/3, graph replays and back-to-back
 # calls), compute-sanitizer memcheck of the tests that run it, then `weft bench gemm_rs` with
 # and without direct stores (interleaved protocol, random data).
 set -uo pipefail
 BIN=${1:-.gpu}
-source "$(dirname "$0")/env.sh"
+source "$(dirname "$0")/../env.sh"
 export WEFT_TIMEOUT_MS=${WEFT_TIMEOUT_MS:-15000}
 overlap_tests
 if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then

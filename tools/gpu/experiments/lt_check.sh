@@ -2,7 +2,7 @@
 # The decomposed methods on cuBLASLt with timed algorithms, and gemm_rs's cuBLASLt fold
 # (2 ranks), against the earlier paths, in one device call:
 #   here:   bash tools/gpu/build.sh
-#   device: bash tools/gpu/lt_check.sh .gpu        (kind nvidia-h200-x2, carry .gpu)
+#   device: bash tools/gpu/experiments/lt_check.sh .gpu        (kind nvidia-h200-x2, carry .gpu)
 # GEMM+communication GPU tests, then `weft bench` of ag_gemm and gemm_rs (defaults), gemm_rs
 # with --chunks 1 / 2 / 4, with the reduce pass (WEFT_RS_FOLD=0), with cuBLASLt's fold on every
 # shape (lt), gemm_ar,
@@ -11,7 +11,7 @@
 # bench runs. One archive in $OUT.
 set -uo pipefail
 BIN=${1:-.gpu}
-source "$(dirname "$0")/env.sh"
+source "$(dirname "$0")/../env.sh"
 export WEFT_TIMEOUT_MS=${WEFT_TIMEOUT_MS:-15000}
 status=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
