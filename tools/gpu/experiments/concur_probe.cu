@@ -3,7 +3,7 @@
 // pieces run on a second, lower-priority stream beside the peer pieces instead of after them
 // on one stream?
 //
-// For each local GEMM of the ANCHORS shapes (M rows, N, K = the rank's K half) and c chunks:
+// For each local GEMM of the anchor shapes (docs/anchors.md) (M rows, N, K = the rank's K half) and c chunks:
 //   full : one GEMM of M rows (cublasGemmEx: "GEMM alone")
 //   seq  : the decomposed cuBLASLt fold as weft runs it: peer pieces P_j (M/2c rows, GemmEx),
 //          each copied (device-to-device, on a copy stream: the stand-in of the NVLink copy),

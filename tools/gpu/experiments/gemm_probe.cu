@@ -35,7 +35,7 @@ int main() {
     CB(cublasGemmEx(bh, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, CUDA_R_16BF, k, aa, CUDA_R_16BF, k, &beta, cc,
                     CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   };
-  // ANCHORS shapes M×K×N: ag_gemm full and its halves (2 ranks); gemm_rs local (K/2), own
+  // anchor shapes (docs/anchors.md) M×K×N: ag_gemm full and its halves (2 ranks); gemm_rs local (K/2), own
   // block (M/2) and its halves (pieces).
   const Shape shapes[] = {
       {"ag full 8192x8192x14336", 8192, 14336, 8192}, {"ag half", 4096, 14336, 8192},

@@ -1,5 +1,5 @@
 // Piece-size profile of cuBLAS for gemm_rs decomposed's pieces (issue 6), one GPU: for each
-// family (N, K) of the ANCHORS shapes' local GEMMs and each row count M, the time of
+// family (N, K) of the anchor shapes (docs/anchors.md)' local GEMMs and each row count M, the time of
 // cublasGemmEx (the peer pieces: D = A·B) and of the fastest of cublasLt's first 8 candidates
 // with C added (the own pieces of the cuBLASLt fold: D = A·B + C, C != D), per call and per
 // row — which piece sizes does cuBLAS run efficiently? Interleaved rounds, sustained load.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gemm_rs's fused method (the copy-engine fold) on 2 GPUs: a traced call of every method per
-# ANCHORS shape (JSON kept, `weft trace` summaries printed), then the piece count swept.
+# anchor shape (docs/anchors.md) (JSON kept, `weft trace` summaries printed), then the piece count swept.
 #   here:   bash tools/gpu/build.sh
 #   device: bash tools/gpu/experiments/rs_fused.sh .gpu   (kind nvidia-h200-x2, carry .gpu)
 set -uo pipefail
