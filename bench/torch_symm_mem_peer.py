@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The PyTorch peer of `weft bench ag_gemm | gemm_rs`: PyTorch's symmetric-memory fused ops
 side by side with NCCL + torch.matmul and torch.matmul alone, on the shapes of
-../shared/ANCHORS.md (bf16, M x K x N):
+docs/anchors.md (bf16, M x K x N):
 
   ag_gemm: A_shard [M/world, K], W [N, K] (torch linear layout), C = all_gather(A) @ W^T [M, N]
            - torch.ops.symm_mem.fused_all_gather_matmul(A_shard, [W^T], gather_dim=0, group_name)
@@ -127,7 +127,7 @@ def bench_rs(m, k, n, group_name, args, world, rank):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ops", default="ag_gemm,gemm_rs", help="ag_gemm, gemm_rs (comma-separated)")
-    p.add_argument("--shapes", default=",".join(SHAPES), help="MxKxN,... (ANCHORS.md's four)")
+    p.add_argument("--shapes", default=",".join(SHAPES), help="MxKxN,... (docs/anchors.md's four)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--reps", type=int, default=10)

@@ -306,7 +306,7 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
     if (opt.sequential) {
       // (Each column's start and end in the progress output: with many calls per run
       // (WEFT_BENCH_PER_GRAPH) a column runs for seconds, long enough to sample the GPU's
-      // clock and power beside it: tools/gpu/power_probe.sh.)
+      // clock and power beside it: tools/gpu/experiments/power_probe.sh.)
       for (Column& col : cols) {
         if (!col.ran) continue;
         if (opt.progress) opt.progress(fmt::format("{} {} {}: timing", opt.op, shape, col.method));

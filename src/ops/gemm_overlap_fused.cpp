@@ -795,7 +795,7 @@ void run_rs_ce(const FusedArgs& A, State& st, cudaStream_t s) {
   };
   // The piece counts given at k-block 4 of a CTA's next tile, not right after the stores (tid
   // 0's wait for their completion held the next tile's first WGMMA: +1-1.5% of the GEMM on one
-  // H100, tools/gpu/hooks_probe.cu, 2026-11-25); a copy then starts ~3 us later.
+  // H100, tools/gpu/experiments/hooks_probe.cu, 2026-11-25); a copy then starts ~3 us later.
   // WEFT_FUSED_RS_NOTIFY=now: at once (comparisons).
   const char* nt = std::getenv("WEFT_FUSED_RS_NOTIFY");
   const bool notify_now = nt && std::string(nt) == "now";

@@ -3,7 +3,7 @@
 // The decomposed GEMM+communication methods run cuBLAS on pieces of the op's GEMM (halves,
 // chunks of rows). cublasGemmEx takes cuBLAS's first heuristic; on 2xH200 the fastest of
 // cublasLt's first 8 candidates was 4-12% faster for most of those pieces
-// (bench/results/gemm-probe-20261122/, tools/gpu/gemm_probe.cu). LtGemm times the candidates
+// (tools/gpu/experiments/gemm_probe.cu; docs/gemm_overlap.md). LtGemm times the candidates
 // the first time it meets a problem (outside stream capture) and keeps the fastest.
 //
 // Row-major: D[rows x cols] (ld ldd) = A[rows x k] (ld lda) · op(B) (+ C, same layout as D,

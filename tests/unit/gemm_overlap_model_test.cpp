@@ -1,8 +1,8 @@
 // The cost model of GemmOverlap's auto (include/weft/ops/gemm_overlap_model.hpp) against the
 // choices measured on H200s: at each point pinned here the model picks the method that was
-// fastest (or within 2% of it) in the runs of bench/results/model-20261122/ (2 GPUs, 13:04),
-// bench/results/*-nccl-4r-20261122-06* (4) and bench/results/x8-20261122/ (8). A recalibration
-// that breaks one of these must say why in docs/gemm_overlap.md.
+// fastest (or within 2% of it) in the measured runs on 2, 4 and 8 GPUs that docs/gemm_overlap.md
+// lists (the model's check against them). A recalibration that breaks one of these must say why
+// there.
 #include "weft/ops/gemm_overlap_model.hpp"
 
 #include <gtest/gtest.h>
@@ -91,8 +91,8 @@ TEST(GemmOverlapModel, DefaultRsFold) {
 
 TEST(GemmOverlapModel, GatherChunks) {
   const auto d = h200x2();
-  // The whole transfer fits under the own K-half: one piece (2xH200, 2026-11-22 19:5x: 1.00 -
-  // 1.02x the GEMM alone at 8192x8192x14336 and 16384x8192x3584); at 4096x8192x8192 it does
+  // The whole transfer fits under the own K-half: one piece (measured within 2% of the GEMM
+  // alone at 8192x8192x14336 and 16384x8192x3584: docs/benchmarks.md); at 4096x8192x8192 it does
   // not (80 MiB, ~210 us, against ~185): the peer's half in two column pieces.
   EXPECT_EQ(predict_overlap({GemmOp::kGemmRs, 2, 8192, 14336, 8192, 2}, d, RsFold::kGather).chunks, 1);
   EXPECT_EQ(predict_overlap({GemmOp::kGemmRs, 2, 16384, 3584, 8192, 2}, d, RsFold::kGather).chunks, 1);

@@ -240,7 +240,7 @@ int main(int argc, char** argv) {
   bench->add_flag("--quick", quick, "small sizes, few repetitions");
   bench->add_option("--out", out_dir, "directory for the JSON results");
   std::vector<std::string> shapes;
-  bench->add_option("--shapes", shapes, "gemm: shapes MxKxN (default: ANCHORS.md's four and 8192x8192x8192)")
+  bench->add_option("--shapes", shapes, "gemm: shapes MxKxN (default: docs/anchors.md's four and 8192x8192x8192)")
       ->delimiter(',');
   int chunks = 0;
   std::string trace_dir;

@@ -1,5 +1,5 @@
 // `weft bench gemm`: weft's GEMM side by side with cuBLAS in one run on one GPU, for the
-// shapes of ../shared/ANCHORS.md and 8192^3 (bf16; also B[K,N] and fp16 rows). Each point
+// shapes of docs/anchors.md and 8192^3 (bf16; also B[K,N] and fp16 rows). Each point
 // also checks weft's C against cuBLAS's (max relative error, NaN count). Without a GPU it
 // times the CPU tile reference on small shapes (the host backend's compute).
 #pragma once
@@ -23,7 +23,7 @@ struct GemmPoint {
 
 struct GemmBenchOptions {
   bool quick = false;
-  std::vector<std::string> shapes;  // "MxKxN" (ANCHORS order); empty: the defaults
+  std::vector<std::string> shapes;  // "MxKxN" (docs/anchors.md order); empty: the defaults
   std::function<void(const std::string&)> progress;
 };
 

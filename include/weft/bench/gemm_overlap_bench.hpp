@@ -1,7 +1,7 @@
 // `weft bench ag_gemm | gemm_rs | gemm_ar`: every method of ops::GemmOverlap side by side in
 // one run — baseline (NCCL + cuBLAS; the host reference on the host backend), the local GEMM
 // alone (the overlap ceiling), decomposed, fused (when built) and auto — for the shapes of
-// ../shared/ANCHORS.md (M x K x N, bf16, W[N,K]); on the host backend small shapes, so the
+// docs/anchors.md (M x K x N, bf16, W[N,K]); on the host backend small shapes, so the
 // command runs in CI. GPU: calls captured in CUDA graphs, GPUs lined up before each replay,
 // medians of replays, the slowest rank's median reported. JSON + a table.
 #pragma once
@@ -44,7 +44,7 @@ double relative_error_bf16(const std::vector<uint16_t>& got, const std::vector<u
 struct OverlapBenchOptions {
   std::string op = "ag_gemm";
   bool quick = false;
-  std::vector<std::string> shapes;  // "MxKxN"; empty: ANCHORS.md's four (GPU) or small ones (host)
+  std::vector<std::string> shapes;  // "MxKxN"; empty: docs/anchors.md's four (GPU) or small ones (host)
   int chunks = 0;                   // 0: the cost model's (or tuning cache's) choice
   std::string trace_dir;            // non-empty: one traced call per method, Chrome JSON per method
   bool tune = false;                // store the fastest method per shape in the tuning cache

@@ -1,4 +1,4 @@
-// A GEMM shape as the benchmarks take it on the command line: "MxKxN" (../shared/ANCHORS.md's
+// A GEMM shape as the benchmarks take it on the command line: "MxKxN" (docs/anchors.md's
 // order: M rows, K depth, N columns).
 #pragma once
 #include <cstdint>

@@ -5,7 +5,7 @@
 // `fused` (one persistent kernel: see gemm_overlap_fused.hpp; on the host backend the plan
 // executor with small tiles) and `auto` (cost model + on-disk tuning cache). docs/gemm_overlap.md.
 //
-// Shapes (row-major; M, N, K are the op's global shape as in ../shared/ANCHORS.md):
+// Shapes (row-major; M, N, K are the op's global shape as in docs/anchors.md):
 //   ag_gemm   A_r [M/world x K] (rows of A, gathered)  B: W [N x K] or B [K x N]   C [M x N]
 //   gemm_rs   A_r [M x K/world] (K sharded)            B: W [N x K/world] or [K/world x N]
 //                                                       C [M/world x N] = rows [r*M/world, ...)
