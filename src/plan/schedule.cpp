@@ -380,6 +380,78 @@ std::optional<ClosedForm> find_closed_form(const TileSchedule& s, const Lowered&
 
 }  // namespace
 
+namespace {
+
+// The tables between transfers and tiles, and around the output: counter waits of transfers
+// that read rows tiles write (tiles_write), the ranks each counter is notified on, the final
+// waits of outputs that other ranks write, and each signal's producer.
+void lower_dependencies(const CommPlan& plan, const TileSchedule& s, int t, Lowered& L) {
+  const int w = plan.world;
+  const auto ncounters = static_cast<int>(s.counters.size());
+  // covering[r][m]: counters of rank r's tiles in row block m.
+  std::vector<std::vector<std::set<int>>> covering(static_cast<size_t>(w),
+                                                   std::vector<std::set<int>>(static_cast<size_t>(s.tiles_m())));
+  for (int r = 0; r < w; ++r)
+    for (const Tile& tile : s.order[static_cast<size_t>(r)])
+      if (tile.notify >= 0) covering[static_cast<size_t>(r)][static_cast<size_t>(tile.m)].insert(tile.notify);
+  // consumers[r][c]: ranks other than r whose transfers wait for counter c of rank r.
+  std::vector<std::vector<std::set<int>>> consumers(static_cast<size_t>(w),
+                                                    std::vector<std::set<int>>(static_cast<size_t>(ncounters)));
+  for (int r = 0; r < w; ++r) {
+    LoweredRank& lr = L.ranks[static_cast<size_t>(r)];
+    lr.counter_wait_begin.push_back(0);
+    for (const TransferDesc& d : lr.transfers) {
+      if (s.tiles_write && d.src_tensor == t && d.rows > 0) {
+        const int m0 = static_cast<int>(d.src_row / s.tile_rows);
+        const int m1 = std::min(static_cast<int>((d.src_row + d.rows - 1) / s.tile_rows), s.tiles_m() - 1);
+        std::set<int> cs;
+        for (int m = m0; m <= m1; ++m)
+          for (int c : covering[static_cast<size_t>(d.src_rank)][static_cast<size_t>(m)]) cs.insert(c);
+        for (int c : cs) {
+          lr.counter_waits.push_back(CounterWait{d.src_rank, c, s.counters[static_cast<size_t>(c)]});
+          if (d.src_rank != r) consumers[static_cast<size_t>(d.src_rank)][static_cast<size_t>(c)].insert(r);
+        }
+      }
+      lr.counter_wait_begin.push_back(static_cast<int32_t>(lr.counter_waits.size()));
+    }
+  }
+  std::vector<std::set<int32_t>> finals(static_cast<size_t>(w));
+  for (int r = 0; r < w; ++r) {
+    LoweredRank& lr = L.ranks[static_cast<size_t>(r)];
+    lr.notify_begin.push_back(0);
+    for (int c = 0; c < ncounters; ++c) {
+      for (int q : consumers[static_cast<size_t>(r)][static_cast<size_t>(c)]) lr.notify_ranks.push_back(q);
+      lr.notify_begin.push_back(static_cast<int32_t>(lr.notify_ranks.size()));
+    }
+    lr.signal_producer.assign(lr.signal_expected.size(), -2);
+  }
+  for (int x = 0; x < w; ++x)
+    for (const TransferDesc& d : L.ranks[static_cast<size_t>(x)].transfers) {
+      if (d.signal_rank >= 0) {
+        int32_t& pr = L.ranks[static_cast<size_t>(d.signal_rank)].signal_producer[static_cast<size_t>(d.signal)];
+        pr = pr == -2 || pr == x ? x : -1;
+      }
+      // A rank's own transfers into its output are done when it is; tiles wait for what they
+      // read; every other write into an output needs a signal on the output's rank.
+      const Tensor& dt = plan.tensors[static_cast<size_t>(d.dst_tensor)];
+      if (dt.role != Role::kOutput || d.dst_rank == x || (d.dst_tensor == t && !s.tiles_write)) continue;
+      WEFT_REQUIRE(d.signal_rank == d.dst_rank,
+                   fmt::format("lower: plan {}: chunk {} writes output '{}' of rank {} but signals rank {}: nothing "
+                               "tells rank {} when its output is complete",
+                               plan.name, d.chunk, dt.name, d.dst_rank, d.signal_rank, d.dst_rank));
+      finals[static_cast<size_t>(d.dst_rank)].insert(d.signal);
+    }
+  for (int r = 0; r < w; ++r) {
+    LoweredRank& lr = L.ranks[static_cast<size_t>(r)];
+    for (int32_t& pr : lr.signal_producer)
+      if (pr == -2) pr = -1;
+    for (int32_t g : finals[static_cast<size_t>(r)])
+      lr.final_waits.push_back(WaitEntry{g, 0, lr.signal_expected[static_cast<size_t>(g)]});
+  }
+}
+
+}  // namespace
+
 Lowered lower(const CommPlan& plan, const TileSchedule& s) {
   const int t = plan.tensor_id(s.tensor);
   WEFT_REQUIRE(t >= 0, fmt::format("lower: plan {} has no tensor '{}'", plan.name, s.tensor));
@@ -472,8 +544,15 @@ Lowered lower(const CommPlan& plan, const TileSchedule& s) {
       lr.transfers.push_back(d);
     }
   }
+  lower_dependencies(plan, s, t, L);
   L.closed = find_closed_form(s, L, plan, t);
   return L;
+}
+
+int32_t Lowered::max_signals() const {
+  int32_t n = 1;
+  for (const LoweredRank& lr : ranks) n = std::max(n, static_cast<int32_t>(lr.signal_expected.size()));
+  return n;
 }
 
 }  // namespace weft::plan

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <set>
 #include <string>
 
 #include "weft/core/error.hpp"
@@ -218,4 +219,73 @@ TEST(PlanLowering, IrregularOrderHasNoClosedForm) {
   const Lowered le = lower(e, row_schedule(e, "out", 1));
   ASSERT_TRUE(le.closed.has_value());
   EXPECT_EQ(le.closed->rows_per_signal, 3);
+}
+
+// Tiles that write the schedule's tensor (a GEMM whose partial product a reduce-scatter
+// reads): lowering makes each transfer wait for the tile counters of the rows it reads on its
+// source rank, has those tiles notify the transfer's rank, waits for the signals guarding the
+// output before it is read, and names each signal's producer.
+static void check_tile_written_lowering(const CommPlan& p, bool remote_output_writes) {
+  TileSchedule s = gemm_schedule(p, "in", 8, 2, 8);  // 4 row blocks of 2 rows, one column block
+  s.tiles_write = true;
+  ASSERT_EQ(s.tiles_m(), 4);
+  const Lowered L = lower(p, s);
+  const int in = p.tensor_id("in"), out = p.tensor_id("out");
+  for (int r = 0; r < 2; ++r) {
+    const LoweredRank& lr = L.ranks[static_cast<size_t>(r)];
+    ASSERT_EQ(lr.counter_wait_begin.size(), lr.transfers.size() + 1);
+    for (size_t i = 0; i < lr.transfers.size(); ++i) {
+      const TransferDesc& d = lr.transfers[i];
+      std::vector<CounterWait> got(lr.counter_waits.begin() + lr.counter_wait_begin[i],
+                                   lr.counter_waits.begin() + lr.counter_wait_begin[i + 1]);
+      std::vector<CounterWait> want;
+      if (d.src_tensor == in)  // rows [d.src_row, +d.rows) of `in`: row blocks of 2 rows, counter m each
+        for (int64_t m = d.src_row / 2; m <= (d.src_row + d.rows - 1) / 2; ++m)
+          want.push_back(CounterWait{d.src_rank, static_cast<int32_t>(m), 1});
+      EXPECT_EQ(got, want) << "rank " << r << " transfer " << i;
+    }
+    // Rank r's tiles of the rows the peer reads (the peer's block) notify the peer, only those.
+    const int peer = 1 - r;
+    ASSERT_EQ(lr.notify_begin.size(), 5u);
+    for (int c = 0; c < 4; ++c) {
+      std::vector<int32_t> got(lr.notify_ranks.begin() + lr.notify_begin[static_cast<size_t>(c)],
+                               lr.notify_ranks.begin() + lr.notify_begin[static_cast<size_t>(c) + 1]);
+      bool read_by_peer = false;
+      for (const TransferDesc& d : L.ranks[static_cast<size_t>(peer)].transfers)
+        if (d.src_tensor == in && d.src_rank == r && d.src_row / 2 <= c && c <= (d.src_row + d.rows - 1) / 2)
+          read_by_peer = true;
+      EXPECT_EQ(got, read_by_peer ? std::vector<int32_t>{peer} : std::vector<int32_t>{}) << "rank " << r << " c " << c;
+    }
+    // Every write by the peer into this rank's `out` is waited for before `out` is read.
+    std::set<int32_t> want_finals;
+    for (const TransferDesc& d : L.ranks[static_cast<size_t>(peer)].transfers)
+      if (d.dst_tensor == out && d.dst_rank == r) want_finals.insert(d.signal);
+    std::set<int32_t> got_finals;
+    for (const WaitEntry& w : lr.final_waits) {
+      got_finals.insert(w.signal);
+      EXPECT_EQ(w.threshold, lr.signal_expected[static_cast<size_t>(w.signal)]);
+    }
+    EXPECT_EQ(got_finals, want_finals) << "rank " << r;
+    EXPECT_EQ(want_finals.empty(), !remote_output_writes) << p.name;
+    // Each signal has one producer: the rank whose transfers bump it.
+    ASSERT_EQ(lr.signal_producer.size(), lr.signal_expected.size());
+    for (int x = 0; x < 2; ++x)
+      for (const TransferDesc& d : L.ranks[static_cast<size_t>(x)].transfers)
+        if (d.signal_rank == r) {
+          EXPECT_EQ(lr.signal_producer[static_cast<size_t>(d.signal)], x);
+        }
+  }
+  // Tiles that read the tensor (the default) leave transfers without counter waits.
+  s.tiles_write = false;
+  for (const LoweredRank& lr : lower(p, s).ranks) EXPECT_TRUE(lr.counter_waits.empty());
+}
+
+TEST(PlanLowering, TileWrittenRowsAndOutputs) {
+  // 2 ranks, `in` 8 rows x 8 cols per rank. Direct reduce-scatter: each rank pulls the peer's
+  // block and reduces into its own `out` (no remote writes into an output); two-shot
+  // all-reduce: the second shot pushes into the peer's `out` (final waits).
+  SCOPED_TRACE("reduce-scatter direct");
+  check_tile_written_lowering(reduce_scatter(ReduceScatterAlgo::kDirect, 2, 4, 8), false);
+  SCOPED_TRACE("all-reduce two-shot");
+  check_tile_written_lowering(all_reduce(AllReduceAlgo::kTwoShot, 2, 8, 8), true);
 }

@@ -46,6 +46,10 @@ struct TileSchedule {
   std::vector<std::vector<Tile>> order;
   // counters[c]: notifies counter c receives per epoch on every rank.
   std::vector<int64_t> counters;
+  // Tiles write `tensor`'s rows (a GEMM whose output the plan's transfers read: reduce-scatter,
+  // all-reduce) instead of reading them (an all-gather feeding a GEMM). Lowering then makes the
+  // transfers that read those rows wait for the tiles' counters (LoweredRank::counter_waits).
+  bool tiles_write = false;
 
   int tiles_m() const { return static_cast<int>((rows + tile_rows - 1) / tile_rows); }
   int tiles_n() const { return static_cast<int>((cols + tile_cols - 1) / tile_cols); }
@@ -136,15 +140,39 @@ struct ClosedForm {
   std::pair<int, int> waits_of(int m, int64_t rows) const;
 };
 
+// A wait for a tile counter: counter `counter` of rank `rank`'s tiles, as this rank's copy of
+// it (counter slot rank * counters + counter of this rank's counter slab; the tiles' rank
+// bumps it here, TileEntry::notify + LoweredRank::notify_ranks), for epoch x threshold.
+struct CounterWait {
+  int32_t rank;
+  int32_t counter;
+  int64_t threshold;
+  bool operator==(const CounterWait&) const = default;
+};
+
 struct LoweredRank {
   std::vector<TileEntry> tiles;  // in the order workers take them
   std::vector<WaitEntry> tile_waits;
   std::vector<TransferDesc> transfers;  // in issue order
   std::vector<WaitEntry> transfer_waits;
+  // Tiles that write the schedule's tensor (TileSchedule::tiles_write): transfer i reads rows
+  // of it only after counter_waits[counter_wait_begin[i] .. counter_wait_begin[i + 1]).
+  std::vector<int32_t> counter_wait_begin;  // transfers + 1 offsets
+  std::vector<CounterWait> counter_waits;
+  // A tile notifying counter c bumps it on its own rank and on every rank of
+  // notify_ranks[notify_begin[c] .. notify_begin[c + 1]) (the ranks whose transfers wait for it).
+  std::vector<int32_t> notify_begin;  // counters + 1 offsets
+  std::vector<int32_t> notify_ranks;
+  // Signals guarding what other ranks' transfers write into this rank's output tensors (role
+  // output) where no tile waits for them: the output is complete once these are.
+  std::vector<WaitEntry> final_waits;
   // signal_map[old index] = lowered index on this rank. Lowering renumbers each rank's signals
   // so the ones tiles wait for come first, in the row order they guard.
   std::vector<int32_t> signal_map;
   std::vector<int64_t> signal_expected;  // by lowered index
+  // By lowered index: the one rank whose transfers bump the signal (-1: several or none), the
+  // peer a timed-out wait on it names.
+  std::vector<int32_t> signal_producer;
 };
 
 struct Lowered {
@@ -152,6 +180,8 @@ struct Lowered {
   std::vector<LoweredRank> ranks;
   std::vector<int64_t> counters;
   std::optional<ClosedForm> closed;  // set when the tables follow the formula exactly
+  // The largest signal count of any rank: the size of every rank's signal slab.
+  int32_t max_signals() const;
 };
 
 // Lowers a plan and its schedule (verify them first: lowering assumes a valid plan).
