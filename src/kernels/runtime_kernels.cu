@@ -1,7 +1,6 @@
 #include <nccl_device.h>
 
-#include <cstdlib>
-
+#include "weft/core/env.hpp"
 #include "weft/device/api.hpp"
 #include "weft/kernels/runtime_kernels.hpp"
 
@@ -59,10 +58,7 @@ cudaError_t device_barrier(const dev::DeviceCtx& c, dev::BarrierHandle bar, cuda
 }
 
 bool pdl_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("WEFT_PDL");
-    return !(v && v[0] == '0');
-  }();
+  static const bool on = tunable_value(tunables::kPdl) != 0;
   return on;
 }
 

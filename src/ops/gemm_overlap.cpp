@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gemm_overlap_plan.hpp"
+#include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ops/collectives.hpp"
 #include "weft/ops/gemm.hpp"
@@ -96,9 +97,9 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 std::string cache_path(const GemmOverlapConfig& c) {
   if (c.tune_cache == "-") return "";
   if (!c.tune_cache.empty()) return c.tune_cache;
-  if (const char* e = std::getenv("WEFT_TUNE_CACHE")) return std::string(e) == "-" ? "" : e;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/weft/gemm_overlap.json";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/weft/gemm_overlap.json";
+  if (const std::string e = tunable_text(tunables::kTuneCache); !e.empty()) return e == "-" ? "" : e;
+  if (auto x = env_var("XDG_CACHE_HOME"); x && !x->empty()) return *x + "/weft/gemm_overlap.json";
+  if (auto h = env_var("HOME"); h && !h->empty()) return *h + "/.cache/weft/gemm_overlap.json";
   return "";
 }
 
@@ -113,10 +114,10 @@ nlohmann::json read_cache(const std::string& path) {
   }
 }
 
+// The cost model's constants: WEFT_DEVICE_CONSTANTS's file, else those compiled into the
+// library (bench/constants/h200x2.json's values), whatever the working directory.
 plan::DeviceConstants device_constants() {
-  if (const char* p = std::getenv("WEFT_DEVICE_CONSTANTS")) return plan::load_device_constants(p);
-  if (std::ifstream("bench/constants/h200x2.json").good())
-    return plan::load_device_constants("bench/constants/h200x2.json");
+  if (const std::string p = tunable_text(tunables::kDeviceConstants); !p.empty()) return plan::load_device_constants(p);
   return plan::h200_constants();
 }
 
@@ -188,7 +189,7 @@ struct GemmOverlap::Impl {
   uint64_t rs_stage = 0;
   dev::SignalSlab rs_signals{};
   // ... the epoch guard without an SM (rs_memop_guard: the gathered inputs always, the reduce
-  // pass unless WEFT_RS_KERNEL_SYNC=1 or without stream memory operations): slot q = "rank q
+  // pass unless with SM copies or without stream memory operations): slot q = "rank q
   // began this call", a copy of `one` from q, waited for by a stream memory operation and reset
   // by the waiter (memop_guard). (A device-barrier kernel on the copy stream waited in graph
   // replays for an SM until the first GEMM's last wave, delaying the first copy.)
@@ -208,6 +209,7 @@ struct GemmOverlap::Impl {
   uint64_t f_epoch_off = 0;
   void* f_tables = nullptr;
   fused::FusedArgs f_args{};
+  fused::StatePtr f_state;  // the fused kernel's stream, events and tables (setup_gpu: make_state)
   int64_t f_epoch = 0;
   fused::TraceRecord* f_trace = nullptr;
   uint32_t* f_trace_count = nullptr;
@@ -215,11 +217,6 @@ struct GemmOverlap::Impl {
   // Transfers by SM copy kernels instead of the copy engine: WEFT_OVERLAP_ENGINE=sm, or after
   // the copy engine refused a pointer.
   bool sm_copies = false;
-  // WEFT_RS_KERNEL_SYNC=1 (comparisons): gemm_rs's reduce pass and cuBLASLt fold signal each
-  // piece by a signal kernel and the reduce pass waits in a wait kernel before the reduce, as
-  // before 2026-11-22 (default: the signal is a copy-engine copy of the call counter, the
-  // waits are met inside the reduce kernel).
-  bool rs_kernel_sync = false;
   // tracing
   std::vector<TimedEvent> timed;
   size_t timed_used = 0;
@@ -255,7 +252,6 @@ struct GemmOverlap::Impl {
   void gpu_decomposed(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   void gpu_fused(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   void gather_rs(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);  // RsFold::kGather
-  bool last_call_fused = false;  // the previous call ran the fused method (FusedArgs::follows_other)
   void begin(cudaStream_t s, bool tracing);
   size_t mark(cudaStream_t s, TraceKind kind, int64_t id, int lane, const char* lane_name, std::string name,
               bool tracing);
@@ -328,15 +324,14 @@ void GemmOverlap::Impl::validate() {
   c_cols = c.n;
 }
 
-// How gemm_rs decomposed meets the peers' partial products: WEFT_RS_FOLD=0|weft|lt forces one
-// (1 = weft); else the model's rule (default_rs_fold, gemm_overlap_model.cpp, with the
+// How gemm_rs decomposed meets the peers' partial products: WEFT_RS_FOLD=0|gather|lt|weft
+// forces one (1 = weft); auto, the model's rule (default_rs_fold, gemm_overlap_model.cpp, with the
 // measurements behind its thresholds). weft's fold needs its sm_90a GEMM and copy-engine
 // transfers (its GEMM holds every SM while it waits for the peers' pieces).
 RsFold GemmOverlap::Impl::choose_rs_fold(const OverlapModelInput& in, const plan::DeviceConstants& d) const {
 #ifdef WEFT_HAVE_CUDA
   if (cfg.op != GemmOp::kGemmRs || world < 2 || b.kind() != BackendKind::kNccl) return RsFold::kNone;
-  const char* e = std::getenv("WEFT_RS_FOLD");
-  const std::string force = e ? e : "";
+  const std::string force = tunable_text(tunables::kRsFold);
   if (force == "0") return RsFold::kNone;
   const bool weft_ok = !sm_copies && kernels::gemm_sm90_available();
   const bool gather_ok = world == 2 && !sm_copies && detail::stream_memops_available();
@@ -505,13 +500,6 @@ namespace {
 ncclDataType_t nccl_type(dev::DType t) { return t == dev::DType::kF16 ? ncclFloat16 : ncclBfloat16; }
 char* at(const void* p, uint64_t bytes) { return static_cast<char*>(const_cast<void*>(p)) + bytes; }
 
-// ag_gemm (decomposed and fused) reads this rank's own rows in place where the shape allows;
-// WEFT_AG_OWN_IN_PLACE=0 copies them into the gathered A instead (comparisons).
-bool own_rows_in_place_allowed() {
-  const char* e = std::getenv("WEFT_AG_OWN_IN_PLACE");
-  return !(e && e[0] == '0');
-}
-
 // Host tables packed into one device allocation, each 16-byte aligned: add() them in order,
 // upload() once (the caller frees the allocation), then table(dev, i) is the i-th one there.
 struct TableBlob {
@@ -594,9 +582,7 @@ void GemmOverlap::Impl::setup_gpu() {
     // the gathered buffer is left out (its signal is still given), where no transfer
     // forwards from the gathered buffer (the direct templates push from the input) and no
     // tile straddles the edge of the own rows (it would read gathered rows never copied).
-    // Measured (2xH200): that device-local copy is an SM kernel that ran 23-179 us before the
-    // first GEMM could start; without it 2487.6 / 679.0 / 1232.8 / 93.9 us instead of
-    // 2558.0 / 716.6 / 1375.4 / 112.6 on the ANCHORS shapes (docs/gemm_overlap.md).
+    // That device-local copy is an SM kernel the first GEMM waits behind (docs/gemm_overlap.md).
     const plan::LoweredRank& lr = ag.lowered.ranks[static_cast<size_t>(rank)];
     const int64_t own0 = rank * m_shard, own1 = own0 + m_shard;
     bool forwards = false, straddles = false;
@@ -605,7 +591,7 @@ void GemmOverlap::Impl::setup_gpu() {
       const int64_t r0 = int64_t{t.m} * ag.schedule.tile_rows, r1 = std::min(cfg.m, r0 + ag.schedule.tile_rows);
       straddles |= r0 < own1 && r1 > own0 && (r0 < own0 || r1 > own1);
     }
-    ag_own_in_place = own_rows_in_place_allowed() && !forwards && !straddles;
+    ag_own_in_place = !forwards && !straddles;
   } else if (cfg.op == GemmOp::kGemmRs) {
     rs_stage = heap.alloc_bytes(static_cast<size_t>(world) * m_shard * cfg.n * eb, tag + ".decomposed.staging");
     rs_signals = heap.alloc_signals(static_cast<uint32_t>(world * chunks), tag + ".decomposed.signals");
@@ -614,8 +600,8 @@ void GemmOverlap::Impl::setup_gpu() {
       ev_recv.resize(static_cast<size_t>(chunks));
       for (auto& e : ev_recv) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
-    rs_memop_guard = rs_fold == RsFold::kGather || (rs_fold == RsFold::kNone && world > 1 && !sm_copies &&
-                                                    !rs_kernel_sync && detail::stream_memops_available());
+    rs_memop_guard = rs_fold == RsFold::kGather ||
+                     (rs_fold == RsFold::kNone && world > 1 && !sm_copies && detail::stream_memops_available());
     if (rs_memop_guard) {
       rs_guard = heap.alloc_signals(static_cast<uint32_t>(world), tag + ".decomposed.guard");
       WEFT_CUDA_CHECK(cudaMalloc(&one, sizeof(uint64_t)));
@@ -693,9 +679,10 @@ void GemmOverlap::Impl::setup_gpu() {
       f_tensor_off.push_back(
           heap.alloc_bytes(static_cast<size_t>(x.rows * x.cols * x.elem_bytes), tag + ".fused." + x.name));
     f_signals = heap.alloc_signals(static_cast<uint32_t>(fp.max_signals), tag + ".fused.signals");
-    // The plan's tile counters, plus what the GPU fused kernel keeps beside them: its reduce
-    // chain's counters (<= one per 128-row block and owner) and two slots per rank.
-    const int fused_extra = static_cast<int>((cfg.m + 127) / 128) + 4 * world;
+    // The plan's tile counters, plus what the GPU fused gemm_rs keeps beside them: its piece
+    // counters, (2 world - 1) x pieces per rank's block, pieces <= the block's 128-row blocks.
+    const int fused_extra =
+        cfg.op == GemmOp::kGemmRs ? static_cast<int>((2 * world - 1) * ceil_div(m_shard, 128)) : 0;
     f_counters = heap.alloc_signals(static_cast<uint32_t>(std::max(1, world * fp.tiles_m) + fused_extra),
                                     tag + ".fused.counters");
     f_barrier = heap.alloc_barrier(tag + ".fused.barrier");
@@ -756,11 +743,12 @@ void GemmOverlap::Impl::setup_gpu() {
     A.counters = f_counters;
     A.barrier = f_barrier;
     A.epoch_off = f_epoch_off;
-    A.own_rows_in_place = own_rows_in_place_allowed() ? 1 : 0;
     A.stage_off = cfg.op == GemmOp::kGemmRs ? rs_stage : 0;
     f_trace_capacity = static_cast<uint32_t>(lr.tiles.size() + lr.transfers.size() + 64);
     WEFT_CUDA_CHECK(cudaMalloc(&f_trace, f_trace_capacity * sizeof(fused::TraceRecord)));
     WEFT_CUDA_CHECK(cudaMalloc(&f_trace_count, sizeof(uint32_t)));
+    A.ctx = b.ctx();
+    f_state = fused::make_state(A);
   }
 }
 
@@ -1068,7 +1056,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
           // The signal by the copy engine where it takes peer pointers: no SM needed while a
           // GEMM holds them all (the peer's folded GEMM -- always so for weft's fold, whose
           // GEMM waits for it holding every SM; this rank's own block, before the reduce pass).
-          if (rs_fold == RsFold::kWeft || (!sm_copies && !rs_kernel_sync))
+          if (rs_fold == RsFold::kWeft || !sm_copies)
             put_count(p, sig_off, cs);
           else
             signal(p, sig_off, 1, cs);
@@ -1076,8 +1064,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
             // The wait for the peer's piece j on this stream, after this rank's own piece j
             // went out (the peer's is due about then: a short spin), the compute stream
             // joining it by an event: between the compute stream's cuBLAS GEMMs only the
-            // launch gap stays (2.9 us, against 6.5-7.4 with a wait kernel there; 2xH200,
-            // 2026-11-22, bench/results/gemm_rs-probe-20261122/README.md section 7). (The
+            // launch gap stays, not a wait kernel (docs/gemm_overlap.md, cuBLASLt fold). (The
             // reduce pass meets its waits inside the reduce kernel, below.)
             wait_list(cs, {{p, rs_signals.at(static_cast<uint32_t>(p * chunks + static_cast<int>(j))), 1}});
             WEFT_CUDA_CHECK(cudaEventRecord(ev_recv[j], cs));
@@ -1090,7 +1077,6 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
         for (int q = 0; q < world; ++q)
           if (q != rank) ga.src[ga.num_src++] = stage_local + slot_bytes * static_cast<uint64_t>(q);
         ga.ld_src = N;
-        if (const char* e = std::getenv("WEFT_RS_FOLD_CTAS")) ga.ctas = std::atoi(e);  // experiments
         // Row blocks in piece order (a raster group per piece, <= 16 blocks), so the first
         // waves need the first pieces only.
         ga.group_m = static_cast<int>(std::clamp<int64_t>(
@@ -1099,15 +1085,8 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
         h.ctx = ctx;
         // Waits before each tile's main loop (not wait_at_epilogue): the peers' pieces were
         // computed before this GEMM and have mostly landed, and the first source half then
-        // loads early under the main loop. (With the waits at the epilogue the fold measured
-        // 1.13x the GEMM alone at 8192x8192x14336, against 1.08x before: no gain, 2026-11-22.)
-        // Timing experiments only (wrong results): WEFT_RS_FOLD_DEBUG=nosrc|nowait|none drops
-        // the epilogue sources, the waits, or both.
-        if (const char* e = std::getenv("WEFT_RS_FOLD_DEBUG")) {
-          const std::string d = e;
-          if (d == "nosrc" || d == "none") ga.num_src = 0;
-          if (d == "nowait" || d == "none") h.wait_begin = nullptr;
-        }
+        // loads early under the main loop (waits at the epilogue measured slower:
+        // docs/gemm_overlap.md, "Folded into weft's GEMM").
         // Not before this rank's epoch barrier has run: the peers' pushes wait for it, and
         // this GEMM, waiting for them, holds every SM.
         WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_guard, 0));
@@ -1141,7 +1120,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
               waits.emplace_back(q, rs_signals.at(static_cast<uint32_t>(q * chunks + static_cast<int>(j))), 1);
           // The waits inside the reduce kernel (one launch after the own block's GEMM, not a
           // wait kernel and then the reduce), unless there are more than one kernel's list.
-          const bool in_kernel = !rs_kernel_sync && waits.size() <= static_cast<size_t>(kernels::kOverlapListMax);
+          const bool in_kernel = waits.size() <= static_cast<size_t>(kernels::kOverlapListMax);
           if (!in_kernel) wait_list(s, waits);
           const kernels::OverlapWaits w = in_kernel ? overlap_waits(waits) : kernels::OverlapWaits{};
           x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev + 1 + j), 0, "compute stream",
@@ -1239,7 +1218,6 @@ void GemmOverlap::Impl::gpu_fused(const void* a, const void* bp, void* c, cudaSt
   A.b = bp;
   A.c = c;
   A.epoch = ++f_epoch;
-  A.follows_other = last_call_fused ? 0 : 1;
   A.ctx = b.ctx();
   A.stream = s;
   A.trace = nullptr;
@@ -1252,7 +1230,7 @@ void GemmOverlap::Impl::gpu_fused(const void* a, const void* bp, void* c, cudaSt
     A.trace_capacity = f_trace_capacity;
   }
   try {
-    fused::run_fused(A);
+    fused::run_fused(A, *f_state);
   } catch (...) {
     --f_epoch;  // nothing was enqueued
     throw;
@@ -1275,7 +1253,10 @@ void GemmOverlap::Impl::gpu_fused(const void* a, const void* bp, void* c, cudaSt
 
 void GemmOverlap::Impl::run_gpu(GemmMethod m, const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
   if (m == GemmMethod::kFused) {
-    if (!fused_gpu) fused::run_fused(fused::FusedArgs{});  // the stub's error, whatever it says
+    if (!fused_gpu)
+      throw Error(fmt::format("{}: the fused method on GPUs {}", to_string(cfg.op),
+                              fused::fused_available() ? "runs ag_gemm and gemm_rs only (docs/gemm_overlap.md)"
+                                                       : "needs an sm_90 GPU (weft's GEMM)"));
     return gpu_fused(a, bp, c, s, tracing);
   }
   begin(s, tracing);
@@ -1365,13 +1346,7 @@ GemmOverlap::GemmOverlap(Backend& backend, const GemmOverlapConfig& config)
   if (backend.kind() == BackendKind::kNccl) {
     I.fused_gpu =
         fused::fused_available() && fused::fused_supports(static_cast<fused::Op>(static_cast<int32_t>(config.op)));
-    if (const char* e = std::getenv("WEFT_OVERLAP_ENGINE")) {
-      WEFT_REQUIRE(std::string(e) == "sm" || std::string(e) == "copy_engine",
-                   fmt::format("WEFT_OVERLAP_ENGINE={}: expected sm or copy_engine", e));
-      I.sm_copies = std::string(e) == "sm";
-    }
-    const char* ks = std::getenv("WEFT_RS_KERNEL_SYNC");
-    I.rs_kernel_sync = ks && std::string(ks) == "1";
+    I.sm_copies = tunable_text(tunables::kOverlapEngine) == "sm";
   }
 #endif
   I.decide(I.available());
@@ -1407,7 +1382,6 @@ void GemmOverlap::run(const void* a, const void* b, void* c, const GemmRunOption
   if (I.b.kind() == BackendKind::kHost) return I.run_host(m, a, b, c, opt.trace);
 #ifdef WEFT_HAVE_CUDA
   I.run_gpu(m, a, b, c, static_cast<cudaStream_t>(opt.stream), opt.trace);
-  I.last_call_fused = m == GemmMethod::kFused;
 #endif
 }
 

@@ -15,14 +15,9 @@
 //   into an outbox, each piece copied to its owner as soon as its tiles are in (a 1-thread
 //   wait on a counter the tiles notify); then the own block's tiles, which add the
 //   peers' pieces in their epilogue (GEMM sources) after waiting for them, straight into C.
-// WEFT_FUSED_RS=1 (comparisons): gemm_rs and gemm_ar as a reduce chain through the epilogue:
-//   at step i this rank computes the rows owned by rank o = (r + i + 1) % W (128-row blocks,
-//   never shared by two owners within one launch: see chain_of); step 0 stores its partial
-//   tiles straight into o's output (TMA store to a peer), later steps wait for the previous
-//   contributor's notify of the same row block and reduce-add (TMA reduce-add) into it, the
-//   last step (o = r) ends the chain on this rank. gemm_ar then pushes each owner's rows to
-//   every rank's output (copy engine). The chain waits on the host's call count: not
-//   replayable.
+// gemm_ar has no fused method on GPUs (decomposed runs it).
+// The per-op State (side stream, events, device tables) is built once by make_state, at the
+// op's set-up, and owned by the op (GemmOverlap): destroying the op frees it.
 #include "weft/ops/gemm_overlap_fused.hpp"
 
 #include <cuda.h>
@@ -31,17 +26,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
-#include <tuple>
 #include <vector>
 
-#include "stream_memops.hpp"
 #include "weft/core/cuda_check.hpp"
+#include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
 #include "weft/kernels/gemm.hpp"
 #include "weft/kernels/gemm_overlap_kernels.hpp"
@@ -66,6 +58,8 @@ T* upload(const std::vector<T>& h) {
   return d;
 }
 
+}  // namespace
+
 // Host copy of the plan rows an op needs, and the GEMM's per-position tables (device).
 struct State {
   cudaStream_t side = nullptr;
@@ -81,7 +75,7 @@ struct State {
   // left out (its signal still written).
   bool own_in_place = false;
   int64_t own_row0 = 0, own_rows = 0;
-  int cluster = 1;  // ag_gemm: 2 where the order table pairs M-blocks for CTA pairs
+  int cluster = 1;  // 2 where the order table pairs M-blocks for CTA pairs
   // GEMM tables
   int positions = 0;
   int32_t* order = nullptr;
@@ -93,25 +87,21 @@ struct State {
   int32_t* notify_idx = nullptr;
   int32_t* notify_rank = nullptr;
   uint64_t* trace = nullptr;
-  int done_base = 0;              // gemm_rs/gemm_ar: first counter after the reduce chain's
   std::vector<int64_t> chunk_id;  // per pair of chunk_ev: the trace id of that copy
   // gemm_rs, copy-engine fold (build_rs_ce): pieces per peer block, rows per piece, the
   // counters' layout, and whether the GEMM is one launch over all M (else one per block).
-  bool ce_fold = false;
-  bool direct = false;  // gemm_rs, direct stores (build_rs_direct)
   int pieces = 0;
   int64_t piece_rows = 0;
   int recv_base = 0;                     // counters [0, recv_base): local piece counts
   std::vector<uint64_t> piece_notifies;  // per piece: notifies its tiles give (2 per tile)
   int32_t* own_wait_begin = nullptr;     // the own block's waits, per M-block of its launch
-  // gemm_rs/gemm_ar: the GEMM launches (in chain order) and each owner's rows.
+  // gemm_rs: the GEMM launches, peers' blocks first.
   struct Launch {
-    int owner;      // -1: one launch over all M (a destination per owner); else that owner's rows only
+    int owner;      // -1: one launch over all M; else that rank's block only
     int pos_begin;  // first position of the launch in the tables above
     int positions;
   };
   std::vector<Launch> launches;
-  std::vector<int64_t> owner_row0, owner_rows;
 
   State() = default;
   State(const State&) = delete;
@@ -129,24 +119,9 @@ struct State {
   }
 };
 
-std::mutex g_mu;
-// Keyed by everything that identifies one op instance: an op destroyed and a new one
-// created may get the same table pointer from cudaMalloc, never the same whole key with the
-// same heap offsets unless it is the same shape on the same state.
-using StateKey = std::tuple<const void*, const void*, int, int64_t, int64_t, int64_t, uint64_t, uint64_t, int>;
-std::map<StateKey, std::unique_ptr<State>> g_states;
+namespace {
 
 uint64_t slot_off(const FusedArgs& A, int idx) { return A.counters.at(static_cast<uint32_t>(idx)); }
-
-// WEFT_FUSED_RS=1: gemm_rs and gemm_ar run the reduce chain (below; slower than decomposed,
-// waits on the host's call count, so not CUDA-graph replayable): comparisons only.
-// An experiment's switch: the variable is exactly "1".
-bool env_is_1(const char* name) {
-  const char* e = std::getenv(name);
-  return e && e[0] == '1' && e[1] == '\0';
-}
-
-bool fused_rs_chain() { return env_is_1("WEFT_FUSED_RS"); }
 
 // Positions over row blocks `blocks` (in that order) and every N-block: groups of `group`
 // consecutive row blocks (8 for single CTAs; 16, even, for CTA pairs, so positions 2q, 2q+1
@@ -197,12 +172,10 @@ kernels::GemmArgs gemm_args(const FusedArgs& A, const void* a, int64_t lda) {
 
 // The schedule, waits, destinations and notifies from `st` for the launch whose positions
 // start at `pos_begin` (wait_begin entries are absolute offsets into the wait tables, which
-// are shared), thresholds scaled by the call's epoch; waits and notifies on `sig_off`.
-// With `device_epoch` the scale is this rank's call counter in device memory (A.epoch_off,
-// advanced on the stream by every call: CUDA-graph replays wait for new data), else the
-// host's call number (the reduce chain: not replayable).
-kernels::GemmHooks gemm_hooks(const FusedArgs& A, const State& st, uint64_t sig_off, int pos_begin = 0,
-                              bool device_epoch = false) {
+// are shared); waits and notifies on `sig_off`. Thresholds scale by this rank's call counter
+// in device memory (A.epoch_off, advanced on the stream by every call: CUDA-graph replays
+// wait for new data).
+kernels::GemmHooks gemm_hooks(const FusedArgs& A, const State& st, uint64_t sig_off, int pos_begin = 0) {
   auto from = [pos_begin](auto* table) { return table ? table + pos_begin : table; };
   kernels::GemmHooks h;
   h.ctx = A.ctx;
@@ -212,8 +185,7 @@ kernels::GemmHooks gemm_hooks(const FusedArgs& A, const State& st, uint64_t sig_
   h.wait_val = st.wait_val;
   h.wait_peer = st.wait_peer;
   h.wait_off = sig_off;
-  h.wait_scale = static_cast<uint64_t>(A.epoch);
-  if (device_epoch) h.wait_scale_dev = A.ctx.ptr<const uint64_t>(A.ctx.rank, A.epoch_off);
+  h.wait_scale_dev = A.ctx.ptr<const uint64_t>(A.ctx.rank, A.epoch_off);
   h.dest = from(st.dest);
   h.notify_idx = from(st.notify_idx);
   h.notify_rank = from(st.notify_rank);
@@ -258,7 +230,7 @@ const uint64_t* begin_call(const FusedArgs& A, State& st, cudaStream_t s) {
 // Sets signal `off` on rank `peer` to this rank's call count, in stream order after the
 // transfers it guards: an 8-byte copy from the device counter (copy engine: no SM needed,
 // and a graph replay writes the new count). A 1-thread kernel adding 1 instead measured the
-// same (2xH200, 2026-11-22 08:49; docs/gemm_overlap.md).
+// same (docs/gemm_overlap.md).
 void set_count(const FusedArgs& A, int peer, uint64_t off, const uint64_t* epoch, cudaStream_t q) {
   WEFT_CUDA_CHECK(
       cudaMemcpyAsync(A.ctx.ptr<uint64_t>(peer, off), epoch, sizeof(uint64_t), cudaMemcpyDeviceToDevice, q));
@@ -282,9 +254,9 @@ void build_ag(const FusedArgs& A, State& st) {
     WEFT_REQUIRE(t.src_rank == A.ctx.rank,
                  fmt::format("fused ag_gemm: chunk {} is read from rank {}", t.chunk, t.src_rank));
   }
-  // Own rows in place: where the op allows it, the plan copies them from the input into the
+  // Own rows in place: where the plan copies them from the input into the
   // gathered A and they sit on whole 128-row blocks (a2's rule). Measured: that device-local
-  // copy is an SM kernel that ran 23-179 us before the GEMM could start (docs/gemm_overlap.md).
+  // copy is an SM kernel the GEMM would wait behind (docs/gemm_overlap.md).
   {
     const int me = A.ctx.rank;
     st.own_rows = A.m / world;
@@ -295,7 +267,7 @@ void build_ag(const FusedArgs& A, State& st) {
       if (t.dst_rank == me)
         ok = ok && t.src_tensor == A.input_tensor && t.dst_tensor == A.gemm_tensor && t.dst_row >= st.own_row0 &&
              t.dst_row + t.rows <= st.own_row0 + st.own_rows;
-    st.own_in_place = ok && A.own_rows_in_place != 0;
+    st.own_in_place = ok;
   }
   // Signals hold the call count (copied from the device counter A.epoch_off after the last
   // transfer of the call that writes them: graph replays write new values), so a wait is
@@ -342,8 +314,8 @@ void build_ag(const FusedArgs& A, State& st) {
   }
   WEFT_REQUIRE(static_cast<int>(block_order.size()) == tiles_m, "fused ag_gemm: the plan's tiles miss row blocks");
   // Own rows read in place: nothing moves them, so the GEMM waits for none of their signals
-  // (nor does the main stream set them: an 8-byte copy there cost ~13 us before the GEMM,
-  // 2xH200 trace of 2026-11-22).
+  // (nor does the main stream set them: an 8-byte copy there delayed the GEMM in a trace,
+  // docs/gemm_overlap.md).
   std::set<int32_t> local_sigs;
   if (st.own_in_place)
     for (const auto& t : st.transfers)
@@ -363,14 +335,12 @@ void build_ag(const FusedArgs& A, State& st) {
   };
   // CTA pairs (B multicast to two M-blocks of one N-block; the plain GEMM's default, measured
   // faster under load: docs/gemm.md) on consecutive blocks of the arrival order, an odd count
-  // padded with a phantom block; groups of 16 blocks, N-blocks outer. WEFT_FUSED_PAIRS=0:
-  // single CTAs, groups of 8.
-  const char* pairs_env = std::getenv("WEFT_FUSED_PAIRS");
-  st.cluster = pairs_env && pairs_env[0] == '0' ? 1 : 2;
+  // padded with a phantom block; groups of 16 blocks, N-blocks outer.
+  st.cluster = 2;
   // Segments: runs of blocks that wait for the same peers (this rank's own rows, then each
   // peer's shard as the plan orders them). Grouping across a boundary put the peer's tiles into
-  // the first wave, waiting for data, when a shard is smaller than a group (ag_gemm
-  // 2048x4096x4096 on 2 ranks: 8 own blocks, groups of 16; 2xH200, 2026-11-22). With CTA
+  // the first wave, waiting for data, when a shard is smaller than a group (e.g. 8 own blocks,
+  // groups of 16: docs/gemm_overlap.md). With CTA
   // pairs a segment ends on an even position (a pair never spans two M-block sets of
   // different arrival, except the one straddling an odd boundary).
   auto segment_ends = [&](const std::vector<int>& blocks, size_t align) {
@@ -390,13 +360,9 @@ void build_ag(const FusedArgs& A, State& st) {
     ends.push_back(blocks.size());
     return ends;
   };
-  if (st.cluster == 2) {
-    std::vector<int> blocks = block_order;
-    if (blocks.size() % 2) blocks.push_back(tiles_m);  // the phantom
-    grouped(blocks, tiles_n, emit, 16, segment_ends(blocks, 2));
-  } else {
-    grouped(block_order, tiles_n, emit, 8, segment_ends(block_order, 1));
-  }
+  std::vector<int> blocks = block_order;
+  if (blocks.size() % 2) blocks.push_back(tiles_m);  // the phantom
+  grouped(blocks, tiles_n, emit, 16, segment_ends(blocks, 2));
   upload_schedule(st, order, wbegin, widx, wpeer, wait_per_epoch);
 }
 
@@ -440,203 +406,8 @@ void run_ag(const FusedArgs& A, State& st, cudaStream_t s) {
     g.a2_rows = st.own_rows;
   }
   if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.gemm_ev, s));
-  launch_gemm(g, gemm_hooks(A, st, A.signals.offset, 0, true), s, "ag_gemm");
+  launch_gemm(g, gemm_hooks(A, st, A.signals.offset), s, "ag_gemm");
   WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, st.join, 0));
-}
-
-// ---- gemm_rs / gemm_ar: the reduce chain in the epilogue ----------------------------------
-// Every owner's rows are whole 128-row GEMM blocks of the launch that computes them: the
-// kernel runs exactly gemm_positions(m, n) positions (tiles_m x tiles_n of ITS m), so a table
-// that names one M-block twice (a block straddling two owners, computed once per owner) is
-// silently cut short -- that dropped the owner's own step (the chain's last contribution) in
-// the 10 x 13 case. Hence:
-//  - gemm_ar: owners get whole 128-row blocks (balanced; the last block may be partial, and an
-//    owner may get none when M < 128 x world): one launch, no straddling, any M;
-//  - gemm_rs (the op fixes owner o's rows at [o M/W, (o+1) M/W)): when M/W is a multiple of
-//    128 (or world is 1), one launch as above; otherwise one launch per chain step, over the
-//    owner's rows only (A offset to them, owner-relative blocks), so again no block is shared.
-// Counters: per owner o, one per block of o (index base[o] + b), then `world` done-slots and
-// `world` ready-slots.
-struct Part {
-  int64_t row0 = 0, rows = 0;  // the owner's global rows
-  int first_block = 0;         // single launch: global block of row0 (row0 % 128 == 0); per owner: 0
-  int blocks = 0;              // 128-row blocks of the owner's rows
-  int base = 0;                // first counter
-};
-struct Chain {
-  std::vector<Part> owner;
-  int total = 0;
-  bool per_owner = false;  // one GEMM launch per chain step (gemm_rs with M/W not a multiple of 128)
-};
-Chain chain_of(const FusedArgs& A) {
-  const int world = A.ctx.world;
-  constexpr int64_t TM = kernels::kGemmTileM;
-  Chain c;
-  c.owner.resize(static_cast<size_t>(world));
-  if (A.op == Op::kGemmRs) {
-    WEFT_REQUIRE(A.m % world == 0, fmt::format("fused gemm_rs: M = {} is not a multiple of {} ranks", A.m, world));
-    const int64_t ms = A.m / world;
-    c.per_owner = world > 1 && ms % TM != 0;
-    for (int o = 0; o < world; ++o) {
-      Part& p = c.owner[static_cast<size_t>(o)];
-      p.row0 = o * ms;
-      p.rows = ms;
-      p.blocks = static_cast<int>((ms + TM - 1) / TM);
-      p.first_block = c.per_owner ? 0 : static_cast<int>(p.row0 / TM);
-    }
-  } else {
-    const int64_t tm = (A.m + TM - 1) / TM;
-    for (int o = 0; o < world; ++o) {
-      Part& p = c.owner[static_cast<size_t>(o)];
-      const int64_t b0 = o * tm / world, b1 = (o + 1) * tm / world;
-      p.first_block = static_cast<int>(b0);
-      p.blocks = static_cast<int>(b1 - b0);
-      p.row0 = std::min(A.m, b0 * TM);
-      p.rows = std::min(A.m, b1 * TM) - p.row0;
-    }
-  }
-  for (auto& p : c.owner) {
-    p.base = c.total;
-    c.total += p.blocks;
-  }
-  return c;
-}
-
-void build_rs(const FusedArgs& A, State& st) {
-  const int me = A.ctx.rank, world = A.ctx.world;
-  const char* op = A.op == Op::kGemmAr ? "gemm_ar" : "gemm_rs";
-  const int tiles_n = kernels::gemm_tiles_n(static_cast<int>(A.n));
-  const Chain ch = chain_of(A);
-  WEFT_REQUIRE(ch.per_owner || world <= kernels::kGemmMaxDests,
-               fmt::format("fused {}: at most {} ranks", op, kernels::kGemmMaxDests));
-  st.done_base = ch.total;
-  st.owner_row0.clear();
-  st.owner_rows.clear();
-  for (const auto& p : ch.owner) {
-    st.owner_row0.push_back(p.row0);
-    st.owner_rows.push_back(p.rows);
-  }
-  const int need = ch.total + 2 * world;
-  WEFT_REQUIRE(static_cast<int64_t>(A.counters.count) >= need,
-               fmt::format("fused {}: {} counters, need {}", op, A.counters.count, need));
-  std::vector<int32_t> order, wbegin{0}, widx, wpeer, nidx, nrank;
-  std::vector<uint64_t> wait_per_epoch;
-  std::vector<int8_t> dest;
-  st.launches.clear();
-  for (int i = 0; i < world; ++i) {
-    const int o = (me + i + 1) % world;
-    const Part& part = ch.owner[static_cast<size_t>(o)];
-    if (ch.per_owner && part.blocks > 0) st.launches.push_back({o, static_cast<int>(order.size()), 0});
-    std::vector<int> blocks(static_cast<size_t>(part.blocks));
-    for (int b = 0; b < part.blocks; ++b) blocks[static_cast<size_t>(b)] = part.first_block + b;
-    grouped(blocks, tiles_n, [&](int mb, int nb, size_t b) {
-      const int counter = part.base + static_cast<int>(b);
-      order.push_back(mb * tiles_n + nb);
-      // Single launch: destination o (c[o]); per owner: the launch's only destination.
-      const int d = ch.per_owner ? 0 : o;
-      dest.push_back(static_cast<int8_t>(d | (i > 0 ? kernels::kGemmDestReduce : 0)));
-      if (i > 0) {  // after the previous contributor's (rank me+1, step i-1) whole row block
-        widx.push_back(counter);
-        wait_per_epoch.push_back(static_cast<uint64_t>(kernels::kGemmNotifyPerTile * tiles_n));
-        wpeer.push_back((me + 1) % world);
-      }
-      wbegin.push_back(static_cast<int32_t>(widx.size()));
-      // The next contributor of o's rows is rank me-1 (its step i+1); the owner's own step ends the chain.
-      nidx.push_back(i < world - 1 ? counter : -1);
-      nrank.push_back((me - 1 + world) % world);
-    });
-    if (ch.per_owner && part.blocks > 0)
-      st.launches.back().positions = static_cast<int>(order.size()) - st.launches.back().pos_begin;
-  }
-  if (!ch.per_owner) st.launches.push_back({-1, 0, static_cast<int>(order.size())});
-  // Every launch's table must be exactly what the kernel runs: gemm_positions() of its m.
-  for (const auto& l : st.launches) {
-    const int64_t m = l.owner < 0 ? A.m : ch.owner[static_cast<size_t>(l.owner)].rows;
-    const int kernel_positions = kernels::gemm_positions(static_cast<int>(m), static_cast<int>(A.n), 1);
-    WEFT_REQUIRE(l.positions == kernel_positions,
-                 fmt::format("fused {}: a launch's table has {} positions, the GEMM runs {} (M = {}, N = {})", op,
-                             l.positions, kernel_positions, m, A.n));
-  }
-  upload_schedule(st, order, wbegin, widx, wpeer, wait_per_epoch);
-  st.dest = upload(dest);
-  st.notify_idx = upload(nidx);
-  st.notify_rank = upload(nrank);
-}
-
-void run_rs(const FusedArgs& A, State& st, cudaStream_t s) {
-  const int me = A.ctx.rank, world = A.ctx.world;
-  const int64_t e = A.epoch;
-  const size_t eb = 2;
-  const bool ar = A.op == Op::kGemmAr;
-  const char* op = ar ? "gemm_ar" : "gemm_rs";
-  const TensorDesc& out = st.tensors[static_cast<size_t>(A.output_tensor)];
-  if (ar)
-    WEFT_REQUIRE(out.rows == A.m && out.cols == A.n, "fused gemm_ar: the plan's output is not [M x N]");
-  else
-    WEFT_REQUIRE(out.rows == A.m / world && out.cols == A.n, "fused gemm_rs: the plan's output is not [M/world x N]");
-  // Where owner o's rows live: gemm_rs: o's output is [M/W x N], o's rows only; gemm_ar: [M x N]
-  // (an owner without rows: the base; it is never a destination).
-  auto owner_c = [&](int o) {
-    const auto u = static_cast<size_t>(o);
-    const int64_t r0 = ar && st.owner_rows[u] > 0 ? st.owner_row0[u] : 0;
-    return A.ctx.ptr<char>(o, out.offset) + static_cast<size_t>(r0 * A.n) * eb;
-  };
-  // Epoch guard: every rank has copied its output of call e-1 out (and, gemm_ar, received
-  // every push of e-1) before this call's chain writes into it.
-  const int done_base = st.done_base;  // counters [.., + world): "rank p finished call e"
-  if (e > 1)
-    for (int p = 0; p < world; ++p)
-      if (p != me)
-        detail::stream_wait_geq(s, A.ctx.ptr<uint64_t>(me, slot_off(A, done_base + p)), static_cast<uint64_t>(e - 1));
-  if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.gemm_ev, s));
-  for (const auto& l : st.launches) {
-    kernels::GemmArgs g;
-    if (l.owner < 0) {  // one launch over all M, a destination per owner
-      g = gemm_args(A, A.a, A.k_local);
-      g.num_dests = world;
-      for (int o = 0; o < world; ++o) {
-        const int64_t rows = st.owner_rows[static_cast<size_t>(o)];
-        g.c[o] = owner_c(o);
-        g.c_row0[o] = rows > 0 ? st.owner_row0[static_cast<size_t>(o)] : 0;
-        g.c_rows[o] = rows > 0 ? rows : 1;  // an owner without rows is never a destination
-      }
-    } else {  // one chain step: the owner's rows only
-      const auto u = static_cast<size_t>(l.owner);
-      const int64_t r0 = st.owner_row0[u], rows = st.owner_rows[u];
-      g = gemm_args(A, static_cast<const char*>(A.a) + static_cast<size_t>(r0 * A.k_local) * eb, A.k_local);
-      g.m = static_cast<int>(rows);
-      g.num_dests = 1;
-      g.c[0] = owner_c(l.owner);
-      g.c_row0[0] = 0;
-      g.c_rows[0] = rows;
-    }
-    launch_gemm(g, gemm_hooks(A, st, A.counters.offset, l.pos_begin), s, op);
-  }
-  const int64_t my_rows = st.owner_rows[static_cast<size_t>(me)];
-  char* mine = owner_c(me);
-  const size_t my_bytes = static_cast<size_t>(my_rows * A.n) * eb;
-  if (!ar) {
-    WEFT_CUDA_CHECK(cudaMemcpyAsync(A.c, mine, my_bytes, cudaMemcpyDeviceToDevice, s));
-  } else {
-    // gemm_ar: this rank's reduced rows go to the same rows of every rank's output (copy
-    // engine), then each rank copies its whole output to C once every rank's rows are in.
-    const int ready_base = done_base + world;  // counters [.., + world): "rank p's rows are in your C"
-    const size_t my_off = static_cast<size_t>(st.owner_row0[static_cast<size_t>(me)] * A.n) * eb;
-    for (int p = 0; p < world; ++p) {
-      if (p == me) continue;
-      if (my_bytes)
-        WEFT_CUDA_CHECK(
-            cudaMemcpyAsync(A.ctx.ptr<char>(p, out.offset) + my_off, mine, my_bytes, cudaMemcpyDeviceToDevice, s));
-      detail::stream_write(s, A.ctx.ptr<uint64_t>(p, slot_off(A, ready_base + me)), static_cast<uint64_t>(e));
-    }
-    for (int p = 0; p < world; ++p)
-      if (p != me)
-        detail::stream_wait_geq(s, A.ctx.ptr<uint64_t>(me, slot_off(A, ready_base + p)), static_cast<uint64_t>(e));
-    WEFT_CUDA_CHECK(cudaMemcpyAsync(A.c, A.ctx.ptr<char>(me, out.offset), static_cast<size_t>(A.m * A.n) * eb,
-                                    cudaMemcpyDeviceToDevice, s));
-  }
-  for (int p = 0; p < world; ++p)
-    if (p != me) detail::stream_write(s, A.ctx.ptr<uint64_t>(p, slot_off(A, done_base + me)), static_cast<uint64_t>(e));
 }
 
 // ---- gemm_rs: the copy-engine fold ---------------------------------------------------------
@@ -653,8 +424,8 @@ void run_rs(const FusedArgs& A, State& st, cudaStream_t s) {
 // the device call counter. Counters: [0, (world-1) * pieces) local piece counts; [recv_base, + world * pieces)
 // "rank q's piece j is in my slot q".
 int pick_pieces(int blocks, int tiles_n, int ctas) {
-  if (const char* e = std::getenv("WEFT_FUSED_RS_PIECES"); e && std::atoi(e) > 0)  // experiments
-    return std::min(blocks, std::atoi(e));
+  if (const int64_t forced = tunable_value(tunables::kFusedRsPieces); forced > 0)
+    return static_cast<int>(std::min<int64_t>(blocks, forced));
   // Pieces of >= 8 M-blocks (a wave of CTAs then reads few B tiles: the raster's L2 reuse),
   // at most 8, dividing the block's M-blocks evenly; one where a block is about a wave.
   int want = std::clamp(blocks / 8, 1, 8);
@@ -674,7 +445,6 @@ void build_rs_ce(const FusedArgs& A, State& st) {
   const int tiles_n = kernels::gemm_tiles_n(static_cast<int>(A.n));
   const int blocks = static_cast<int>((ms + TM - 1) / TM);  // GEMM M-blocks per rank's block
   const bool single = ms % TM == 0;
-  st.ce_fold = true;
   st.pieces = pick_pieces(blocks, tiles_n, gemm_ctas());
   const int bpp = (blocks + st.pieces - 1) / st.pieces;  // M-blocks per piece
   st.pieces = (blocks + bpp - 1) / bpp;
@@ -747,12 +517,6 @@ void build_rs_ce(const FusedArgs& A, State& st) {
 
 void run_rs_ce(const FusedArgs& A, State& st, cudaStream_t s) {
   const int me = A.ctx.rank, world = A.ctx.world;
-  // Timing experiments only (wrong results): WEFT_FUSED_RS_DEBUG=nosrc drops the own tiles'
-  // waits and sources (the copies still run); nocomm also drops the copies (the GEMM keeps its
-  // order, destinations and counts). What each part of the fold costs beside weft's GEMM alone.
-  const char* dbg_env = std::getenv("WEFT_FUSED_RS_DEBUG");
-  const std::string dbg = dbg_env ? dbg_env : "";
-  const bool no_src = dbg == "nosrc" || dbg == "nocomm", no_comm = dbg == "nocomm";
   const size_t eb = 2;
   const int64_t ms = A.m / world;
   const uint64_t slot_bytes = static_cast<uint64_t>(ms * A.n) * eb;
@@ -760,7 +524,7 @@ void run_rs_ce(const FusedArgs& A, State& st, cudaStream_t s) {
   char* outbox = A.ctx.ptr<char>(me, outbox_t.offset);
   const uint64_t* epoch = begin_call(A, st, s);
   // Side stream (after the epoch guard): each piece to its owner as soon as its tiles are in.
-  for (int d = 1; d < world && !no_comm; ++d) {
+  for (int d = 1; d < world; ++d) {
     const int p = (me + d) % world;
     for (int j = 0; j < st.pieces; ++j) {
       const size_t ci = static_cast<size_t>((d - 1) * st.pieces + j);
@@ -794,17 +558,14 @@ void run_rs_ce(const FusedArgs& A, State& st, cudaStream_t s) {
     g.src_rows = ms;
   };
   // The piece counts given at k-block 4 of a CTA's next tile, not right after the stores (tid
-  // 0's wait for their completion held the next tile's first WGMMA: +1-1.5% of the GEMM on one
-  // H100, tools/gpu/experiments/hooks_probe.cu, 2026-11-25); a copy then starts ~3 us later.
-  // WEFT_FUSED_RS_NOTIFY=now: at once (comparisons).
-  const char* nt = std::getenv("WEFT_FUSED_RS_NOTIFY");
-  const bool notify_now = nt && std::string(nt) == "now";
+  // 0's wait for their completion held the next tile's first WGMMA: docs/gemm_overlap.md,
+  // "Variants removed from the code"); a copy then starts a few microseconds later.
   for (const auto& l : st.launches) {
-    kernels::GemmHooks h = gemm_hooks(A, st, A.counters.offset, l.pos_begin, true);
+    kernels::GemmHooks h = gemm_hooks(A, st, A.counters.offset, l.pos_begin);
     h.wait_begin = nullptr;
     h.wait_per_mblock = true;
     h.wait_at_epilogue = true;
-    h.notify_deferred = !notify_now;
+    h.notify_deferred = true;
     h.notify_flush_kb = 4;
     kernels::GemmArgs g;
     if (l.owner < 0) {  // one launch: dest 0 = C (this rank's rows), dest 1 = the outbox (all rows)
@@ -817,7 +578,7 @@ void run_rs_ce(const FusedArgs& A, State& st, cudaStream_t s) {
       g.c[1] = outbox;
       g.c_row0[1] = 0;
       g.c_rows[1] = A.m;
-      if (world > 1 && !no_src) {
+      if (world > 1) {
         own_sources(g, me * ms);
         h.wait_begin = st.own_wait_begin;
       }
@@ -825,7 +586,7 @@ void run_rs_ce(const FusedArgs& A, State& st, cudaStream_t s) {
       g = gemm_args(A, static_cast<const char*>(A.a) + static_cast<size_t>(l.owner * ms * A.k_local) * eb, A.k_local);
       g.m = static_cast<int>(ms);
       g.c[0] = l.owner == me ? A.c : outbox + static_cast<size_t>(l.owner * ms * A.n) * eb;
-      if (l.owner == me && world > 1 && !no_src) {
+      if (l.owner == me && world > 1) {
         own_sources(g, 0);
         h.wait_begin = st.own_wait_begin;
       }
@@ -833,112 +594,6 @@ void run_rs_ce(const FusedArgs& A, State& st, cudaStream_t s) {
     launch_gemm(g, h, s, "gemm_rs");
   }
   WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, st.join, 0));
-}
-
-// ---- gemm_rs: direct stores (WEFT_FUSED_RS_DIRECT=1; 2 ranks, M / 2 on 128-row blocks) ----
-// One persistent GEMM over all M, no copies, no side stream: the peer's block first, each tile
-// stored straight into this rank's staging slot on the peer (TMA store over NVLink) and counted
-// on the peer (per M-block, 2 notifies a tile, deferred: the stores drain while the next tile
-// computes -- GemmHooks::notify_deferred); then this rank's own block, each tile waiting at its
-// epilogue for the peer's count of its M-block and adding the peer's tile from the local slot
-// (a GEMM source) into C. The slot is reused by the next call: the peer's tiles of call c wait
-// (at their epilogue) until this rank's own tiles of call c - 1 have read it -- each own tile
-// counts on the peer's "free" counter of its M-block, which starts at one call's worth.
-// Counters: [0, 2 blocks): received from rank q at q * blocks + b; [2 blocks, 3 blocks): free.
-bool fused_rs_direct() { return env_is_1("WEFT_FUSED_RS_DIRECT"); }
-
-bool rs_direct_fits(const FusedArgs& A) {
-  return A.ctx.world == 2 && A.m % 2 == 0 && (A.m / 2) % kernels::kGemmTileM == 0 && A.stage_off != 0;
-}
-
-void build_rs_direct(const FusedArgs& A, State& st) {
-  const int me = A.ctx.rank, peer = 1 - me;
-  constexpr int64_t TM = kernels::kGemmTileM;
-  const int64_t ms = A.m / 2;
-  const int tiles_n = kernels::gemm_tiles_n(static_cast<int>(A.n));
-  const int blocks = static_cast<int>(ms / TM);
-  const int free_base = 2 * blocks;
-  WEFT_REQUIRE(static_cast<int64_t>(A.counters.count) >= 3 * blocks,
-               fmt::format("fused gemm_rs (direct): {} counters, need {}", A.counters.count, 3 * blocks));
-  st.direct = true;
-  st.cluster = blocks % 2 == 0 ? 2 : 1;
-  const uint64_t per_block = static_cast<uint64_t>(kernels::kGemmNotifyPerTile) * static_cast<uint64_t>(tiles_n);
-  std::vector<int32_t> order, nidx, nrank;
-  std::vector<int8_t> dest;
-  for (int q : {peer, me}) {
-    const bool own = q == me;
-    std::vector<int> bl;
-    for (int b = 0; b < blocks; ++b) bl.push_back(q * blocks + b);
-    grouped(
-        bl, tiles_n,
-        [&](int mb, int nb, size_t) {
-          const int b = mb - q * blocks;
-          order.push_back(mb * tiles_n + nb);
-          dest.push_back(static_cast<int8_t>(own ? 0 : 1));
-          // The peer's tiles: received on the peer; the own tiles: the slot read, free on the peer.
-          nidx.push_back(own ? free_base + b : me * blocks + b);
-          nrank.push_back(peer);
-        },
-        std::min<size_t>(bl.size(), 16));
-  }
-  const int kernel_positions = kernels::gemm_positions(static_cast<int>(A.m), static_cast<int>(A.n), st.cluster);
-  WEFT_REQUIRE(static_cast<int>(order.size()) == kernel_positions,
-               fmt::format("fused gemm_rs (direct): the table has {} positions, the GEMM runs {}", order.size(),
-                           kernel_positions));
-  // Waits per global M-block: the peer's blocks wait until the slot is free, the own blocks until
-  // the peer's tiles of them arrived; thresholds per call (the kernel scales by the call count).
-  std::vector<int32_t> wbegin{0}, widx, wpeer;
-  std::vector<uint64_t> wval;
-  for (int mb = 0; mb < 2 * blocks; ++mb) {
-    const bool own = mb / blocks == me;
-    widx.push_back(own ? peer * blocks + (mb - me * blocks) : free_base + (mb - peer * blocks));
-    wval.push_back(per_block);
-    wpeer.push_back(peer);
-    wbegin.push_back(static_cast<int32_t>(widx.size()));
-  }
-  st.launches.clear();
-  st.launches.push_back({-1, 0, static_cast<int>(order.size())});
-  upload_schedule(st, order, {0}, widx, wpeer, wval);
-  st.own_wait_begin = upload(wbegin);
-  st.dest = upload(dest);
-  st.notify_idx = upload(nidx);
-  st.notify_rank = upload(nrank);
-  // The free counters start at one call's worth (the first call's tiles find the slot free).
-  // Before any GEMM of this op on either rank could count on them: the peer's own tiles count
-  // only after this rank's first GEMM delivered their rows, which is launched after this.
-  const std::vector<uint64_t> init(static_cast<size_t>(blocks), per_block);
-  WEFT_CUDA_CHECK(cudaMemcpy(A.ctx.ptr<uint64_t>(me, slot_off(A, free_base)), init.data(),
-                             init.size() * sizeof(uint64_t), cudaMemcpyHostToDevice));
-}
-
-void run_rs_direct(const FusedArgs& A, State& st, cudaStream_t s) {
-  const int me = A.ctx.rank, peer = 1 - me;
-  const int64_t ms = A.m / 2;
-  const uint64_t slot_bytes = static_cast<uint64_t>(ms * A.n) * 2;
-  WEFT_CUDA_CHECK(kernels::overlap_epoch_bump(A.ctx, A.epoch_off, s));
-  // After a call of another method the peer may still read its slot (no fused call counted it
-  // free): both ranks finish what came before first.
-  if (A.follows_other) WEFT_CUDA_CHECK(kernels::device_barrier(A.ctx, A.barrier, s));
-  if (A.trace) WEFT_CUDA_CHECK(cudaEventRecord(st.gemm_ev, s));
-  kernels::GemmHooks h = gemm_hooks(A, st, A.counters.offset, 0, true);
-  h.wait_begin = st.own_wait_begin;
-  h.wait_per_mblock = true;
-  h.wait_at_epilogue = true;
-  h.notify_deferred = true;
-  kernels::GemmArgs g = gemm_args(A, A.a, A.k_local);
-  g.cluster_m = st.cluster;
-  g.num_dests = 2;
-  g.c[0] = A.c;  // this rank's rows
-  g.c_row0[0] = me * ms;
-  g.c_rows[0] = ms;
-  g.c[1] = A.ctx.ptr<char>(peer, A.stage_off) + slot_bytes * static_cast<uint64_t>(me);  // on the peer
-  g.c_row0[1] = peer * ms;
-  g.c_rows[1] = ms;
-  g.src[g.num_src++] = A.ctx.ptr<const char>(me, A.stage_off) + slot_bytes * static_cast<uint64_t>(peer);
-  g.ld_src = A.n;
-  g.src_row0 = me * ms;
-  g.src_rows = ms;
-  launch_gemm(g, h, s, "gemm_rs");
 }
 
 // Converts the GEMM's per-position globaltimer stamps and the side stream's CUDA events into
@@ -971,55 +626,41 @@ void collect_trace(const FusedArgs& A, State& st, cudaStream_t s) {
 
 }  // namespace
 
-bool fused_available() { return kernels::gemm_sm90_available() && detail::stream_memops_available(); }
+bool fused_available() { return kernels::gemm_sm90_available(); }
 
-bool fused_supports(Op op) { return op != Op::kGemmAr || fused_rs_chain(); }
+bool fused_supports(Op op) { return op != Op::kGemmAr; }
 
-void run_fused(const FusedArgs& A) {
-  if (!fused_available()) throw Error("fused method: needs an sm_90 GPU and stream memory operations");
+void StateDeleter::operator()(State* st) const { delete st; }
+
+StatePtr make_state(const FusedArgs& A) {
+  if (!fused_available()) throw Error("fused method: needs an sm_90 GPU (weft's GEMM)");
   if (!fused_supports(A.op))
-    throw Error(
-        "fused method: gemm_ar's reduce chain is disabled by default (slower than decomposed, and its "
-        "waits use the host's call count: not CUDA-graph replayable; docs/gemm_overlap.md); WEFT_FUSED_RS=1 "
-        "enables it");
+    throw Error("fused method: ag_gemm and gemm_rs only (gemm_ar runs decomposed; docs/gemm_overlap.md)");
   WEFT_REQUIRE(A.dtype == dev::DType::kBF16 || A.dtype == dev::DType::kF16, "fused method: bf16 or f16 only");
-  auto s = static_cast<cudaStream_t>(A.stream);
-  std::lock_guard<std::mutex> lock(g_mu);
-  const StateKey key{A.tiles, A.tensors,        static_cast<int>(A.op), A.m,       A.n,
-                     A.k,     A.signals.offset, A.counters.offset,      A.ctx.rank};
-  auto& slot = g_states[key];
-  if (slot && A.epoch == 1) slot.reset();  // a new op at the same addresses: rebuild
-  if (!slot) {
-    auto st = std::make_unique<State>();
-    st->tensors = fetch(A.tensors, static_cast<size_t>(A.num_tensors));
-    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&st->side, cudaStreamNonBlocking));
-    WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&st->fork, cudaEventDisableTiming));
-    WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&st->join, cudaEventDisableTiming));
-    WEFT_CUDA_CHECK(cudaEventCreate(&st->gemm_ev));
-    if (A.op == Op::kAgGemm) {
-      build_ag(A, *st);
-      for (const auto& t : st->transfers)  // -1: own rows read in place, never copied
-        st->chunk_id.push_back(st->own_in_place && t.dst_rank == A.ctx.rank ? -1 : t.chunk);
-    } else if (A.op == Op::kGemmRs && !fused_rs_chain() && fused_rs_direct() && rs_direct_fits(A)) {
-      build_rs_direct(A, *st);
-    } else if (A.op == Op::kGemmRs && !fused_rs_chain()) {
-      build_rs_ce(A, *st);
-    } else {
-      build_rs(A, *st);
-    }
-    st->chunk_ev.resize(2 * st->chunk_id.size());
-    for (auto& ev : st->chunk_ev) WEFT_CUDA_CHECK(cudaEventCreate(&ev));
-    slot = std::move(st);
+  StatePtr st(new State);
+  st->tensors = fetch(A.tensors, static_cast<size_t>(A.num_tensors));
+  WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&st->side, cudaStreamNonBlocking));
+  WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&st->fork, cudaEventDisableTiming));
+  WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&st->join, cudaEventDisableTiming));
+  WEFT_CUDA_CHECK(cudaEventCreate(&st->gemm_ev));
+  if (A.op == Op::kAgGemm) {
+    build_ag(A, *st);
+    for (const auto& t : st->transfers)  // -1: own rows read in place, never copied
+      st->chunk_id.push_back(st->own_in_place && t.dst_rank == A.ctx.rank ? -1 : t.chunk);
+  } else {
+    build_rs_ce(A, *st);
   }
-  State& st = *slot;
+  st->chunk_ev.resize(2 * st->chunk_id.size());
+  for (auto& ev : st->chunk_ev) WEFT_CUDA_CHECK(cudaEventCreate(&ev));
+  return st;
+}
+
+void run_fused(const FusedArgs& A, State& st) {
+  auto s = static_cast<cudaStream_t>(A.stream);
   if (A.op == Op::kAgGemm)
     run_ag(A, st, s);
-  else if (st.direct)
-    run_rs_direct(A, st, s);
-  else if (st.ce_fold)
-    run_rs_ce(A, st, s);
   else
-    run_rs(A, st, s);
+    run_rs_ce(A, st, s);
   if (A.trace) collect_trace(A, st, s);
 }
 

@@ -10,6 +10,12 @@ namespace weft::ops::fused {
 bool fused_available() { return false; }
 bool fused_supports(Op) { return false; }
 
-void run_fused(const FusedArgs&) { throw Error("fused method on GPUs: this build has no CUDA"); }
+struct State {};
+
+void StateDeleter::operator()(State* state) const { delete state; }
+
+StatePtr make_state(const FusedArgs&) { throw Error("fused method on GPUs: this build has no CUDA"); }
+
+void run_fused(const FusedArgs&, State&) { throw Error("fused method on GPUs: this build has no CUDA"); }
 
 }  // namespace weft::ops::fused

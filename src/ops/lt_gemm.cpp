@@ -3,10 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "weft/core/cuda_check.hpp"
+#include "weft/core/env.hpp"
 
 #define WEFT_LT_CHECK(call)                                                                              \
   do {                                                                                                   \
@@ -40,8 +40,7 @@ LtGemm::LtGemm(void* workspace, size_t bytes, cublasHandle_t gemmex)
   WEFT_LT_CHECK(cublasLtCreate(&h_));
   WEFT_CUDA_CHECK(cudaEventCreate(&e0_));
   WEFT_CUDA_CHECK(cudaEventCreate(&e1_));
-  const char* e = std::getenv("WEFT_GEMM_TUNE");
-  const std::string t = e ? e : "";
+  const std::string t = tunable_text(tunables::kGemmTune);
   tune_ = t == "0" ? Tune::kOff : t == "1" ? Tune::kAll : Tune::kAddOnly;
 }
 

@@ -1,7 +1,7 @@
 // Stream memory operations (CUDA builds; internal to the ops): a stream waits until a 64-bit
 // word in device memory is >= a value, or writes one, without an SM. Driver API through the
 // runtime's entry points (no -lcuda). Used where a wait must not occupy an SM beside a
-// running GEMM: the fused reduce chain's barrier slots, the gathered-inputs gemm_rs guard.
+// running GEMM: gemm_rs decomposed's epoch guard (the gathered inputs, the reduce pass).
 #pragma once
 #include <cuda.h>
 #include <cudaTypedefs.h>

@@ -91,18 +91,20 @@ std::string device_constants_to_json(const DeviceConstants& d) {
 }
 
 DeviceConstants h200_constants() {
+  // bench/constants/h200x2.json, the source of record (it says where each value comes from);
+  // tests/unit/plan_cost_test.cpp checks that the two agree.
   DeviceConstants d;
-  d.device = "H200 (2x, NV18)";
+  d.device = "H200 (2x, NV18), measured 2026-11-21";
   d.gemm_tflops = 761;
-  d.hbm_gbps = 4800;
-  d.signal_latency_us = 1.3;
+  d.hbm_gbps = 4300;
   d.sm_count = 132;
-  d.link_gbps = {{Engine::kSm, 360}, {Engine::kTma, 360}, {Engine::kCopyEngine, 395}};
-  // As in bench/constants/h200x2.json, which says where each comes from.
+  d.signal_latency_us = 1.25;
+  d.link_gbps = {{Engine::kSm, 362.8},       {Engine::kTma, 362.8}, {Engine::kCopyEngine, 395},
+                 {Engine::kNccl, 262},       {Engine::kNet, 50}};
   d.launch_us = 1.35;
   d.write_ack_us = 2.5;
   d.cta_link_gbps = 21.5;
-  d.cta_copy_gbps = 43;
+  d.cta_copy_gbps = 43.0;
   d.cta_reduce_gbps = 40.73;
   return d;
 }

@@ -31,8 +31,8 @@ void kill_rank(pid_t pid, int sig) {
 }
 
 std::string make_session_dir() {
-  const char* tmp = std::getenv("TMPDIR");
-  std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/weft-XXXXXX";
+  const std::string tmp = env_var("TMPDIR").value_or("");
+  std::string templ = (tmp.empty() ? std::string("/tmp") : tmp) + "/weft-XXXXXX";
   std::vector<char> buf(templ.begin(), templ.end());
   buf.push_back('\0');
   WEFT_CHECK(mkdtemp(buf.data()) != nullptr, fmt::format("mkdtemp({}) failed: {}", templ, std::strerror(errno)));

@@ -167,12 +167,10 @@ INSTANTIATE_TEST_SUITE_P(Gpus, GemmOverlapGpu, ::testing::Values(1, 0));
 // GEMMs on the fastest of cublasGemmEx and cublasLt's candidates (timed); gemm_rs (small
 // shapes) gathers the inputs on 2 ranks (RsFold::kGather: the peer's rows of A and its B, the
 // block computed over all of K) and runs a reduce pass after its GEMMs on 1. This runs the
-// same exact checks on the other paths: (1) the own rows copied (WEFT_AG_OWN_IN_PLACE=0) and gemm_rs folded into weft's
-// GEMM epilogue (WEFT_RS_FOLD=1; rows not on 128-row blocks, pieces splitting blocks, N odd: the register epilogue);
-// (2) every decomposed GEMM by cublasGemmEx, untimed (WEFT_GEMM_TUNE=0); (3) gemm_rs's cuBLASLt fold, D = A B + the
-// peer's piece (WEFT_RS_FOLD=lt; 2 ranks, else the reduce pass); (4) the fused gemm_rs storing the peer's tiles
-// straight into its slot (WEFT_FUSED_RS_DIRECT=1; 2 ranks and M / 2 on 128-row blocks, else the copy-engine fold); (5)
-// gemm_rs's partial products reduced after the GEMMs (WEFT_RS_FOLD=0).
+// same exact checks on the other paths: (1) gemm_rs folded into weft's GEMM epilogue (WEFT_RS_FOLD=1; rows not on
+// 128-row blocks, pieces splitting blocks, N odd: the register epilogue); (2) every decomposed GEMM by cublasGemmEx,
+// untimed (WEFT_GEMM_TUNE=0); (3) gemm_rs's cuBLASLt fold, D = A B + the peer's piece (WEFT_RS_FOLD=lt; 2 ranks, else
+// the reduce pass); (4) gemm_rs's partial products reduced after the GEMMs (WEFT_RS_FOLD=0).
 class GemmOverlapGpuOtherPaths : public ::testing::TestWithParam<int> {};
 
 TEST_P(GemmOverlapGpuOtherPaths, EveryMethodIsExact) {
@@ -180,16 +178,13 @@ TEST_P(GemmOverlapGpuOtherPaths, EveryMethodIsExact) {
   const int path = GetParam();
   ScopedEnv env;
   if (path == 1) {
-    env.set("WEFT_AG_OWN_IN_PLACE", "0");
     env.set("WEFT_RS_FOLD", "1");
   } else if (path == 2) {
     env.set("WEFT_GEMM_TUNE", "0");
   } else if (path == 3) {
     env.set("WEFT_RS_FOLD", "lt");
-  } else if (path == 5) {
-    env.set("WEFT_RS_FOLD", "0");
   } else {
-    env.set("WEFT_FUSED_RS_DIRECT", "1");
+    env.set("WEFT_RS_FOLD", "0");
   }
   expect_all_ok(run_gpu(gpus(), [path] {
     auto b = make_backend();
@@ -205,17 +200,16 @@ TEST_P(GemmOverlapGpuOtherPaths, EveryMethodIsExact) {
     }
     if (b->rank() == 0)
       std::printf("[gpu] %s: %d ranks, %d exact checks passed\n",
-                  path == 1   ? "ag_gemm own rows copied, gemm_rs folded into weft's GEMM"
+                  path == 1   ? "gemm_rs folded into weft's GEMM"
                   : path == 2 ? "decomposed GEMMs by cublasGemmEx, untimed"
                   : path == 3 ? "gemm_rs folded into cuBLASLt's epilogue (2 ranks)"
-                  : path == 5 ? "gemm_rs with a reduce pass"
-                              : "fused gemm_rs with direct stores into the owner (2 ranks)",
+                              : "gemm_rs with a reduce pass",
                   w, checks);
     WEFT_CUDA_CHECK(cudaStreamDestroy(s));
   }));
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, GemmOverlapGpuOtherPaths, ::testing::Values(1, 2, 3, 4, 5));
+INSTANTIATE_TEST_SUITE_P(Paths, GemmOverlapGpuOtherPaths, ::testing::Values(1, 2, 3, 4));
 
 // Captured once, replayed many times with fresh inputs: the device-side epoch advances inside
 // the graph (decomposed waits; gemm_rs's folded GEMM and the fused ag_gemm / gemm_rs read it as
@@ -225,11 +219,9 @@ INSTANTIATE_TEST_SUITE_P(Paths, GemmOverlapGpuOtherPaths, ::testing::Values(1, 2
 // the reduce pass); the fused method where the op offers it.
 TEST(GemmOverlapGpuGraph, ReplaysStayExact) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
-  for (const char* fold : {"0", "1", "lt", "gather", "lt+direct"}) {
-    const bool direct = std::string(fold) == "lt+direct";
+  for (const char* fold : {"0", "1", "lt", "gather"}) {
     ScopedEnv env;
-    env.set("WEFT_RS_FOLD", direct ? "lt" : fold);
-    if (direct) env.set("WEFT_FUSED_RS_DIRECT", "1");
+    env.set("WEFT_RS_FOLD", fold);
     expect_all_ok(run_gpu(gpus(), [] {
       auto b = make_backend();
       const int w = b->size(), rank = b->rank();
@@ -283,15 +275,13 @@ TEST(GemmOverlapGpuGraph, ReplaysStayExact) {
 // Calls enqueued back to back, nothing in between, each on its own inputs and output: a rank
 // may run ahead into the next call while its peer still reads what the last one delivered
 // (staging slots, gathered rows), so every guard between calls is exercised -- the copy-engine
-// fold's epoch barrier, the direct stores' slot-free counts, decomposed's waits (the reduce
-// pass's, cuBLASLt's fold's, and the gathered inputs' guard flag). Every output exact.
+// fold's epoch barrier, decomposed's waits (the reduce pass's, cuBLASLt's fold's, weft's fold's
+// and the gathered inputs' guard flag). Every output exact.
 TEST(GemmOverlapGpuGraph, BackToBackCallsStayExact) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
-  for (const char* variant : {"0", "1", "lt", "gather"}) {
+  for (const char* fold : {"0", "weft", "lt", "gather"}) {
     ScopedEnv env;
-    env.set("WEFT_FUSED_RS_DIRECT", std::string(variant) == "1" ? "1" : "0");
-    if (std::string(variant) == "0") env.set("WEFT_RS_FOLD", "0");
-    if (std::string(variant) == "lt" || std::string(variant) == "gather") env.set("WEFT_RS_FOLD", variant);
+    env.set("WEFT_RS_FOLD", fold);
     expect_all_ok(run_gpu(gpus(), [] {
       auto b = make_backend();
       const int w = b->size(), rank = b->rank();

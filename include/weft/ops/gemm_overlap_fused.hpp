@@ -1,13 +1,15 @@
 // THE HOOK FOR THE FUSED METHOD of ops::GemmOverlap (one persistent kernel per call).
 //
-// ops::GemmOverlap calls fused_available() once at construction (GPU backend only) and,
-// when it returns true, builds the op's plan for the fused geometry, allocates the plan's
-// tensors, signals, tile counters and an epoch barrier from the symmetric heap, uploads this
-// rank's lowered tables to device memory, and then calls run_fused(args) for every call with
+// ops::GemmOverlap calls fused_available() and fused_supports(op) once at construction (GPU
+// backend only) and, when both are true, builds the op's plan for the fused geometry,
+// allocates the plan's tensors, signals, tile counters and an epoch barrier from the
+// symmetric heap, uploads this rank's lowered tables to device memory, calls
+// make_state(args) once (the op owns the returned state: its side stream, events and device
+// tables live as long as the op), and then calls run_fused(args, state) for every call with
 // method `fused` (and `auto` may choose it). Definitions: src/ops/gemm_overlap_fused.cpp in
 // CUDA builds (the fused kernel); src/ops/gemm_overlap_fused_stub.cpp in host-only builds,
-// where fused_available() is false and run_fused() throws weft::Error (this header includes
-// no fmt, so a .cu may define them too).
+// where fused_available() is false and make_state() and run_fused() throw weft::Error (this
+// header includes no fmt, so a .cu may define them too).
 //
 // What the kernel must do per call (epoch e = args.epoch, 1 for the first call):
 //  - ag_gemm: this rank's A_r (args.a, a user pointer, not symmetric) is the plan's input
@@ -18,15 +20,14 @@
 //    `tiles` in order (each waits for its tile_waits entries, then computes C rows
 //    [m*tile_rows, ...) x cols [n*tile_cols, ...) from tensors[gemm_tensor] (the gathered A)
 //    and B into args.c, then adds 1 to counters[rank * tiles_m + notify]).
-//  - gemm_rs / gemm_ar: tiles compute the partial product A_r * B_r into tensors[gemm_tensor]
+//  - gemm_rs: tiles compute the partial product A_r * B_r into tensors[gemm_tensor]
 //    (= the plan's input, in the op's dtype) and, after a tile of row block m, add 1 to
 //    counters[rank * tiles_m + m] on this rank and on every rank in
 //    notify_ranks[notify_begin[m] .. notify_begin[m+1]). Transfers (push, pull, copy, reduce:
 //    dst += src in fp32, rounded to dtype) additionally wait for their
 //    transfer_tile_waits[tt_begin[i] .. tt_begin[i+1]) entries: counters[src_rank * tiles_m +
 //    counter] >= e * threshold on this rank. When this rank's work is done and its final_waits
-//    are met, tensors[output_tensor] holds C (gemm_rs: [M/world x N]; gemm_ar: [M x N]);
-//    copy it to args.c.
+//    are met, tensors[output_tensor] holds C ([M/world x N]); copy it to args.c.
 //  - Epoch guard (not in the plan): before a peer writes into this rank's tensors for call e,
 //    this rank must be done reading them for call e-1; a dev::barrier on `barrier` at the
 //    start of the call (after the input copy for ag_gemm) is what the host executor does.
@@ -36,6 +37,7 @@
 //  - Enqueue on `stream` only: no host synchronisation, no allocation (graph-capturable).
 #pragma once
 #include <cstdint>
+#include <memory>
 
 #include "weft/device/barrier.hpp"
 #include "weft/device/ctx.hpp"
@@ -81,9 +83,6 @@ struct FusedArgs {
   const void* b;     // W or B (of k_local depth)
   void* c;           // C of this rank
   int64_t epoch;     // 1-based call number
-  // The op's previous call on this rank ran another method (or this is the first): gemm_rs's
-  // direct stores, whose slot guard counts only fused calls, line the ranks up first.
-  int32_t follows_other;
   dev::DeviceCtx ctx;
 
   // This rank's lowered tables (plan::lower), in device memory.
@@ -99,7 +98,7 @@ struct FusedArgs {
   const int32_t* notify_ranks;
   const int32_t* signal_producer;  // per lowered signal: the rank that bumps it (-1: several)
   // Signals of this rank that guard writes into tensors[output_tensor] made by other ranks'
-  // transfers (gemm_rs ring, gemm_ar two-shot/ring): wait for each (>= epoch * threshold)
+  // transfers (gemm_rs ring): wait for each (>= epoch * threshold)
   // before reading the output. Empty for ag_gemm (tiles already wait for what they read).
   const plan::WaitEntry* final_waits;
   int32_t num_final_waits;
@@ -117,10 +116,6 @@ struct FusedArgs {
   // counter: a CUDA-graph replay passes the same `epoch` every time, so a replayable kernel
   // advances this word instead (as ops::Collectives does).
   uint64_t epoch_off;
-  // ag_gemm: this rank's own rows may be read in place from `a` instead of copied into the
-  // gathered A (the op's choice: WEFT_AG_OWN_IN_PLACE); the kernel does so where they sit on
-  // whole 128-row blocks.
-  int32_t own_rows_in_place;
   // gemm_rs: the op's staging slots [world][M/world x N] (heap offset; 0: none), where each
   // peer's partial rows of this rank's block land (the copy-engine fold, below).
   uint64_t stage_off;
@@ -132,13 +127,26 @@ struct FusedArgs {
   void* stream;  // cudaStream_t
 };
 
-// True when a real fused kernel is linked in (the stub: false).
+// True when a real fused kernel is linked in and the GPU runs it (the stub: false).
 bool fused_available();
-// True when the fused method runs `op` (GemmOverlap offers `fused` only then). CUDA builds:
-// ag_gemm and gemm_rs; gemm_ar only with the environment variable WEFT_FUSED_RS=1 (read when
-// an op is constructed; it also switches gemm_rs to the reduce chain: comparisons).
+// True when the fused method runs `op` (GemmOverlap offers `fused` only then): ag_gemm and
+// gemm_rs (the stub: none).
 bool fused_supports(Op op);
-// Enqueues one call. Throws weft::Error on failure (the stub always throws).
-void run_fused(const FusedArgs& args);
+
+// One op's fused state (side stream, events, device tables); opaque, owned by the op.
+struct State;
+struct StateDeleter {
+  void operator()(State* state) const;
+};
+using StatePtr = std::unique_ptr<State, StateDeleter>;
+
+// Builds the op's state from its set-up arguments (every field but a, b, c, epoch, stream
+// and the trace's; ctx must be set): synchronous, allocates; call it at set-up, never during
+// a graph capture. Throws weft::Error where the fused method cannot run the op (the stub
+// always throws).
+StatePtr make_state(const FusedArgs& args);
+// Enqueues one call on args.stream with the state make_state built for the same op. Throws
+// weft::Error on failure.
+void run_fused(const FusedArgs& args, State& state);
 
 }  // namespace weft::ops::fused

@@ -63,10 +63,10 @@ DeviceConstants device_constants_from_json(std::string_view json_text, std::stri
 DeviceConstants load_device_constants(const std::string& path);
 std::string device_constants_to_json(const DeviceConstants& d);
 
-// The 2xH200 (NV18) anchors of docs/anchors.md: copy engine
-// 395 GB/s, SM push 360 GB/s, one-way flag 1.3 us, cuBLAS bf16 761 TFLOP/s. HBM (4800 GB/s)
-// and the SM count (132) are the data-sheet values, not measurements. The launch, ack and
-// per-CTA terms are those of bench/constants/h200x2.json (the file the CLI reads first).
+// The 2xH200 (NV18) constants compiled into the library: the values of
+// bench/constants/h200x2.json (the source of record, which says where each comes from: copy
+// engine and SM push measured, HBM and SM count from the data sheet, nccl and net planning
+// figures). The cost model's default where no constants file is given.
 DeviceConstants h200_constants();
 
 struct SimOptions {
