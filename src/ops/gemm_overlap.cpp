@@ -577,7 +577,7 @@ void GemmOverlap::Impl::setup_gpu() {
               ? 0
               : heap.alloc_bytes(static_cast<size_t>(x.rows * x.cols * x.elem_bytes), tag + ".decomposed." + x.name));
     }
-    ag_signals = heap.alloc_signals(static_cast<uint32_t>(ag.max_signals), tag + ".decomposed.signals");
+    ag_signals = heap.alloc_signals(static_cast<uint32_t>(ag.lowered.max_signals()), tag + ".decomposed.signals");
     // This rank's own rows are read in place by the GEMM and the plan's copy of them into
     // the gathered buffer is left out (its signal is still given), where no transfer
     // forwards from the gathered buffer (the direct templates push from the input) and no
@@ -678,7 +678,7 @@ void GemmOverlap::Impl::setup_gpu() {
     for (const plan::Tensor& x : fp.plan.tensors)
       f_tensor_off.push_back(
           heap.alloc_bytes(static_cast<size_t>(x.rows * x.cols * x.elem_bytes), tag + ".fused." + x.name));
-    f_signals = heap.alloc_signals(static_cast<uint32_t>(fp.max_signals), tag + ".fused.signals");
+    f_signals = heap.alloc_signals(static_cast<uint32_t>(fp.lowered.max_signals()), tag + ".fused.signals");
     // The plan's tile counters, plus what the GPU fused gemm_rs keeps beside them: its piece
     // counters, (2 world - 1) x pieces per rank's block, pieces <= the block's 128-row blocks.
     const int fused_extra =
@@ -689,7 +689,6 @@ void GemmOverlap::Impl::setup_gpu() {
     f_epoch_off = heap.alloc_bytes(8, tag + ".fused.epoch");
     // Upload this rank's tables into one device block.
     const plan::LoweredRank& lr = fp.lowered.ranks[static_cast<size_t>(rank)];
-    const detail::RankExtra& ex = fp.extra[static_cast<size_t>(rank)];
     std::vector<fused::TensorDesc> td;
     for (size_t t = 0; t < fp.plan.tensors.size(); ++t) {
       const auto& x = fp.plan.tensors[t];
@@ -700,12 +699,12 @@ void GemmOverlap::Impl::setup_gpu() {
     blob.add(lr.tile_waits);
     blob.add(lr.transfers);
     blob.add(lr.transfer_waits);
-    blob.add(ex.tt_begin);
-    blob.add(ex.tt_waits);
-    blob.add(ex.notify_begin);
-    blob.add(ex.notify_ranks);
-    blob.add(ex.producer);
-    blob.add(ex.final_waits);
+    blob.add(lr.counter_wait_begin);
+    blob.add(lr.counter_waits);
+    blob.add(lr.notify_begin);
+    blob.add(lr.notify_ranks);
+    blob.add(lr.signal_producer);
+    blob.add(lr.final_waits);
     blob.add(td);
     f_tables = blob.upload();
     auto dp = [&](int i) { return blob.table<char>(f_tables, i); };
@@ -729,7 +728,7 @@ void GemmOverlap::Impl::setup_gpu() {
     A.notify_ranks = reinterpret_cast<const int32_t*>(dp(7));
     A.signal_producer = reinterpret_cast<const int32_t*>(dp(8));
     A.final_waits = reinterpret_cast<const plan::WaitEntry*>(dp(9));
-    A.num_final_waits = static_cast<int32_t>(ex.final_waits.size());
+    A.num_final_waits = static_cast<int32_t>(lr.final_waits.size());
     A.tensors = reinterpret_cast<const fused::TensorDesc*>(dp(10));
     A.num_tensors = static_cast<int32_t>(td.size());
     A.input_tensor = fp.input;
@@ -959,7 +958,6 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
     if (rs_fold == RsFold::kWeft) WEFT_CUDA_CHECK(cudaEventRecord(ev_guard, cs));
     if (cfg.op == GemmOp::kAgGemm) {
       const plan::LoweredRank& lr = ag.lowered.ranks[static_cast<size_t>(rank)];
-      const detail::RankExtra& ex = ag.extra[static_cast<size_t>(rank)];
       auto ptr = [&](int r, int32_t t, int64_t row, int64_t col) -> char* {
         const plan::Tensor& x = ag.plan.tensors[static_cast<size_t>(t)];
         const uint64_t o = static_cast<uint64_t>(row * x.cols + col) * eb;
@@ -978,7 +976,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
         std::vector<std::tuple<int, uint64_t, int64_t>> waits;
         for (int32_t j = d.wait_begin; j < d.wait_begin + d.wait_count; ++j) {
           const plan::WaitEntry& w = lr.transfer_waits[static_cast<size_t>(j)];
-          waits.emplace_back(ex.producer[static_cast<size_t>(w.signal)], ag_signals.at(static_cast<uint32_t>(w.signal)),
+          waits.emplace_back(lr.signal_producer[static_cast<size_t>(w.signal)], ag_signals.at(static_cast<uint32_t>(w.signal)),
                              w.threshold);
         }
         wait_list(cs, waits);
@@ -1009,7 +1007,7 @@ void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, c
         std::vector<std::tuple<int, uint64_t, int64_t>> waits;
         for (int32_t j = t.wait_begin; !own && j < t.wait_begin + t.wait_count; ++j) {
           const plan::WaitEntry& w = lr.tile_waits[static_cast<size_t>(j)];
-          waits.emplace_back(ex.producer[static_cast<size_t>(w.signal)], ag_signals.at(static_cast<uint32_t>(w.signal)),
+          waits.emplace_back(lr.signal_producer[static_cast<size_t>(w.signal)], ag_signals.at(static_cast<uint32_t>(w.signal)),
                              w.threshold);
         }
         wait_list(s, waits);

@@ -121,64 +121,11 @@ OpPlan build_op_plan(const OpPlanParams& p) {
       plan::verify_schedule(o.plan, o.schedule, {.comm_workers = p.transfer_workers, .tile_workers = p.tile_workers});
   WEFT_CHECK(v.ok,
              fmt::format("{}: the tile schedule of plan {} is invalid:\n{}", to_string(p.op), o.plan.name, v.text()));
+  o.schedule.tiles_write = p.op != GemmOp::kAgGemm;
   o.lowered = plan::lower(o.plan, o.schedule);
   o.tiles_m = o.schedule.tiles_m();
   o.tiles_n = o.schedule.tiles_n();
 
-  // The tables the plan format does not hold yet (docs/plan.md, "not done"): transfers that
-  // read the GEMM's output wait for the tiles of their rows; tiles notify those ranks; and a
-  // rank waits for the signals guarding its output before reading it.
-  o.extra.resize(static_cast<size_t>(w));
-  std::vector<std::vector<std::set<int>>> consumers(static_cast<size_t>(w),
-                                                    std::vector<std::set<int>>(static_cast<size_t>(o.tiles_m)));
-  for (int r = 0; r < w; ++r) {
-    const plan::LoweredRank& lr = o.lowered.ranks[static_cast<size_t>(r)];
-    RankExtra& ex = o.extra[static_cast<size_t>(r)];
-    o.max_signals = std::max(o.max_signals, static_cast<int32_t>(lr.signal_expected.size()));
-    ex.producer.assign(lr.signal_expected.size(), -2);
-    ex.tt_begin.push_back(0);
-    for (const plan::TransferDesc& d : lr.transfers) {
-      if (p.op != GemmOp::kAgGemm && d.src_tensor == o.gemm) {
-        const int m0 = static_cast<int>(d.src_row / p.tile_rows);
-        const int m1 = static_cast<int>((d.src_row + d.rows - 1) / p.tile_rows);
-        for (int m = m0; m <= m1; ++m) {
-          ex.tt_waits.push_back({d.src_rank, m, o.lowered.counters[static_cast<size_t>(m)]});
-          if (d.src_rank != r) consumers[static_cast<size_t>(d.src_rank)][static_cast<size_t>(m)].insert(r);
-        }
-      }
-      ex.tt_begin.push_back(static_cast<int32_t>(ex.tt_waits.size()));
-    }
-  }
-  for (int r = 0; r < w; ++r) {
-    RankExtra& ex = o.extra[static_cast<size_t>(r)];
-    ex.notify_begin.push_back(0);
-    for (int m = 0; m < o.tiles_m; ++m) {
-      for (int q : consumers[static_cast<size_t>(r)][static_cast<size_t>(m)]) ex.notify_ranks.push_back(q);
-      ex.notify_begin.push_back(static_cast<int32_t>(ex.notify_ranks.size()));
-    }
-  }
-  std::vector<std::set<int32_t>> finals(static_cast<size_t>(w));
-  for (int x = 0; x < w; ++x)
-    for (const plan::TransferDesc& d : o.lowered.ranks[static_cast<size_t>(x)].transfers) {
-      if (d.signal_rank >= 0) {
-        int32_t& pr = o.extra[static_cast<size_t>(d.signal_rank)].producer[static_cast<size_t>(d.signal)];
-        pr = pr == -2 || pr == x ? x : -1;
-      }
-      // Writes by the rank's own transfers are done when its launch is; others' need a signal.
-      if (p.op == GemmOp::kAgGemm || d.dst_tensor != o.output || d.dst_rank == x) continue;
-      WEFT_CHECK(d.signal_rank == d.dst_rank,
-                 fmt::format("{}: chunk {} writes the output of rank {} but signals rank {}: nothing tells rank {} "
-                             "when its output is complete",
-                             o.plan.name, d.chunk, d.dst_rank, d.signal_rank, d.dst_rank));
-      finals[static_cast<size_t>(d.dst_rank)].insert(d.signal);
-    }
-  for (int r = 0; r < w; ++r) {
-    RankExtra& ex = o.extra[static_cast<size_t>(r)];
-    for (int32_t& pr : ex.producer)
-      if (pr == -2) pr = -1;
-    for (int32_t g : finals[static_cast<size_t>(r)])
-      ex.final_waits.push_back({g, 0, o.lowered.ranks[static_cast<size_t>(r)].signal_expected[static_cast<size_t>(g)]});
-  }
   return o;
 }
 
@@ -215,7 +162,7 @@ HostGemmExec::HostGemmExec(Backend& backend, OpPlan plan, dev::DType dtype, BLay
   for (const plan::Tensor& t : p_.plan.tensors)
     tensor_off_.push_back(
         heap.alloc_bytes(static_cast<size_t>(t.rows * t.cols * t.elem_bytes), fmt::format("{}.{}", tag, t.name)));
-  signals_ = heap.alloc_signals(static_cast<uint32_t>(p_.max_signals), tag + ".signals");
+  signals_ = heap.alloc_signals(static_cast<uint32_t>(p_.lowered.max_signals()), tag + ".signals");
   counters_ = heap.alloc_signals(static_cast<uint32_t>(std::max(1, b_.size() * p_.tiles_m)), tag + ".counters");
   barrier_ = heap.alloc_barrier(tag + ".epoch");
 }
@@ -223,16 +170,17 @@ HostGemmExec::HostGemmExec(Backend& backend, OpPlan plan, dev::DType dtype, BLay
 void HostGemmExec::run_transfer(const dev::DeviceCtx& c, const plan::TransferDesc& d, int32_t index,
                                 int64_t epoch) const {
   const plan::LoweredRank& lr = p_.lowered.ranks[static_cast<size_t>(rank_)];
-  const RankExtra& ex = p_.extra[static_cast<size_t>(rank_)];
+  
   for (int32_t j = d.wait_begin; j < d.wait_begin + d.wait_count; ++j) {
     const plan::WaitEntry& w = lr.transfer_waits[static_cast<size_t>(j)];
     dev::wait_ge(c, signals_.at(static_cast<uint32_t>(w.signal)), static_cast<uint64_t>(epoch * w.threshold),
-                 ex.producer[static_cast<size_t>(w.signal)]);
+                 lr.signal_producer[static_cast<size_t>(w.signal)]);
   }
-  for (int32_t j = ex.tt_begin[static_cast<size_t>(index)]; j < ex.tt_begin[static_cast<size_t>(index) + 1]; ++j) {
-    const fused::TransferTileWait& w = ex.tt_waits[static_cast<size_t>(j)];
-    dev::wait_ge(c, counters_.at(static_cast<uint32_t>(w.src_rank * p_.tiles_m + w.counter)),
-                 static_cast<uint64_t>(epoch * w.threshold), w.src_rank);
+  for (int32_t j = lr.counter_wait_begin[static_cast<size_t>(index)];
+       j < lr.counter_wait_begin[static_cast<size_t>(index) + 1]; ++j) {
+    const plan::CounterWait& w = lr.counter_waits[static_cast<size_t>(j)];
+    dev::wait_ge(c, counters_.at(static_cast<uint32_t>(w.rank * p_.tiles_m + w.counter)),
+                 static_cast<uint64_t>(epoch * w.threshold), w.rank);
   }
   const plan::Tensor& st = p_.plan.tensors[static_cast<size_t>(d.src_tensor)];
   const plan::Tensor& dt = p_.plan.tensors[static_cast<size_t>(d.dst_tensor)];
@@ -282,11 +230,11 @@ void HostGemmExec::run_transfer(const dev::DeviceCtx& c, const plan::TransferDes
 void HostGemmExec::run_tile(const dev::DeviceCtx& c, const plan::TileEntry& t, int64_t epoch, const void* a,
                             const void* b, void* out) const {
   const plan::LoweredRank& lr = p_.lowered.ranks[static_cast<size_t>(rank_)];
-  const RankExtra& ex = p_.extra[static_cast<size_t>(rank_)];
+  
   for (int32_t j = t.wait_begin; j < t.wait_begin + t.wait_count; ++j) {
     const plan::WaitEntry& w = lr.tile_waits[static_cast<size_t>(j)];
     dev::wait_ge(c, signals_.at(static_cast<uint32_t>(w.signal)), static_cast<uint64_t>(epoch * w.threshold),
-                 ex.producer[static_cast<size_t>(w.signal)]);
+                 lr.signal_producer[static_cast<size_t>(w.signal)]);
   }
   const plan::TileSchedule& s = p_.schedule;
   const int64_t r0 = int64_t{t.m} * s.tile_rows, r1 = std::min(s.rows, r0 + s.tile_rows);
@@ -303,9 +251,9 @@ void HostGemmExec::run_tile(const dev::DeviceCtx& c, const plan::TileEntry& t, i
   if (t.notify >= 0) {
     const uint64_t slot = counters_.at(static_cast<uint32_t>(rank_ * p_.tiles_m + t.notify));
     dev::signal_add(c, rank_, slot, 1);
-    for (int32_t j = ex.notify_begin[static_cast<size_t>(t.notify)];
-         j < ex.notify_begin[static_cast<size_t>(t.notify) + 1]; ++j)
-      dev::signal_add(c, ex.notify_ranks[static_cast<size_t>(j)], slot, 1);
+    for (int32_t j = lr.notify_begin[static_cast<size_t>(t.notify)];
+         j < lr.notify_begin[static_cast<size_t>(t.notify) + 1]; ++j)
+      dev::signal_add(c, lr.notify_ranks[static_cast<size_t>(j)], slot, 1);
   }
 }
 
@@ -316,7 +264,7 @@ void HostGemmExec::run(const void* a, const void* b, void* c, std::vector<TraceE
   const dev::DeviceCtx& ctx = b_.ctx();
   const int64_t epoch = epoch_ + 1;
   const plan::LoweredRank& lr = p_.lowered.ranks[static_cast<size_t>(rank_)];
-  const RankExtra& ex = p_.extra[static_cast<size_t>(rank_)];
+  
   try {
     // Epoch guard (not in the plan): before a peer writes into this rank's tensors for call
     // e, this rank must be done with them for call e-1 (run() returns after all of its own
@@ -373,9 +321,9 @@ void HostGemmExec::run(const void* a, const void* b, void* c, std::vector<TraceE
     b_.synchronize();
     // Writes into this rank's output by other ranks' transfers (rings, two-shot) are complete
     // once the signals guarding them are.
-    for (const plan::WaitEntry& w : ex.final_waits)
+    for (const plan::WaitEntry& w : lr.final_waits)
       dev::wait_ge(ctx, signals_.at(static_cast<uint32_t>(w.signal)), static_cast<uint64_t>(epoch * w.threshold),
-                   ex.producer[static_cast<size_t>(w.signal)]);
+                   lr.signal_producer[static_cast<size_t>(w.signal)]);
     for (int m = 0; m < p_.tiles_m; ++m) {
       const uint64_t got = dev::signal_read(ctx, counters_.at(static_cast<uint32_t>(rank_ * p_.tiles_m + m)));
       const int64_t want = epoch * p_.lowered.counters[static_cast<size_t>(m)];

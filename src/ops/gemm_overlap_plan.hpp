@@ -1,6 +1,6 @@
-// Private to src/ops: the plans of the GEMM ops (from the plan compiler's templates), the
-// tables the plan format cannot express yet (transfers that wait for tiles, tiles that notify
-// peers, waits before the output is read), and the host backend's executor of those tables.
+// Private to src/ops: the plans of the GEMM ops (from the plan compiler's templates, lowered
+// with their tile schedules: every table the methods read, GPU and host, is in
+// OpPlan::lowered), and the host backend's executor of those tables.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -28,16 +28,6 @@ struct OpPlanParams {
   int transfer_workers = 1, tile_workers = 1;  // verified with these resident workers
 };
 
-// Tables beside the lowered ones, per rank.
-struct RankExtra {
-  std::vector<int32_t> tt_begin;                  // transfers + 1 offsets
-  std::vector<fused::TransferTileWait> tt_waits;  // a transfer reading the GEMM's output waits for its tiles
-  std::vector<int32_t> notify_begin;              // tiles_m + 1 offsets
-  std::vector<int32_t> notify_ranks;              // peers a tile of row block m notifies
-  std::vector<plan::WaitEntry> final_waits;       // signals guarding writes into the output tensor here
-  std::vector<int32_t> producer;                  // per lowered signal: the rank that bumps it (-1: several)
-};
-
 struct OpPlan {
   GemmOp op = GemmOp::kAgGemm;
   plan::CommPlan plan;
@@ -45,8 +35,6 @@ struct OpPlan {
   plan::Lowered lowered;
   int input = -1, gemm = -1, output = -1;  // plan tensors
   int tiles_m = 0, tiles_n = 0;
-  int32_t max_signals = 1;
-  std::vector<RankExtra> extra;
 };
 
 // The plan template's name for the op (the default when algo is empty). Throws

@@ -59,11 +59,7 @@ struct TensorDesc {
 
 // A transfer that reads rows of the GEMM's output waits for the tiles that write them:
 // counters[src_rank * tiles_m + counter] on the executing rank >= epoch * threshold.
-struct TransferTileWait {
-  int32_t src_rank;
-  int32_t counter;  // row block
-  int64_t threshold;
-};
+using TransferTileWait = plan::CounterWait;  // counter: the row block
 
 // One record per tile or transfer (globaltimer ns).
 struct TraceRecord {
