@@ -1,17 +1,15 @@
 #include "weft/ops/gemm_overlap.hpp"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
 
+#include "common/op_base.hpp"
+#include "common/tuning_cache.hpp"
 #include "gemm_overlap_plan.hpp"
 #include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
@@ -38,53 +36,6 @@
 
 namespace weft::ops {
 
-const char* to_string(GemmOp op) {
-  switch (op) {
-    case GemmOp::kAgGemm:
-      return "ag_gemm";
-    case GemmOp::kGemmRs:
-      return "gemm_rs";
-    case GemmOp::kGemmAr:
-      return "gemm_ar";
-  }
-  return "?";
-}
-
-const char* to_string(GemmMethod m) {
-  switch (m) {
-    case GemmMethod::kAuto:
-      return "auto";
-    case GemmMethod::kBaseline:
-      return "baseline";
-    case GemmMethod::kDecomposed:
-      return "decomposed";
-    case GemmMethod::kFused:
-      return "fused";
-  }
-  return "?";
-}
-
-const char* to_string(BLayout l) { return l == BLayout::kNK ? "nk" : "kn"; }
-
-GemmOp parse_gemm_op(const std::string& s) {
-  for (GemmOp op : {GemmOp::kAgGemm, GemmOp::kGemmRs, GemmOp::kGemmAr})
-    if (s == to_string(op)) return op;
-  throw_invalid(__FILE__, __LINE__, fmt::format("unknown GEMM op '{}': expected ag_gemm, gemm_rs or gemm_ar", s));
-}
-
-GemmMethod parse_gemm_method(const std::string& s) {
-  for (GemmMethod m : {GemmMethod::kAuto, GemmMethod::kBaseline, GemmMethod::kDecomposed, GemmMethod::kFused})
-    if (s == to_string(m)) return m;
-  throw_invalid(__FILE__, __LINE__,
-                fmt::format("unknown method '{}': expected auto, baseline, decomposed or fused", s));
-}
-
-BLayout parse_b_layout(const std::string& s) {
-  if (s == "nk") return BLayout::kNK;
-  if (s == "kn") return BLayout::kKN;
-  throw_invalid(__FILE__, __LINE__, fmt::format("unknown B layout '{}': expected nk (W[N,K]) or kn (B[K,N])", s));
-}
-
 namespace {
 
 int64_t now_ns() {
@@ -94,28 +45,6 @@ int64_t now_ns() {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-std::string cache_path(const GemmOverlapConfig& c) {
-  if (c.tune_cache == "-") return "";
-  if (!c.tune_cache.empty()) return c.tune_cache;
-  if (const std::string e = tunable_text(tunables::kTuneCache); !e.empty()) return e == "-" ? "" : e;
-  if (auto x = env_var("XDG_CACHE_HOME"); x && !x->empty()) return *x + "/weft/gemm_overlap.json";
-  if (auto h = env_var("HOME"); h && !h->empty()) return *h + "/.cache/weft/gemm_overlap.json";
-  return "";
-}
-
-nlohmann::json read_cache(const std::string& path) {
-  std::ifstream f(path);
-  if (!f.good()) return nlohmann::json::object();
-  try {
-    auto j = nlohmann::json::parse(f);
-    return j.is_object() ? j : nlohmann::json::object();
-  } catch (const std::exception&) {
-    return nlohmann::json::object();  // a broken cache is ignored (and rewritten by the next store)
-  }
-}
-
-// The cost model's constants: WEFT_DEVICE_CONSTANTS's file, else those compiled into the
-// library (bench/constants/h200x2.json's values), whatever the working directory.
 plan::DeviceConstants device_constants() {
   if (const std::string p = tunable_text(tunables::kDeviceConstants); !p.empty()) return plan::load_device_constants(p);
   return plan::h200_constants();
@@ -137,6 +66,7 @@ struct TimedEvent {
 struct GemmOverlap::Impl {
   Backend& b;
   GemmOverlapConfig cfg;
+  detail::OpBase op;
   int world = 1, rank = 0;
   size_t eb = 2;
   int64_t k_local = 0, m_shard = 0;  // m_shard: rows of A_r (ag_gemm) or of C_r (gemm_rs)
@@ -222,10 +152,15 @@ struct GemmOverlap::Impl {
   size_t timed_used = 0;
 #endif
 
-  Impl(Backend& backend, const GemmOverlapConfig& c) : b(backend), cfg(c), coll(backend) {}
+  Impl(Backend& backend, const GemmOverlapConfig& c) : b(backend), cfg(c), op(backend, to_string(c.op)), coll(backend) {}
   ~Impl();
 
   void validate();
+  // The tuning-cache key of this shape: op|device|world|MxKxN|dtype|layout.
+  std::string tuning_key() const {
+    return fmt::format("{}|{}|w{}|{}x{}x{}|{}|{}", to_string(cfg.op), b.device_name(), world, cfg.m, cfg.k, cfg.n,
+                       dev::dtype_name(cfg.dtype), to_string(cfg.b_layout));
+  }
   RsFold choose_rs_fold(const OverlapModelInput& in, const plan::DeviceConstants& d) const;
   void decide(const std::vector<GemmMethod>& avail);
   void setup_host();
@@ -369,22 +304,17 @@ void GemmOverlap::Impl::decide(const std::vector<GemmMethod>& avail) {
     autoc.predicted_fused_us = p.fused_us;
   }
   // Tuning cache: rank 0 reads it and tells everyone, so every rank decides alike.
-  cache = cache_path(cfg);
+  cache = detail::tuning_cache_path(cfg.tune_cache, "gemm_overlap.json");
   struct {
     int32_t method;
     int32_t chunks;
   } wire{-1, 0};
-  if (rank == 0 && !cache.empty()) {
-    const nlohmann::json j = read_cache(cache);
-    // The key needs the device name: built like GemmOverlap::tuning_key().
-    const std::string key = fmt::format("{}|{}|w{}|{}x{}x{}|{}|{}", to_string(cfg.op), b.device_name(), world, cfg.m,
-                                        cfg.k, cfg.n, dev::dtype_name(cfg.dtype), to_string(cfg.b_layout));
-    if (j.contains(key) && j[key].is_object()) {
+  if (rank == 0) {
+    if (auto t = detail::read_tuned_choice(cache, tuning_key())) {
       try {
-        const GemmMethod m = parse_gemm_method(j[key].value("method", std::string("?")));
-        wire.method = static_cast<int32_t>(m);
-        wire.chunks = j[key].value("chunks", 0);
-      } catch (const InvalidArgument&) {
+        wire.method = static_cast<int32_t>(parse_gemm_method(t->method));
+        wire.chunks = t->chunks;
+      } catch (const InvalidArgument&) {  // an unknown method: the entry is ignored
       }
     }
   }
@@ -1299,46 +1229,19 @@ GemmOverlap::Impl::~Impl() {
 namespace {
 // What every rank of one op must agree on: the ranks would otherwise allocate, plan and move
 // different things (caught later, if at all, as a symmetric allocation mismatch or a hang).
-struct ConfigWire {
-  int32_t op, dtype, layout, chunks;
-  int64_t m, n, k, tile_rows, tile_cols;
-  char algo[32];
-};
-std::string describe(const ConfigWire& c) {
-  return fmt::format("{} M x K x N = {} x {} x {} {} {}{}{}", to_string(static_cast<GemmOp>(c.op)), c.m, c.k, c.n,
-                     dev::dtype_name(static_cast<dev::DType>(c.dtype)), to_string(static_cast<BLayout>(c.layout)),
-                     c.chunks ? fmt::format(" chunks {}", c.chunks) : std::string(),
-                     c.algo[0] ? fmt::format(" algo {}", c.algo) : std::string());
-}
-// Collective: every rank's configuration against every other's; throws the same message on
-// every rank when they differ.
-void check_same_config(Backend& b, const GemmOverlapConfig& c) {
-  ConfigWire mine;
-  std::memset(&mine, 0, sizeof mine);  // compared bytewise
-  mine.op = static_cast<int32_t>(c.op);
-  mine.dtype = static_cast<int32_t>(c.dtype);
-  mine.layout = static_cast<int32_t>(c.b_layout);
-  mine.chunks = c.chunks;
-  mine.m = c.m;
-  mine.n = c.n;
-  mine.k = c.k;
-  mine.tile_rows = c.tile_rows;
-  mine.tile_cols = c.tile_cols;
-  WEFT_REQUIRE(c.algo.size() < sizeof mine.algo, fmt::format("GemmOverlap: plan algo '{}' is too long", c.algo));
-  std::memcpy(mine.algo, c.algo.data(), c.algo.size());
-  std::vector<ConfigWire> all(static_cast<size_t>(b.size()));
-  b.bootstrap().allgather(&mine, sizeof mine, all.data());
-  for (int r = 1; r < b.size(); ++r)
-    WEFT_REQUIRE(std::memcmp(&all[0], &all[static_cast<size_t>(r)], sizeof mine) == 0,
-                 fmt::format("GemmOverlap: ranks disagree on the configuration: rank 0 has {}, rank {} has {}",
-                             describe(all[0]), r, describe(all[static_cast<size_t>(r)])));
+std::string describe(const GemmOverlapConfig& c) {
+  return fmt::format("{} M x K x N = {} x {} x {} {} {}{}{}{}", to_string(c.op), c.m, c.k, c.n, dev::dtype_name(c.dtype),
+                     to_string(c.b_layout), c.chunks ? fmt::format(" chunks {}", c.chunks) : std::string(),
+                     c.algo.empty() ? std::string() : fmt::format(" algo {}", c.algo),
+                     c.tile_rows || c.tile_cols ? fmt::format(" host tile {} x {}", c.tile_rows, c.tile_cols)
+                                                : std::string());
 }
 }  // namespace
 
 GemmOverlap::GemmOverlap(Backend& backend, const GemmOverlapConfig& config)
     : impl_(std::make_unique<Impl>(backend, config)) {
   Impl& I = *impl_;
-  check_same_config(backend, config);
+  I.op.agree("the configuration", describe(config));
   I.validate();
 #ifdef WEFT_HAVE_CUDA
   if (backend.kind() == BackendKind::kNccl) {
@@ -1445,29 +1348,13 @@ int64_t GemmOverlap::c_rows() const { return impl_->c_rows; }
 int64_t GemmOverlap::c_cols() const { return impl_->c_cols; }
 const std::vector<TraceEvent>& GemmOverlap::trace() const { return impl_->trace; }
 
-std::string GemmOverlap::tuning_key() const {
-  const auto& c = impl_->cfg;
-  return fmt::format("{}|{}|w{}|{}x{}x{}|{}|{}", to_string(c.op), impl_->b.device_name(), impl_->world, c.m, c.k, c.n,
-                     dev::dtype_name(c.dtype), to_string(c.b_layout));
-}
+std::string GemmOverlap::tuning_key() const { return impl_->tuning_key(); }
 
 void GemmOverlap::store_tuning(GemmMethod method, int chunks, double us) const {
   const Impl& I = *impl_;
   if (I.rank != 0 || I.cache.empty()) return;
   WEFT_REQUIRE(method != GemmMethod::kAuto, "store_tuning: store a concrete method, not auto");
-  nlohmann::json j = read_cache(I.cache);
-  j[tuning_key()] = {{"method", to_string(method)}, {"chunks", chunks}, {"us", us}};
-  std::error_code ec;
-  const auto dir = std::filesystem::path(I.cache).parent_path();
-  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
-  const std::string tmp = fmt::format("{}.tmp.{}", I.cache, ::getpid());
-  {
-    std::ofstream f(tmp);
-    WEFT_REQUIRE(f.good(), fmt::format("cannot write the tuning cache '{}'", tmp));
-    f << j.dump(2) << "\n";
-  }
-  std::filesystem::rename(tmp, I.cache, ec);
-  WEFT_REQUIRE(!ec, fmt::format("cannot write the tuning cache '{}': {}", I.cache, ec.message()));
+  detail::store_tuned_choice(I.cache, tuning_key(), {to_string(method), chunks}, us);
 }
 
 }  // namespace weft::ops

@@ -234,6 +234,43 @@ TEST(GemmOverlapHostAuto, TuningCacheIsUsed) {
   std::filesystem::remove(path);
 }
 
+// A cache entry with fields of the wrong type or range (or an unknown method, or a file that
+// is not a JSON object) is ignored: the op is built, `auto` decides without it.
+TEST(GemmOverlapHostAuto, BrokenTuningCacheEntriesAreIgnored) {
+  const std::string path = fmt::format("/tmp/weft-tune-broken-{}.json", ::getpid());
+  const std::vector<std::string> entries = {
+      R"({"method": "baseline", "chunks": "abc"})", R"({"method": 5, "chunks": 2})",
+      R"({"method": "baseline", "chunks": -3})",    R"({"method": "baseline", "chunks": 1e300})",
+      R"({"method": "chunked", "chunks": 2})",      R"("baseline")"};
+  for (const std::string& entry : entries) {
+    SCOPED_TRACE(entry);
+    expect_all_ok(run_host_ranks(2, [path, entry] {
+      auto b = make_backend();
+      GemmOverlapConfig c = config({GemmOp::kGemmRs, 10, 32, 9}, dev::DType::kBF16, BLayout::kNK, 0);
+      c.tune_cache = path;
+      if (b->rank() == 0) {
+        GemmOverlap probe(*b, c);  // collective: every rank builds it
+        std::ofstream(path) << "{\"" << probe.tuning_key() << "\": " << entry << "}\n";
+      } else {
+        GemmOverlap probe(*b, c);
+      }
+      b->barrier();
+      GemmOverlap op(*b, c);
+      WEFT_CHECK(op.auto_choice().source.find("tuning cache") == std::string::npos, op.auto_choice().source);
+      run_methods(*b, c, {GemmMethod::kAuto}, 1);
+    }));
+  }
+  std::ofstream(path) << "[1, 2, 3]\n";  // not an object
+  expect_all_ok(run_host_ranks(2, [path] {
+    auto b = make_backend();
+    GemmOverlapConfig c = config({GemmOp::kAgGemm, 12, 16, 8});
+    c.tune_cache = path;
+    GemmOverlap op(*b, c);
+    WEFT_CHECK(op.auto_choice().source.find("tuning cache") == std::string::npos, op.auto_choice().source);
+  }));
+  std::filesystem::remove(path);
+}
+
 // A hand-made Chrome trace: comm [0,10) and [30,40), compute [5,35): 10 of 20 us hidden.
 TEST(GemmOverlapTrace, SummaryMeasuresHiddenCommunication) {
   nlohmann::json t = {{"traceEvents",

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "weft/device/dtype.hpp"
+#include "weft/ops/names.hpp"
 #include "weft/ops/trace.hpp"
 #include "weft/runtime/backend.hpp"
 
@@ -37,12 +38,21 @@ enum class GemmMethod { kAuto, kBaseline, kDecomposed, kFused };
 // kNK: W [N x K], the torch.nn.functional.linear weight (C = A W^T); kKN: B [K x N] (C = A B).
 enum class BLayout { kNK, kKN };
 
-const char* to_string(GemmOp op);
-const char* to_string(GemmMethod m);
-const char* to_string(BLayout l);
-GemmOp parse_gemm_op(const std::string& s);          // ag_gemm | gemm_rs | gemm_ar
-GemmMethod parse_gemm_method(const std::string& s);  // auto | baseline | decomposed | fused
-BLayout parse_b_layout(const std::string& s);        // nk | kn
+inline constexpr Named<GemmOp> kGemmOpNames[] = {
+    {GemmOp::kAgGemm, "ag_gemm"}, {GemmOp::kGemmRs, "gemm_rs"}, {GemmOp::kGemmAr, "gemm_ar"}};
+inline constexpr Named<GemmMethod> kGemmMethodNames[] = {{GemmMethod::kAuto, "auto"},
+                                                         {GemmMethod::kBaseline, "baseline"},
+                                                         {GemmMethod::kDecomposed, "decomposed"},
+                                                         {GemmMethod::kFused, "fused"}};
+inline constexpr Named<BLayout> kBLayoutNames[] = {{BLayout::kNK, "nk"}, {BLayout::kKN, "kn"}};
+
+inline const char* to_string(GemmOp op) { return name_in(kGemmOpNames, op); }
+inline const char* to_string(GemmMethod m) { return name_in(kGemmMethodNames, m); }
+inline const char* to_string(BLayout l) { return name_in(kBLayoutNames, l); }
+inline GemmOp parse_gemm_op(const std::string& s) { return parse_in(kGemmOpNames, s, "GEMM op"); }
+inline GemmMethod parse_gemm_method(const std::string& s) { return parse_in(kGemmMethodNames, s, "method"); }
+// nk: W [N, K]; kn: B [K, N].
+inline BLayout parse_b_layout(const std::string& s) { return parse_in(kBLayoutNames, s, "B layout"); }
 
 struct GemmOverlapConfig {
   GemmOp op = GemmOp::kAgGemm;
