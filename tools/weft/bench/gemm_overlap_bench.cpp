@@ -400,7 +400,7 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
                               {"world", world},
                               {"call", "4th of 4 enqueued back to back"}};
           if (eager_us > 0) meta["eager_us_per_call"] = eager_us;  // GPU only
-          ops::write_chrome_trace(path, all, meta);
+          ops::write_chrome_trace(path, all, meta.dump());
           res.traces.push_back(path);
           if (opt.progress)
             opt.progress(fmt::format("trace {}{}:\n{}", path,
@@ -408,7 +408,7 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
                                                                 "slowest rank)",
                                                                 eager_us, kEager)
                                                   : std::string(),
-                                     ops::format_trace_summary(ops::summarize_trace(ops::to_chrome_trace(all, meta)))));
+                                     ops::format_trace_summary(ops::summarize_trace(ops::to_chrome_trace(all, meta.dump())))));
         }
       }
     }
