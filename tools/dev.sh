@@ -2,6 +2,8 @@
 # The two set-up commands of the README, on a fresh machine:
 #   tools/dev.sh bench   install dependencies, build, run `weft bench` (GPUs if present, else host)
 #   tools/dev.sh test    install dependencies, build (and a host-only ASan/UBSan build), run every test
+#                        (the first build's include tests/consumer/ against an install of it and as
+#                        an add_subdirectory() subproject)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
@@ -36,7 +38,7 @@ case "${1:-}" in
   test)
     install_deps
     build build
-    (cd build && ctest --output-on-failure --timeout 300)
+    (cd build && CMAKE_BUILD_PARALLEL_LEVEL=$JOBS ctest --output-on-failure --timeout 300)
     # Host code again under AddressSanitizer and UndefinedBehaviorSanitizer (no CUDA).
     build build-asan -DWEFT_SANITIZE=address,undefined -DWEFT_ENABLE_CUDA=OFF
     (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 300)

@@ -25,4 +25,10 @@ void throw_errno(const char* file, int line, const std::string& what) {
   throw Error(fmt::format("{} failed: {} ({}:{})", what, std::strerror(e), basename_of(file), line));
 }
 
+void throw_call_failed(const char* file, int line, const char* call, const char* status, const char* detail) {
+  const std::string msg =
+      detail ? fmt::format("{} failed: {} ({})", call, status, detail) : fmt::format("{} failed: {}", call, status);
+  throw_error(file, line, msg);
+}
+
 }  // namespace weft

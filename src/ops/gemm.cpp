@@ -7,6 +7,7 @@
 #include "weft/core/error.hpp"
 #ifdef WEFT_HAVE_CUDA
 #include "weft/core/cuda_check.hpp"
+#include "weft/kernels/gemm.hpp"
 #endif
 
 namespace weft::ops {
@@ -70,6 +71,8 @@ void gemm_gpu(const kernels::GemmArgs& a, const kernels::GemmHooks& h, cudaStrea
     throw InvalidArgument(fmt::format("gemm M={} N={} K={}: {}", a.m, a.n, a.k, why));
   WEFT_CUDA_CHECK(e);
 }
+
+void gemm_gpu(const kernels::GemmArgs& a) { gemm_gpu(a, kernels::GemmHooks{}); }
 #endif
 
 }  // namespace weft::ops

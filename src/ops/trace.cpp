@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "weft/core/error.hpp"
@@ -30,6 +31,15 @@ TraceEvent event_from_json(const nlohmann::json& j) {
   e.start_ns = j.at("s").get<int64_t>();
   e.end_ns = j.at("e").get<int64_t>();
   return e;
+}
+
+// JSON text given by a caller: InvalidArgument (naming `what`) when it does not parse.
+nlohmann::json parse_json(std::string_view text, const char* what) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(fmt::format("{} is not JSON: {}", what, e.what()));
+  }
 }
 
 using Intervals = std::vector<std::pair<double, double>>;
@@ -90,7 +100,7 @@ std::vector<TraceEvent> gather_trace(Backend& b, const std::vector<TraceEvent>& 
   return out;
 }
 
-nlohmann::json to_chrome_trace(const std::vector<TraceEvent>& events, const nlohmann::json& meta) {
+std::string to_chrome_trace(const std::vector<TraceEvent>& events, std::string_view meta_json) {
   nlohmann::json ev = nlohmann::json::array();
   int64_t t0 = INT64_MAX;
   for (const auto& e : events) t0 = std::min(t0, e.start_ns);
@@ -126,17 +136,19 @@ nlohmann::json to_chrome_trace(const std::vector<TraceEvent>& events, const nloh
          {"dur", static_cast<double>(e.end_ns - e.start_ns) / 1e3},
          {"args", {{"rank", e.rank}, {"id", e.id}}}});
   nlohmann::json j{{"traceEvents", ev}, {"displayTimeUnit", "ns"}};
-  if (!meta.is_null()) j["weft"] = meta;
-  return j;
+  if (!meta_json.empty()) j["weft"] = parse_json(meta_json, "trace metadata");
+  return j.dump();
 }
 
-void write_chrome_trace(const std::string& path, const std::vector<TraceEvent>& events, const nlohmann::json& meta) {
+void write_chrome_trace(const std::string& path, const std::vector<TraceEvent>& events, std::string_view meta_json) {
+  const std::string text = to_chrome_trace(events, meta_json);
   std::ofstream f(path);
   WEFT_REQUIRE(f.good(), fmt::format("cannot write trace '{}'", path));
-  f << to_chrome_trace(events, meta).dump() << "\n";
+  f << text << "\n";
 }
 
-std::vector<RankTraceSummary> summarize_trace(const nlohmann::json& chrome) {
+std::vector<RankTraceSummary> summarize_trace(std::string_view chrome_json) {
+  const nlohmann::json chrome = parse_json(chrome_json, "trace");
   WEFT_REQUIRE(chrome.is_object() && chrome.contains("traceEvents") && chrome["traceEvents"].is_array(),
                "not a Chrome trace: no \"traceEvents\" array");
   struct Acc {

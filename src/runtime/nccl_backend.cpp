@@ -1,3 +1,4 @@
+#include <fmt/format.h>
 #include <nccl.h>
 #include <nccl_device.h>
 

@@ -1,6 +1,7 @@
 // Collectives on the nccl backend: the host suite's exact checks on 1 GPU and on every
 // GPU, then calls captured in a CUDA graph and replayed many times with fresh inputs.
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <memory>

@@ -17,6 +17,7 @@
 #include "rank_harness.hpp"
 #include "weft/core/cuda_check.hpp"
 #include "weft/core/error.hpp"
+#include "weft/kernels/gemm.hpp"
 #include "weft/kernels/runtime_kernels.hpp"
 #include "weft/ops/gemm.hpp"
 #include "weft/runtime/backend.hpp"

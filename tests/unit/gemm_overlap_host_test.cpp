@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 #include <utility>
@@ -279,7 +280,7 @@ TEST(GemmOverlapTrace, SummaryMeasuresHiddenCommunication) {
                         {{"ph", "X"}, {"cat", "comm"}, {"pid", 0}, {"tid", 1}, {"ts", 32.0}, {"dur", 2.0}},
                         {{"ph", "X"}, {"cat", "compute"}, {"pid", 0}, {"tid", 0}, {"ts", 5.0}, {"dur", 30.0}},
                         {{"ph", "M"}, {"name", "thread_name"}, {"pid", 0}, {"tid", 0}}}}};
-  const auto s = summarize_trace(t);
+  const auto s = summarize_trace(t.dump());
   ASSERT_EQ(s.size(), 1u);
   EXPECT_DOUBLE_EQ(s[0].comm_us, 20.0);
   EXPECT_DOUBLE_EQ(s[0].compute_us, 30.0);
@@ -287,7 +288,9 @@ TEST(GemmOverlapTrace, SummaryMeasuresHiddenCommunication) {
   EXPECT_DOUBLE_EQ(s[0].hidden, 0.5);
   EXPECT_DOUBLE_EQ(s[0].span_us, 40.0);
   EXPECT_NE(format_trace_summary(s).find("communication hidden behind computation: 50.0%"), std::string::npos);
-  EXPECT_THROW(summarize_trace(nlohmann::json::object()), InvalidArgument);
+  EXPECT_THROW(summarize_trace("{}"), InvalidArgument);
+  EXPECT_THROW(summarize_trace("{\"traceEvents\": ["), InvalidArgument);  // not JSON
+  EXPECT_THROW(to_chrome_trace({}, "{"), InvalidArgument);                // metadata not JSON
 }
 
 // Traced calls on two ranks: every transfer and tile of the plan appears once per call, on
@@ -314,10 +317,12 @@ TEST(GemmOverlapTrace, HostRunsRecordEveryChunkAndTile) {
         if (m == GemmMethod::kDecomposed)  // one "GEMM" per chunk of rows: 2 chunks x 2 shards
           WEFT_CHECK(tiles == 4, fmt::format("{}: {} tiles", to_string(o), tiles));
         const auto all = gather_trace(*b, op.trace());
-        const auto j = to_chrome_trace(all, {{"op", to_string(o)}, {"method", to_string(m)}});
+        const nlohmann::json meta{{"op", to_string(o)}, {"method", to_string(m)}};
+        const auto j = to_chrome_trace(all, meta.dump());
+        WEFT_CHECK(nlohmann::json::parse(j)["weft"] == meta, j.substr(0, 200));
         const auto sum = summarize_trace(j);
         WEFT_CHECK(sum.size() == 2 && sum[0].comm_us > 0 && sum[0].compute_us > 0, format_trace_summary(sum));
-        if (b->rank() == 0 && o == GemmOp::kAgGemm && m == GemmMethod::kDecomposed) write_chrome_trace(path, all, {});
+        if (b->rank() == 0 && o == GemmOp::kAgGemm && m == GemmMethod::kDecomposed) write_chrome_trace(path, all);
       }
     }
   }));

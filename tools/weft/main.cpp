@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
+#include <nlohmann/json.hpp>
 
 #include "plan_cmd.hpp"
 #include "weft/bench/collectives_bench.hpp"
@@ -19,6 +21,7 @@
 #include "weft/ops/trace.hpp"
 #include "weft/runtime/backend.hpp"
 #include "weft/runtime/launch.hpp"
+#include "weft/version.hpp"
 
 namespace {
 
@@ -59,7 +62,7 @@ int cmd_info() {
   EnvMap env = current_env();
   World w = world_from_env(env);
   const int gpus = inside_launcher(env) ? count_gpus() : count_gpus_forked();
-  std::cout << fmt::format("weft {} (commit {})\n", "0.1.0", WEFT_GIT_COMMIT);
+  std::cout << fmt::format("weft {} (commit {})\n", kVersion, WEFT_GIT_COMMIT);
 #ifdef WEFT_HAVE_CUDA
   std::cout << "built with CUDA: yes (nccl backend available)\n";
 #else
@@ -145,14 +148,15 @@ int cmd_bench_overlap(const std::string& what, bool quick, const std::string& ou
 int cmd_trace(const std::string& file, const std::string& png) {
   std::ifstream f(file);
   WEFT_REQUIRE(f.good(), fmt::format("cannot read trace '{}'", file));
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(f);
+    j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
     throw InvalidArgument(fmt::format("trace '{}' is not JSON: {}", file, e.what()));
   }
-  if (j.contains("weft")) std::cout << "run: " << j["weft"].dump() << "\n";
-  std::cout << ops::format_trace_summary(ops::summarize_trace(j));
+  if (j.is_object() && j.contains("weft")) std::cout << "run: " << j["weft"].dump() << "\n";
+  std::cout << ops::format_trace_summary(ops::summarize_trace(text));
   if (!png.empty()) {
     std::string script = "tools/plot_timeline.py";  // a checkout here, else the one weft was built from
     if (!std::filesystem::exists(script)) script = std::string(WEFT_SOURCE_DIR) + "/tools/plot_timeline.py";

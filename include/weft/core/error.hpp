@@ -33,6 +33,10 @@ class TimeoutError : public Error {
 [[noreturn]] void throw_error(const char* file, int line, const std::string& msg);
 [[noreturn]] void throw_invalid(const char* file, int line, const std::string& msg);
 [[noreturn]] void throw_errno(const char* file, int line, const std::string& what);
+// Error "<call> failed: <status>" (plus " (<detail>)" when detail is not null) with file:line:
+// the status checks of weft/core/cuda_check.hpp, kept out of line so that header needs no fmt.
+[[noreturn]] void throw_call_failed(const char* file, int line, const char* call, const char* status,
+                                    const char* detail = nullptr);
 
 }  // namespace weft
 

@@ -10,7 +10,13 @@
 #include "weft/device/dtype.hpp"
 
 #ifdef WEFT_HAVE_CUDA
-#include "weft/kernels/gemm.hpp"
+// Declared only: the kernel's argument and hook structs are in weft/kernels/gemm.hpp, which
+// callers of gemm_gpu include; this op header stays free of the kernel layer.
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+namespace weft::kernels {
+struct GemmArgs;
+struct GemmHooks;
+}  // namespace weft::kernels
 #endif
 
 namespace weft::ops {
@@ -37,8 +43,10 @@ void gemm_cpu(const CpuGemm& g, int64_t m, int64_t n);
 #ifdef WEFT_HAVE_CUDA
 // Runs kernels::gemm; bad arguments throw InvalidArgument with the kernel's reason, launch
 // failures throw Error.
-void gemm_gpu(const kernels::GemmArgs& a, const kernels::GemmHooks& h = {}, cudaStream_t stream = nullptr,
+void gemm_gpu(const kernels::GemmArgs& a, const kernels::GemmHooks& h, CUstream_st* stream = nullptr,
               bool force_portable = false);
+// No hooks, the default stream.
+void gemm_gpu(const kernels::GemmArgs& a);
 #endif
 
 }  // namespace weft::ops

@@ -4,8 +4,8 @@
 // and the fraction of communication hidden behind computation).
 #pragma once
 #include <cstdint>
-#include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "weft/runtime/backend.hpp"
@@ -28,12 +28,13 @@ struct TraceEvent {
 // Every rank's events on every rank (collective, through the bootstrap).
 std::vector<TraceEvent> gather_trace(Backend& b, const std::vector<TraceEvent>& mine);
 
-// Chrome-trace JSON: "X" events (ts/dur in us from the earliest start; cat "compute" for
+// Chrome-trace JSON text: "X" events (ts/dur in us from the earliest start; cat "compute" for
 // tiles, "comm" for chunks; args: rank, id), and "M" metadata naming processes ("rank r")
-// and threads (lane names). `meta` goes under the top-level key "weft".
-nlohmann::json to_chrome_trace(const std::vector<TraceEvent>& events, const nlohmann::json& meta = {});
+// and threads (lane names). `meta_json`, unless empty, is a JSON value (text) placed under
+// the top-level key "weft"; InvalidArgument when it does not parse.
+std::string to_chrome_trace(const std::vector<TraceEvent>& events, std::string_view meta_json = {});
 void write_chrome_trace(const std::string& path, const std::vector<TraceEvent>& events,
-                        const nlohmann::json& meta = {});
+                        std::string_view meta_json = {});
 
 struct RankTraceSummary {
   int rank = 0;
@@ -45,9 +46,10 @@ struct RankTraceSummary {
   int chunks = 0, tiles = 0;
 };
 
-// Reads a Chrome trace: "X" events with cat "comm"/"compute"; traces without cat (`weft
-// plan --trace`) count tid 1 as computation and tid 0 as communication.
-std::vector<RankTraceSummary> summarize_trace(const nlohmann::json& chrome);
+// Reads a Chrome trace (JSON text): "X" events with cat "comm"/"compute"; traces without cat
+// (`weft plan --trace`) count tid 1 as computation and tid 0 as communication.
+// InvalidArgument when the text is not JSON or not a Chrome trace.
+std::vector<RankTraceSummary> summarize_trace(std::string_view chrome_json);
 std::string format_trace_summary(const std::vector<RankTraceSummary>& s);
 
 }  // namespace weft::ops

@@ -18,6 +18,7 @@
 
 #include "weft/bench/graph_timing.hpp"  // event_us
 #include "weft/core/cuda_check.hpp"
+#include "weft/kernels/gemm.hpp"
 #include "weft/runtime/backend.hpp"
 #endif
 

@@ -1,5 +1,5 @@
+#include "weft/bench/devapi_bench_kernels.hpp"
 #include "weft/device/api.hpp"
-#include "weft/kernels/devapi_bench_kernels.hpp"
 
 namespace weft::kernels {
 namespace {

@@ -49,10 +49,10 @@ struct OverlapBenchOptions {
   std::string trace_dir;            // non-empty: one traced call per method, Chrome JSON per method
   bool tune = false;                // store the fastest method per shape in the tuning cache
   // Inputs: "random" (uniform in [-1, 1), rounded to bf16; default, like the PyTorch peer's
-  // randn) or "ints" (the small-integer pattern every run before 2026-11-22 11:00 used).
+  // randn) or "ints" (a small-integer pattern: the earlier runs' data, docs/gemm_overlap.md).
   std::string data = "random";
   // Interleave the columns' timed replays (default: every column sees the same clock and power
-  // history), or time each column's replays back to back (the protocol before 2026-11-22 12:40).
+  // history), or time each column's replays back to back (the earlier protocol).
   bool sequential = false;
   // GPU: time eager calls (a barrier, a sleep, then the graph's number of calls enqueued back to
   // back, between events) instead of graph replays -- what a caller that does not capture sees.

@@ -199,8 +199,8 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
     for (GemmMethod m : {GemmMethod::kDecomposed, GemmMethod::kFused, GemmMethod::kAuto}) cols.push_back(method_col(m));
     // --tune: decomposed at other chunk counts too, one op each, timed and checked beside the
     // rest ("decomposed_cN" points): which count is fastest depends on how cuBLAS's kernels
-    // quantize the pieces, which the model does not know (2xH200, 16384x8192x3584: 1.175x the
-    // GEMM alone with 2 chunks, 1.08x with 3, 1.22x with 4; docs/gemm_overlap.md).
+    // quantize the pieces, which the model does not know (measured: docs/gemm_overlap.md,
+    // "auto: cost model and tuning cache").
     std::vector<std::unique_ptr<ops::GemmOverlap>> tune_ops;
     if (opt.tune && world > 1 && opt.chunks == 0)
       for (int ch : {1, 2, 3, 4, 6}) {
@@ -300,8 +300,8 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
 
     // 2. The timed runs. Interleaved (default): one warm-up round, then rounds of one run of
     //    each column (odd rounds in reverse order), so a clock or power drift reaches every
-    //    column alike. Sequential (--sequential, the protocol of the runs before 2026-11-22
-    //    12:40): each column's runs back to back, then its check.
+    //    column alike. Sequential (--sequential, the earlier protocol; docs/gemm_overlap.md,
+    //    "Timing protocol"): each column's runs back to back, then its check.
     const int reps = gpu ? (opt.quick ? 3 : 15) : 3;
     if (opt.sequential) {
       // (Each column's start and end in the progress output: with many calls per run
@@ -400,7 +400,7 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
                               {"world", world},
                               {"call", "4th of 4 enqueued back to back"}};
           if (eager_us > 0) meta["eager_us_per_call"] = eager_us;  // GPU only
-          ops::write_chrome_trace(path, all, meta);
+          ops::write_chrome_trace(path, all, meta.dump());
           res.traces.push_back(path);
           if (opt.progress)
             opt.progress(fmt::format("trace {}{}:\n{}", path,
@@ -408,7 +408,7 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
                                                                 "slowest rank)",
                                                                 eager_us, kEager)
                                                   : std::string(),
-                                     ops::format_trace_summary(ops::summarize_trace(ops::to_chrome_trace(all, meta)))));
+                                     ops::format_trace_summary(ops::summarize_trace(ops::to_chrome_trace(all, meta.dump())))));
         }
       }
     }

@@ -1,4 +1,5 @@
-// Launchers of the device-API micro-benchmark kernels (src/kernels/devapi_bench_kernels.cu).
+// Launchers of the device-API micro-benchmark kernels (devapi_bench_kernels.cu; part of the
+// benchmark harness, not of libweft).
 #pragma once
 #include <cuda_runtime.h>
 

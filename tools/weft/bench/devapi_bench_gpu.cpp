@@ -1,13 +1,13 @@
 // GPU side of the device-API micro-benchmarks (see devapi_bench.hpp); kernels in
-// src/kernels/devapi_bench_kernels.cu.
+// devapi_bench_kernels.cu.
 #include <fmt/format.h>
 
 #include <string_view>
 #include <vector>
 
 #include "weft/bench/devapi_bench.hpp"
+#include "weft/bench/devapi_bench_kernels.hpp"
 #include "weft/core/cuda_check.hpp"
-#include "weft/kernels/devapi_bench_kernels.hpp"
 #include "weft/kernels/runtime_kernels.hpp"
 
 namespace weft::bench {
