@@ -22,7 +22,7 @@
 #include "rank_harness.hpp"
 #include "weft/core/cuda_check.hpp"
 #include "weft/ops/gemm_overlap.hpp"
-#include "weft/ops/gemm_overlap_fused.hpp"
+#include "ops/gemm_overlap/fused.hpp"
 #include "weft/ops/trace.hpp"
 
 using namespace weft;

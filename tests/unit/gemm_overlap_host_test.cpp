@@ -27,7 +27,7 @@
 #include "weft/core/error.hpp"
 #include "weft/device/dtype.hpp"
 #include "weft/ops/gemm_overlap.hpp"
-#include "weft/ops/gemm_overlap_fused.hpp"
+#include "ops/gemm_overlap/fused.hpp"
 #include "weft/ops/trace.hpp"
 #include "weft/runtime/backend.hpp"
 

@@ -1,5 +1,5 @@
 // What the fused gemm_rs's GEMM pays for its hooks, one GPU (issue 6): the GEMM the 2-rank
-// copy-engine fold runs (src/ops/gemm_overlap_fused.cpp, build_rs_ce / run_rs_ce, as rank 0),
+// copy-engine fold runs (src/ops/gemm_overlap/fused.cpp, build_rs_ce / run_rs_ce, as rank 0),
 // built up one hook at a time, without the communication -- the peer's slot is a local buffer
 // and the signals its tiles wait for are already set -- against weft's plain GEMM and cuBLAS:
 //   plain   : weft's GEMM (CTA pairs, all SMs, raster groups of 16)

@@ -1,4 +1,4 @@
-// The fused method of ops::GemmOverlap on GPUs (include/weft/ops/gemm_overlap_fused.hpp):
+// The fused method of ops::GemmOverlap on GPUs (src/ops/gemm_overlap/fused.hpp):
 // weft's persistent GEMM (kernels/gemm.hpp) with in-kernel waits and notifies, ordered by
 // the plan; data moved by the copy engine. The GEMM runs on all SMs but one; the side
 // stream's only kernels (the epoch barrier, gemm_rs's 1-thread piece waits) run on that one,
@@ -18,7 +18,7 @@
 // gemm_ar has no fused method on GPUs (decomposed runs it).
 // The per-op State (side stream, events, device tables) is built once by make_state, at the
 // op's set-up, and owned by the op (GemmOverlap): destroying the op frees it.
-#include "weft/ops/gemm_overlap_fused.hpp"
+#include "fused.hpp"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>

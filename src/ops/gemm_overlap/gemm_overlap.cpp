@@ -8,14 +8,14 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "common/op_base.hpp"
-#include "common/tuning_cache.hpp"
-#include "gemm_overlap_plan.hpp"
+#include "../common/op_base.hpp"
+#include "../common/tuning_cache.hpp"
+#include "plan.hpp"
 #include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ops/collectives.hpp"
 #include "weft/ops/gemm.hpp"
-#include "weft/ops/gemm_overlap_fused.hpp"
+#include "fused.hpp"
 #include "weft/ops/gemm_overlap_model.hpp"
 #include "weft/plan/cost.hpp"
 #include "weft/plan/plan.hpp"
@@ -260,7 +260,7 @@ void GemmOverlap::Impl::validate() {
 }
 
 // How gemm_rs decomposed meets the peers' partial products: WEFT_RS_FOLD=0|gather|lt|weft
-// forces one (1 = weft); auto, the model's rule (default_rs_fold, gemm_overlap_model.cpp, with the
+// forces one (1 = weft); auto, the model's rule (default_rs_fold, model.cpp, with the
 // measurements behind its thresholds). weft's fold needs its sm_90a GEMM and copy-engine
 // transfers (its GEMM holds every SM while it waits for the peers' pieces).
 RsFold GemmOverlap::Impl::choose_rs_fold(const OverlapModelInput& in, const plan::DeviceConstants& d) const {

@@ -6,8 +6,8 @@
 // symmetric heap, uploads this rank's lowered tables to device memory, calls
 // make_state(args) once (the op owns the returned state: its side stream, events and device
 // tables live as long as the op), and then calls run_fused(args, state) for every call with
-// method `fused` (and `auto` may choose it). Definitions: src/ops/gemm_overlap_fused.cpp in
-// CUDA builds (the fused kernel); src/ops/gemm_overlap_fused_stub.cpp in host-only builds,
+// method `fused` (and `auto` may choose it). Definitions: src/ops/gemm_overlap/fused.cpp in
+// CUDA builds (the fused kernel); src/ops/gemm_overlap/fused_stub.cpp in host-only builds,
 // where fused_available() is false and make_state() and run_fused() throw weft::Error (this
 // header includes no fmt, so a .cu may define them too).
 //

@@ -9,7 +9,7 @@
 #include "weft/device/barrier.hpp"
 #include "weft/device/signal.hpp"
 #include "weft/ops/gemm_overlap.hpp"
-#include "weft/ops/gemm_overlap_fused.hpp"
+#include "fused.hpp"
 #include "weft/plan/plan.hpp"
 #include "weft/plan/schedule.hpp"
 #include "weft/runtime/backend.hpp"

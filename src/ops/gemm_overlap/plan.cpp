@@ -1,4 +1,4 @@
-#include "gemm_overlap_plan.hpp"
+#include "plan.hpp"
 
 #include <fmt/format.h>
 
