@@ -164,3 +164,15 @@ TEST(Tunables, OnlyEnvCppReadsTheEnvironment) {
   }
   EXPECT_TRUE(env_cpp_reads) << "src/core/env.cpp no longer calls getenv: is this the right tree?";
 }
+
+// docs/tunables.md lists every tunable with its default (it is `weft info --tunables`'s output).
+TEST(Tunables, DocsListEveryTunable) {
+  const std::string doc = read_all(std::filesystem::path(WEFT_SOURCE_TREE) / "docs" / "tunables.md");
+  ASSERT_FALSE(doc.empty());
+  for (const weft::TunableInfo& t : weft::all_tunables()) {
+    const std::string row =
+        std::string("| `") + t.env + "` | " + (t.default_value.empty() ? "(empty)" : t.default_value) + " |";
+    EXPECT_TRUE(contains(doc, row)) << "docs/tunables.md has no row " << row
+                                    << ": regenerate it with `weft info --tunables`";
+  }
+}

@@ -58,6 +58,20 @@ std::string utc_stamp(const char* f) {
   return buf;
 }
 
+// The tunables registry as a Markdown table (docs/tunables.md is this output).
+int cmd_tunables() {
+  std::cout << "| variable | default | accepts | stability | what it does |\n|---|---|---|---|---|\n";
+  for (const TunableInfo& t : all_tunables()) {
+    std::string accepts = t.accepts;
+    for (size_t i = 0; (i = accepts.find('|', i)) != std::string::npos; i += 2) accepts.replace(i, 1, "\\|");
+    std::string doc = t.doc;
+    for (size_t i = 0; (i = doc.find('|', i)) != std::string::npos; i += 2) doc.replace(i, 1, "\\|");
+    std::cout << fmt::format("| `{}` | {} | {} | {} | {} |\n", t.env, t.default_value.empty() ? "(empty)" : t.default_value,
+                             accepts, t.stability == Stability::kStable ? "stable" : "experimental", doc);
+  }
+  return 0;
+}
+
 int cmd_info() {
   EnvMap env = current_env();
   World w = world_from_env(env);
@@ -225,6 +239,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   auto* info = app.add_subcommand("info", "What weft sees: build, GPUs, backend, world");
+  bool list_tunables = false;
+  info->add_flag("--tunables", list_tunables, "list every tunable (variable, default, accepted values) as Markdown");
 
   auto* launch = app.add_subcommand("launch", "Run a command as N ranks on this node: weft launch -n N -- cmd ...");
   int nranks = 1;
@@ -280,7 +296,7 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (*info) return cmd_info();
+    if (*info) return list_tunables ? cmd_tunables() : cmd_info();
     if (int rc = run_plan_commands(); rc >= 0) return rc;
     if (*launch) {
       LaunchOptions opt;
