@@ -6,10 +6,10 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 #include <vector>
 
+#include "weft/core/env.hpp"
 #include "weft/device/ptx/arch.cuh"
 #include "weft/device/ptx/bar.cuh"
 #include "weft/device/ptx/cluster.cuh"
@@ -79,9 +79,6 @@ struct KernelParams {
   int src_tma;             // source 0 through TMA into the epilogue buffer (the others: register loads)
   int src_row0, src_rows;  // GemmArgs::src_row0 / src_rows (src_rows resolved: > 0)
   int a2_row0, a2_rows;    // GemmArgs::a2's rows (a2_rows 0: none)
-  // GemmHooks::wait_at_epilogue met by a second producer thread (warp 1), not by the thread
-  // issuing TMA loads: the wait table and signal loads then never hold up the next tile's loads.
-  int waiter;
   GemmHooks hooks;
 };
 
@@ -271,9 +268,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
   if (tcta && threadIdx.x == 0) tcta[1] = ptx::globaltimer_ns();
 
-  // GemmHooks::wait_at_epilogue: a producer thread meets a tile's waits (the second one, warp 1,
-  // beside the loads; with KernelParams::waiter off, the loading thread after issuing the tile's
-  // last k-block) and arrives on waitbar; the main loop never waits for them. The consumers wait
+  // GemmHooks::wait_at_epilogue: a second producer thread (warp 1), beside the one issuing the
+  // loads, meets a tile's waits and arrives on waitbar; the main loop never waits for them, and
+  // the wait table and signal loads never hold up the next tile's loads. The consumers wait
   // on waitbar (shared memory, once per position) two k-blocks before the epilogue, then read
   // the sources. The slow part -- the table and signal loads -- stays off the consumers.
   const bool epi_waits = p.hooks.wait_begin && p.hooks.wait_at_epilogue;
@@ -281,8 +278,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---- producer ----
     ptx::setmaxnreg_dec<40>();
     // GemmHooks::wait_at_epilogue: meet position pos's waits and hand them to the consumers,
-    // one waitbar phase per position, never ahead of them (waitfree: with K of a few k-blocks
-    // the ring alone would let the loading thread run several positions ahead).
+    // one waitbar phase per position, never ahead of them (waitfree: nothing else throttles this
+    // thread, which would otherwise run positions ahead).
     auto hand_over_waits = [&](int pos, int mb, uint32_t& arrivals) {
       if (mb < p.tiles_m) hook_wait_for_tma(p, pos, mb);
       if (arrivals > 0) ptx::mbarrier_wait_parity(waitfree, (arrivals - 1) & 1u);
@@ -295,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Everything above overlaps the previous kernel's tail under programmatic dependent
       // launch; the first global access (signals, A, B) waits for it.
       ptx::griddepcontrol_wait();
-      uint32_t it = 0, arrivals = 0;
+      uint32_t it = 0;
       for (int pos = first; pos < p.num_positions; pos += step) {
         int mb, nb;
         tile_coords(p, pos, mb, nb);
@@ -330,10 +327,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             ptx::cp_async_bulk_tensor_2d_load(bs + (BN / 2) * kRow, &maps.b, &full[s], kb * BK, nb * BN + BN / 2);
           }
         }
-        if (epi_waits && !p.waiter) hand_over_waits(pos, mb, arrivals);
       }
-    } else if (tid == 32 && epi_waits && p.waiter) {
-      // The epilogue waits, position by position, beside the loads (KernelParams::waiter).
+    } else if (tid == 32 && epi_waits) {
+      // The epilogue waits, position by position, beside the loads.
       ptx::griddepcontrol_wait();
       uint32_t arrivals = 0;
       for (int pos = first; pos < p.num_positions; pos += step) {
@@ -886,18 +882,18 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   const bool pairs = kp.tiles_m >= 2 && (kp.tiles_m % 2 == 0 || kp.tiles_m >= 9);
   kp.cluster = a.cluster_m == 0 ? (pairs ? 2 : 1) : a.cluster_m;
   // Experiments: WEFT_GEMM_CLUSTER=1|2 overrides the automatic choice (not a table's).
-  if (const char* env = std::getenv("WEFT_GEMM_CLUSTER"); env && a.cluster_m == 0 && (env[0] == '1' || env[0] == '2'))
-    kp.cluster = env[0] - '0';
+  if (const int64_t env = tunable_value(tunables::kGemmCluster); env > 0 && a.cluster_m == 0)
+    kp.cluster = static_cast<int>(env);
   if (!sm90 && !h.order) kp.cluster = 1;  // the portable kernel has no clusters (tables keep their layout)
   kp.k_block = a.k_block == 32 ? 32 : 64;
-  if (const char* env = std::getenv("WEFT_GEMM_BK"); env && a.k_block == 0 && std::atoi(env) == 32) kp.k_block = 32;
+  if (a.k_block == 0 && tunable_value(tunables::kGemmKBlock) == 32) kp.k_block = 32;
   if (kp.k_block == 32) kp.cluster = kp.cluster == 2 && h.order ? -1 : 1;
   if (kp.cluster < 0) return refuse("k_block 32 runs single CTAs: the order table was built for CTA pairs");
   kp.num_positions = gemm_positions(a.m, a.n, kp.cluster);
   kp.group_m = a.group_m > 0 ? a.group_m : 16;
   // Experiments: WEFT_GEMM_GROUP_M=g overrides the closed-form raster's group (not a table's).
-  if (const char* env = std::getenv("WEFT_GEMM_GROUP_M"); env && !h.order && std::atoi(env) > 0)
-    kp.group_m = std::atoi(env);
+  if (const int64_t env = tunable_value(tunables::kGemmGroupM); env > 0 && !h.order)
+    kp.group_m = static_cast<int>(env);
   kp.direct_c = direct_c;
   for (int d = 0; d < kGemmMaxDests; ++d) {
     kp.c[d] = args.c[d];
@@ -914,11 +910,6 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   kp.src_rows = static_cast<int>(src_rows);
   kp.a2_row0 = static_cast<int>(a.a2_row0);
   kp.a2_rows = static_cast<int>(a.a2_rows);
-  static const int waiter_env = [] {  // WEFT_GEMM_WAITER=0: the loading thread meets them (comparisons)
-    const char* e = std::getenv("WEFT_GEMM_WAITER");
-    return e && e[0] == '0' ? 0 : 1;
-  }();
-  kp.waiter = waiter_env;
   // Source 0 by TMA where C is TMA-stored (same box and swizzle as the stores).
   kp.src_tma = a.num_src > 0 && !direct_c && sm90;
   kp.hooks = h;
