@@ -122,7 +122,7 @@ __device__ inline void hook_wait(const KernelParams& p, int pos, int mb) {
   if (h.wait_scale_dev) epoch = ptx::ld_volatile_global(h.wait_scale_dev);
   for (int i = h.wait_begin[at]; i < h.wait_begin[at + 1]; ++i)
     // No printf in this kernel (see dev::fail_wait): a timeout reports through the slot.
-    dev::tile::wait_chunk<false>(h.ctx, {h.wait_off}, h.wait_idx[i], h.wait_val[i], epoch,
+    dev::tile::wait_chunk<false>(h.ctx, {h.wait_off, h.op}, h.wait_idx[i], h.wait_val[i], epoch,
                                  h.wait_peer ? h.wait_peer[i] : -1);
 }
 // Element (row, col) of source i as fp32 (L2, not L1: a peer may have just written it).
@@ -157,7 +157,7 @@ __device__ inline bool dest_reduce(const KernelParams& p, int8_t bits) {
 }
 // Programmatic dependent launch is for GEMMs without waits only: one that waits for another
 // stream's work keeps the ordinary launch, so that neither it nor a successor holds SMs early
-// that the work it waits for could need (multi-GPU orderings not re-measured since 2026-11-25).
+// that the work it waits for could need (docs/gemm.md: what was measured).
 __host__ __device__ inline bool gemm_pdl(const GemmHooks& h) { return h.wait_begin == nullptr; }
 
 // ---- sm_90a: helpers (the PTX wrappers: weft/device/ptx/) --------------------------------
@@ -387,9 +387,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       pending = -1;
     };
-    // With an order table, each position's tile id is loaded one tile ahead (the load of
-    // order[pos] at the tile's start would hold the next main loop ~0.6 us), and its
-    // destination at the tile's start (not after the main loop).
+    // With an order table, each position's tile id is loaded one tile ahead (loaded at the
+    // tile's start, order[pos] held up the next main loop: docs/gemm.md), and its destination
+    // at the tile's start (not after the main loop).
     int next_id = p.hooks.order && first < p.num_positions ? p.hooks.order[first] : 0;
     for (int pos = first; pos < p.num_positions; pos += step) {
       int mb, nb;

@@ -8,7 +8,8 @@
 namespace weft::dev::tile {
 
 struct ChunkSignals {
-  uint64_t base;  // heap offset of chunk 0's counter
+  uint64_t base;    // heap offset of chunk 0's counter
+  uint64_t op = 0;  // op_tag of the op (named by a timeout; 0: not named)
   WEFT_HD uint64_t at(int32_t chunk) const { return base + 8ull * static_cast<uint64_t>(chunk); }
 };
 
