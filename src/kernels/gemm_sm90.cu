@@ -314,9 +314,11 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (BKN) {
 #pragma unroll
               for (int j = 2 * crank; j < 2 * crank + 2; ++j)
-                ptx::cp_async_bulk_tensor_2d_load_multicast(bs + j * (64 * BK * 2), &maps.b, &full[s], nb * BN + j * 64, kb * BK, 0x3);
+                ptx::cp_async_bulk_tensor_2d_load_multicast(bs + j * (64 * BK * 2), &maps.b, &full[s], nb * BN + j * 64,
+                                                            kb * BK, 0x3);
             } else {
-              ptx::cp_async_bulk_tensor_2d_load_multicast(bs + crank * (BN / 2) * kRow, &maps.b, &full[s], kb * BK, nb * BN + crank * (BN / 2), 0x3);
+              ptx::cp_async_bulk_tensor_2d_load_multicast(bs + crank * (BN / 2) * kRow, &maps.b, &full[s], kb * BK,
+                                                          nb * BN + crank * (BN / 2), 0x3);
             }
           } else if (BKN) {
 #pragma unroll
@@ -892,8 +894,7 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   kp.num_positions = gemm_positions(a.m, a.n, kp.cluster);
   kp.group_m = a.group_m > 0 ? a.group_m : 16;
   // Experiments: WEFT_GEMM_GROUP_M=g overrides the closed-form raster's group (not a table's).
-  if (const int64_t env = tunable_value(tunables::kGemmGroupM); env > 0 && !h.order)
-    kp.group_m = static_cast<int>(env);
+  if (const int64_t env = tunable_value(tunables::kGemmGroupM); env > 0 && !h.order) kp.group_m = static_cast<int>(env);
   kp.direct_c = direct_c;
   for (int d = 0; d < kGemmMaxDests; ++d) {
     kp.c[d] = args.c[d];

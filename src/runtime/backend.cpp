@@ -43,7 +43,8 @@ std::string describe_timeout(const dev::ErrorSlot& s, uint64_t timeout_ns) {
   std::string who = s.peer >= 0 ? fmt::format("rank {} did not arrive", s.peer) : std::string("no peer arrived");
   // What the wait was for, where the waiter named it (dev::tile::wait_chunk): "gemm_rs chunk 5: ".
   std::string for_what;
-  for (int i = 0; i < 8 && ((s.op >> (8 * i)) & 0xff) != 0; ++i) for_what += static_cast<char>((s.op >> (8 * i)) & 0xff);
+  for (int i = 0; i < 8 && ((s.op >> (8 * i)) & 0xff) != 0; ++i)
+    for_what += static_cast<char>((s.op >> (8 * i)) & 0xff);
   if (s.chunk >= 0) for_what += fmt::format("{}chunk {}", for_what.empty() ? "" : " ", s.chunk);
   if (!for_what.empty()) for_what += ": ";
   return fmt::format(

@@ -22,10 +22,10 @@ struct ErrorSlot {
   uint64_t expected;    // the wait was for signal >= expected
   uint64_t observed;    // the value at the deadline
   uint64_t waited_ns;
-  uint32_t block;       // CUDA block / host worker that waited
+  uint32_t block;  // CUDA block / host worker that waited
   uint32_t thread;
-  uint64_t op;          // op_tag of the op that waited (0: not named)
-  int32_t chunk;        // the chunk it waited for (-1: not a chunk wait)
+  uint64_t op;    // op_tag of the op that waited (0: not named)
+  int32_t chunk;  // the chunk it waited for (-1: not a chunk wait)
   uint32_t reserved;
 };
 

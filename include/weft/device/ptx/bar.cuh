@@ -1,5 +1,5 @@
-// Named CTA barriers (PTX ISA, parallel synchronization instructions: bar.sync): a subset of the CTA's warps synchronises
-// (a warpgroup) while the others run on. Id 0 is __syncthreads'; a kernel names its others.
+// Named CTA barriers (PTX ISA, parallel synchronization instructions: bar.sync): a subset of the CTA's warps
+// synchronises (a warpgroup) while the others run on. Id 0 is __syncthreads'; a kernel names its others.
 #pragma once
 #if defined(__CUDACC__)
 

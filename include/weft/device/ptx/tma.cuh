@@ -37,9 +37,8 @@ __device__ __forceinline__ void cp_async_bulk_tensor_2d_load(void* dst, const CU
 
 // As cp_async_bulk_tensor_2d_load, into the same shared-memory offset (data and barrier) of
 // every CTA of the cluster in cta_mask.
-__device__ __forceinline__ void cp_async_bulk_tensor_2d_load_multicast(void* dst, const CUtensorMap* map,
-                                                                       uint64_t* bar, int x, int y,
-                                                                       uint16_t cta_mask) {
+__device__ __forceinline__ void cp_async_bulk_tensor_2d_load_multicast(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                                                       int x, int y, uint16_t cta_mask) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
       "%4}], [%2], %5;" ::"r"(smem_u32(dst)),
@@ -63,7 +62,9 @@ __device__ __forceinline__ void cp_reduce_async_bulk_tensor_2d_add(const CUtenso
 }
 
 // Closes the thread's current bulk group (the stores issued since the last commit).
-__device__ __forceinline__ void cp_async_bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
 
 // Waits until at most N of the thread's bulk groups have not finished reading their sources
 // (their shared memory may be rewritten).
