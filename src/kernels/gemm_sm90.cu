@@ -6,15 +6,25 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 #include <vector>
 
+#include "weft/core/env.hpp"
+#include "weft/device/ptx/arch.cuh"
+#include "weft/device/ptx/bar.cuh"
+#include "weft/device/ptx/cluster.cuh"
+#include "weft/device/ptx/fence.cuh"
 #include "weft/device/ptx/launch_control.cuh"
-#include "weft/device/signal.hpp"
+#include "weft/device/ptx/mbarrier.cuh"
+#include "weft/device/ptx/memory_order.cuh"
+#include "weft/device/ptx/prefetch.cuh"
+#include "weft/device/ptx/sreg.cuh"
+#include "weft/device/ptx/tma.cuh"
+#include "weft/device/ptx/wgmma.cuh"
+#include "weft/device/tile/notify.hpp"
+#include "weft/device/tile/wait.hpp"
 #include "weft/kernels/gemm.hpp"
 #include "weft/kernels/runtime_kernels.hpp"
-#include "wgmma_m64n256k16.cuh"
 
 namespace weft::kernels {
 namespace {
@@ -69,9 +79,6 @@ struct KernelParams {
   int src_tma;             // source 0 through TMA into the epilogue buffer (the others: register loads)
   int src_row0, src_rows;  // GemmArgs::src_row0 / src_rows (src_rows resolved: > 0)
   int a2_row0, a2_rows;    // GemmArgs::a2's rows (a2_rows 0: none)
-  // GemmHooks::wait_at_epilogue met by a second producer thread (warp 1), not by the thread
-  // issuing TMA loads: the wait table and signal loads then never hold up the next tile's loads.
-  int waiter;
   GemmHooks hooks;
 };
 
@@ -109,16 +116,14 @@ __device__ inline void hook_wait(const KernelParams& p, int pos, int mb) {
   const GemmHooks& h = p.hooks;
   if (!h.wait_begin) return;
   const int at = h.wait_per_mblock ? mb : pos;
-  // Not `dev ? *dev : h.wait_scale` through a volatile pointer: nvcc 13 folded that into one
-  // volatile load from a select of the two addresses, the parameter's being invalid (seen by
-  // compute-sanitizer as a read at 0x3d0).
-  uint64_t scale = h.wait_scale;
-  if (h.wait_scale_dev)
-    asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(scale) : "l"(h.wait_scale_dev) : "memory");
+  // The op's epoch (the scale of every threshold), from device memory where a stream advances
+  // it (ld_volatile_global says why not through a volatile pointer).
+  uint64_t epoch = h.wait_scale;
+  if (h.wait_scale_dev) epoch = ptx::ld_volatile_global(h.wait_scale_dev);
   for (int i = h.wait_begin[at]; i < h.wait_begin[at + 1]; ++i)
     // No printf in this kernel (see dev::fail_wait): a timeout reports through the slot.
-    dev::wait_ge<false>(h.ctx, h.wait_off + 8ull * static_cast<uint64_t>(h.wait_idx[i]), h.wait_val[i] * scale,
-                        h.wait_peer ? h.wait_peer[i] : -1);
+    dev::tile::wait_chunk<false>(h.ctx, {h.wait_off, h.op}, h.wait_idx[i], h.wait_val[i], epoch,
+                                 h.wait_peer ? h.wait_peer[i] : -1);
 }
 // Element (row, col) of source i as fp32 (L2, not L1: a peer may have just written it).
 template <class T>
@@ -137,15 +142,9 @@ __device__ inline void hook_notify(const KernelParams& p, int pos) {
   if (!h.notify_idx) return;
   const int idx = h.notify_idx[pos];
   if (idx < 0) return;
-  const int rank = h.notify_rank ? h.notify_rank[pos] : h.ctx.rank;
-  const uint64_t off = h.notify_off + 8ull * static_cast<uint64_t>(idx);
   // A count on this GPU is read by its own kernels (e.g. the fused gemm_rs's piece waits,
   // before a copy of what it guards): released at GPU scope; a peer's at system scope.
-  uint64_t* const counter = h.ctx.ptr<uint64_t>(rank, off);
-  if (rank == h.ctx.rank)
-    dev::add_release_gpu(counter, 1);
-  else
-    dev::add_release(counter, 1);
+  dev::tile::notify_chunk(h.ctx, {h.notify_off}, idx, h.notify_rank ? h.notify_rank[pos] : h.ctx.rank);
 }
 // Position pos's GemmHooks::dest entry (destination index | kGemmDestReduce; 0 without a
 // table), its destination index, and whether it reduce-adds.
@@ -158,128 +157,16 @@ __device__ inline bool dest_reduce(const KernelParams& p, int8_t bits) {
 }
 // Programmatic dependent launch is for GEMMs without waits only: one that waits for another
 // stream's work keeps the ordinary launch, so that neither it nor a successor holds SMs early
-// that the work it waits for could need (multi-GPU orderings not re-measured since 2026-11-25).
+// that the work it waits for could need (docs/gemm.md: what was measured).
 __host__ __device__ inline bool gemm_pdl(const GemmHooks& h) { return h.wait_begin == nullptr; }
-__device__ inline uint64_t globaltimer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ inline uint32_t smid() {
-  uint32_t s;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-  return s;
-}
 
-// ---- sm_90a: PTX wrappers ------------------------------------------------------------------
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WEFT_SM90 1
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int x, int y) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
-          smem_u32(dst)),
-      "l"(map), "r"(smem_u32(bar)), "r"(x), "r"(y)
-      : "memory");
-}
-__device__ __forceinline__ void tma_load_2d_mc(void* dst, const CUtensorMap* map, uint64_t* bar, int x, int y,
-                                               uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
-      "%4}], [%2], %5;" ::"r"(smem_u32(dst)),
-      "l"(map), "r"(smem_u32(bar)), "r"(x), "r"(y), "h"(mask)
-      : "memory");
-}
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-// Not .aligned: the producer warp's lanes arrive at different times.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
-// Arrives on the barrier at the same shared-memory offset in CTA `cta` of the cluster.
-__device__ __forceinline__ void mbar_arrive_cta(uint64_t* bar, uint32_t cta) {
-  asm volatile(
-      "{\n.reg .b32 ra;\n"
-      "mapa.shared::cluster.u32 ra, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_u32(bar)),
-      "r"(cta)
-      : "memory");
-}
-__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int x, int y) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(map),
-               "r"(smem_u32(src)), "r"(x), "r"(y)
-               : "memory");
-}
-__device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap* map, const void* src, int x, int y) {
-  asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], [%1];" ::"l"(map),
-               "r"(smem_u32(src)), "r"(x), "r"(y)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
-__device__ __forceinline__ void bulk_wait0() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-template <int R>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
-}
-template <int R>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
-}
-// Forces the compiler to keep the accumulators in registers across the asynchronous MMAs.
-__device__ __forceinline__ void fence_regs(float* d) {
-#pragma unroll
-  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// Shared-memory matrix descriptor, 128-byte swizzle. K-major: lbo unused (1), sbo = 1024
-// (8 rows of 128 B). N-major (B[K,N]): lbo = 8192 (next 64 columns: next TMA box), sbo =
-// 1024 (next 8 K-rows).
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-  return (static_cast<uint64_t>((saddr & 0x3FFFF) >> 4)) | (static_cast<uint64_t>(lbo >> 4) << 16) |
-         (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
-}
-// 64-byte swizzle (layout type 2): K-major rows of 64 bytes, 8-row groups 512 bytes apart.
-__device__ __forceinline__ uint64_t sw64_desc(uint32_t saddr, uint32_t sbo) {
-  return (static_cast<uint64_t>((saddr & 0x3FFFF) >> 4)) | (1ull << 16) | (static_cast<uint64_t>(sbo >> 4) << 32) |
-         (2ull << 62);
+// ---- sm_90a: helpers (the PTX wrappers: weft/device/ptx/) --------------------------------
+#if defined(WEFT_PTX_SM90A)
+// The tile's waits (hook_wait), then the async-proxy fence: the TMA loads that follow read what
+// the peers wrote.
+__device__ __forceinline__ void hook_wait_for_tma(const KernelParams& p, int pos, int mb) {
+  hook_wait(p, pos, mb);
+  ptx::fence_proxy_async_global();
 }
 
 template <class T>
@@ -295,9 +182,6 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-#endif  // WEFT_SM90 wrappers
-
-#if defined(WEFT_SM90)
 // d[i], d[i + 1] += the two elements packed in `bits` (a 4-byte load of C's type).
 template <class T>
 __device__ __forceinline__ void add_packed(float* d, int i, uint32_t bits) {
@@ -343,7 +227,7 @@ __device__ __forceinline__ void add_sources(const KernelParams& p, float* d, int
 template <class T, int BKN, int CM, int BKV>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_sm90_kernel(const __grid_constant__ KernelParams p, const __grid_constant__ TensorMaps maps) {
-#if defined(WEFT_SM90)
+#if defined(WEFT_PTX_SM90A)
   constexpr int kStages = Ring<BKV>::kStages, kAStage = Ring<BKV>::kAStage, kBStage = Ring<BKV>::kBStage;
   constexpr int kRow = Ring<BKV>::kRow, BK = BKV;
   extern __shared__ uint8_t smem_raw[];
@@ -358,11 +242,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* waitfree = waitbar + 1;         // both consumer warpgroups saw waitbar's last phase
 
   uint64_t* const tcta = p.hooks.trace_cta ? p.hooks.trace_cta + 4 * blockIdx.x : nullptr;
-  if (tcta && threadIdx.x == 0) tcta[0] = globaltimer();
+  if (tcta && threadIdx.x == 0) tcta[0] = ptx::globaltimer_ns();
   const int wg = threadIdx.x / 128;  // 0..kConsumers-1: consumers; kConsumers: producer
   const int tid = threadIdx.x % 128;
   const int kblocks = (p.k + BK - 1) / BK;
-  const uint32_t crank = CM == 2 ? cluster_rank() : 0u;
+  const uint32_t crank = CM == 2 ? ptx::cluster_ctarank() : 0u;
   // Positions of this CTA: CTA-pairs walk pairs of positions.
   const int first =
       CM == 2 ? static_cast<int>(blockIdx.x / 2) * 2 + static_cast<int>(crank) : static_cast<int>(blockIdx.x);
@@ -370,89 +254,84 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kConsumers * 4 * CM);  // lane 0 of every consumer warp of the cluster
+      ptx::mbarrier_init(&full[s], 1);
+      ptx::mbarrier_init(&empty[s], kConsumers * 4 * CM);  // lane 0 of every consumer warp of the cluster
     }
-    for (int w = 0; w < kConsumers; ++w) mbar_init(&srcbar[w], 1);
-    mbar_init(waitbar, 1);
-    mbar_init(waitfree, kConsumers);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int w = 0; w < kConsumers; ++w) ptx::mbarrier_init(&srcbar[w], 1);
+    ptx::mbarrier_init(waitbar, 1);
+    ptx::mbarrier_init(waitfree, kConsumers);
+    ptx::fence_mbarrier_init_release_cluster();
   }
   if (CM == 2)
-    cluster_sync();
+    ptx::barrier_cluster_sync();
   else
     __syncthreads();
-  if (tcta && threadIdx.x == 0) tcta[1] = globaltimer();
+  if (tcta && threadIdx.x == 0) tcta[1] = ptx::globaltimer_ns();
 
-  // GemmHooks::wait_at_epilogue: a producer thread meets a tile's waits (the second one, warp 1,
-  // beside the loads; with KernelParams::waiter off, the loading thread after issuing the tile's
-  // last k-block) and arrives on waitbar; the main loop never waits for them. The consumers wait
+  // GemmHooks::wait_at_epilogue: a second producer thread (warp 1), beside the one issuing the
+  // loads, meets a tile's waits and arrives on waitbar; the main loop never waits for them, and
+  // the wait table and signal loads never hold up the next tile's loads. The consumers wait
   // on waitbar (shared memory, once per position) two k-blocks before the epilogue, then read
   // the sources. The slow part -- the table and signal loads -- stays off the consumers.
   const bool epi_waits = p.hooks.wait_begin && p.hooks.wait_at_epilogue;
   if (wg == kConsumers) {
     // ---- producer ----
-    setmaxnreg_dec<40>();
+    ptx::setmaxnreg_dec<40>();
     // GemmHooks::wait_at_epilogue: meet position pos's waits and hand them to the consumers,
-    // one waitbar phase per position, never ahead of them (waitfree: with K of a few k-blocks
-    // the ring alone would let the loading thread run several positions ahead).
+    // one waitbar phase per position, never ahead of them (waitfree: nothing else throttles this
+    // thread, which would otherwise run positions ahead).
     auto hand_over_waits = [&](int pos, int mb, uint32_t& arrivals) {
-      if (mb < p.tiles_m) {
-        hook_wait(p, pos, mb);
-        fence_proxy_async_global();
-      }
-      if (arrivals > 0) mbar_wait(waitfree, (arrivals - 1) & 1u);
-      mbar_arrive(waitbar);
+      if (mb < p.tiles_m) hook_wait_for_tma(p, pos, mb);
+      if (arrivals > 0) ptx::mbarrier_wait_parity(waitfree, (arrivals - 1) & 1u);
+      ptx::mbarrier_arrive(waitbar);
       ++arrivals;
     };
     if (tid == 0) {
-      asm volatile("prefetch.tensormap [%0];" ::"l"(&maps.a) : "memory");
-      asm volatile("prefetch.tensormap [%0];" ::"l"(&maps.b) : "memory");
+      ptx::prefetch_tensormap(&maps.a);
+      ptx::prefetch_tensormap(&maps.b);
       // Everything above overlaps the previous kernel's tail under programmatic dependent
       // launch; the first global access (signals, A, B) waits for it.
       ptx::griddepcontrol_wait();
-      uint32_t it = 0, arrivals = 0;
+      uint32_t it = 0;
       for (int pos = first; pos < p.num_positions; pos += step) {
         int mb, nb;
         tile_coords(p, pos, mb, nb);
-        if (p.hooks.wait_begin && mb < p.tiles_m && !epi_waits) {
-          hook_wait(p, pos, mb);
-          fence_proxy_async_global();
-        }
+        if (p.hooks.wait_begin && mb < p.tiles_m && !epi_waits) hook_wait_for_tma(p, pos, mb);
         const bool a2 = p.a2_rows > 0 && mb * BM >= p.a2_row0 && mb * BM < p.a2_row0 + p.a2_rows;
-        if (it == 0 && tcta) tcta[2] = globaltimer();  // the first loads go out now (empty ring)
+        if (it == 0 && tcta) tcta[2] = ptx::globaltimer_ns();  // the first loads go out now (empty ring)
         for (int kb = 0; kb < kblocks; ++kb, ++it) {
           const int s = it % kStages;
           const uint32_t ph = (it / kStages) & 1u;
-          mbar_wait(&empty[s], ph ^ 1u);
-          mbar_expect_tx(&full[s], kAStage + kBStage);
+          ptx::mbarrier_wait_parity(&empty[s], ph ^ 1u);
+          ptx::mbarrier_arrive_expect_tx(&full[s], kAStage + kBStage);
           if (a2)
-            tma_load_2d(sa + s * kAStage, &maps.a2, &full[s], kb * BK, mb * BM - p.a2_row0);
+            ptx::cp_async_bulk_tensor_2d_load(sa + s * kAStage, &maps.a2, &full[s], kb * BK, mb * BM - p.a2_row0);
           else
-            tma_load_2d(sa + s * kAStage, &maps.a, &full[s], kb * BK, mb * BM);
+            ptx::cp_async_bulk_tensor_2d_load(sa + s * kAStage, &maps.a, &full[s], kb * BK, mb * BM);
           uint8_t* bs = sb + s * kBStage;
           if (CM == 2) {
             // This CTA's half of B (128 of the 256 columns), into both CTAs.
             if (BKN) {
 #pragma unroll
               for (int j = 2 * crank; j < 2 * crank + 2; ++j)
-                tma_load_2d_mc(bs + j * (64 * BK * 2), &maps.b, &full[s], nb * BN + j * 64, kb * BK, 0x3);
+                ptx::cp_async_bulk_tensor_2d_load_multicast(bs + j * (64 * BK * 2), &maps.b, &full[s], nb * BN + j * 64,
+                                                            kb * BK, 0x3);
             } else {
-              tma_load_2d_mc(bs + crank * (BN / 2) * kRow, &maps.b, &full[s], kb * BK, nb * BN + crank * (BN / 2), 0x3);
+              ptx::cp_async_bulk_tensor_2d_load_multicast(bs + crank * (BN / 2) * kRow, &maps.b, &full[s], kb * BK,
+                                                          nb * BN + crank * (BN / 2), 0x3);
             }
           } else if (BKN) {
 #pragma unroll
             for (int j = 0; j < BN / 64; ++j)
-              tma_load_2d(bs + j * (64 * BK * 2), &maps.b, &full[s], nb * BN + j * 64, kb * BK);
+              ptx::cp_async_bulk_tensor_2d_load(bs + j * (64 * BK * 2), &maps.b, &full[s], nb * BN + j * 64, kb * BK);
           } else {
-            tma_load_2d(bs, &maps.b, &full[s], kb * BK, nb * BN);
-            tma_load_2d(bs + (BN / 2) * kRow, &maps.b, &full[s], kb * BK, nb * BN + BN / 2);
+            ptx::cp_async_bulk_tensor_2d_load(bs, &maps.b, &full[s], kb * BK, nb * BN);
+            ptx::cp_async_bulk_tensor_2d_load(bs + (BN / 2) * kRow, &maps.b, &full[s], kb * BK, nb * BN + BN / 2);
           }
         }
-        if (epi_waits && !p.waiter) hand_over_waits(pos, mb, arrivals);
       }
-    } else if (tid == 32 && epi_waits && p.waiter) {
-      // The epilogue waits, position by position, beside the loads (KernelParams::waiter).
+    } else if (tid == 32 && epi_waits) {
+      // The epilogue waits, position by position, beside the loads.
       ptx::griddepcontrol_wait();
       uint32_t arrivals = 0;
       for (int pos = first; pos < p.num_positions; pos += step) {
@@ -463,32 +342,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     // ---- consumers ----
-    setmaxnreg_inc<232>();
+    ptx::setmaxnreg_inc<232>();
     ptx::griddepcontrol_wait();  // before any global access (sources, stores, counts)
     const int warp = tid / 32, lane = tid % 32;
     uint8_t* epi = se + wg * kEpiBytes;
     // Descriptors of stage 0 (this warpgroup's 64 rows of A; B).
-    const uint64_t da0 = BKV == 64 ? sw128_desc(smem_u32(sa + wg * (64 * kRow)), 16, 1024)
-                                   : sw64_desc(smem_u32(sa + wg * (64 * kRow)), 512);
-    const uint64_t db0 = BKN         ? sw128_desc(smem_u32(sb), 64 * BK * 2, 1024)
-                         : BKV == 64 ? sw128_desc(smem_u32(sb), 16, 1024)
-                                     : sw64_desc(smem_u32(sb), 512);
+    const uint64_t da0 = BKV == 64 ? ptx::wgmma_desc_sw128(ptx::smem_u32(sa + wg * (64 * kRow)), 16, 1024)
+                                   : ptx::wgmma_desc_sw64(ptx::smem_u32(sa + wg * (64 * kRow)), 512);
+    const uint64_t db0 = BKN         ? ptx::wgmma_desc_sw128(ptx::smem_u32(sb), 64 * BK * 2, 1024)
+                         : BKV == 64 ? ptx::wgmma_desc_sw128(ptx::smem_u32(sb), 16, 1024)
+                                     : ptx::wgmma_desc_sw64(ptx::smem_u32(sb), 512);
     float d[128];
     uint32_t it = 0;
     uint32_t src_uses = 0;  // completions of srcbar[wg] waited for
     // Source 0's half h of tile (mb, nb) into this warpgroup's epilogue buffer (tid 0), once the
     // buffer's previous store has been read.
     auto load_src_half = [&](int mb_, int nb_, int h) {
-      bulk_wait_read0();
-      mbar_expect_tx(&srcbar[wg], kEpiBytes);
+      ptx::cp_async_bulk_wait_group_read<0>();
+      ptx::mbarrier_arrive_expect_tx(&srcbar[wg], kEpiBytes);
       const int x = nb_ * BN + h * kEpiCols, y = mb_ * BM + wg * 64 - p.src_row0;
-      tma_load_2d(epi, &maps.src, &srcbar[wg], x, y);
-      tma_load_2d(epi + 64 * 128, &maps.src, &srcbar[wg], x + 64, y);
+      ptx::cp_async_bulk_tensor_2d_load(epi, &maps.src, &srcbar[wg], x, y);
+      ptx::cp_async_bulk_tensor_2d_load(epi + 64 * 128, &maps.src, &srcbar[wg], x + 64, y);
     };
     auto release = [&](int s) {
       if (lane != 0) return;
-      mbar_arrive(&empty[s]);
-      if (CM == 2) mbar_arrive_cta(&empty[s], crank ^ 1u);
+      ptx::mbarrier_arrive(&empty[s]);
+      if (CM == 2) ptx::mbarrier_arrive_cluster(&empty[s], crank ^ 1u);
     };
     // The k-block at which a tile's sources are first touched: 2 (early, under the main loop),
     // or, with waits at the epilogue, 2 before the last (once the producer met the waits).
@@ -505,15 +384,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto flush_notify = [&]() {
       if (pending < 0) return;
       if (tid == 0) {
-        bulk_wait0();  // this warpgroup's stores of that tile are complete
-        fence_proxy_async_global();
+        ptx::cp_async_bulk_wait_group_publish();  // this warpgroup's stores of that tile are complete
         hook_notify(p, pending);
       }
       pending = -1;
     };
-    // With an order table, each position's tile id is loaded one tile ahead (the load of
-    // order[pos] at the tile's start would hold the next main loop ~0.6 us), and its
-    // destination at the tile's start (not after the main loop).
+    // With an order table, each position's tile id is loaded one tile ahead (loaded at the
+    // tile's start, order[pos] held up the next main loop: docs/gemm.md), and its destination
+    // at the tile's start (not after the main loop).
     int next_id = p.hooks.order && first < p.num_positions ? p.hooks.order[first] : 0;
     for (int pos = first; pos < p.num_positions; pos += step) {
       int mb, nb;
@@ -534,23 +412,23 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kb = 0; kb < kblocks; ++kb, ++it) {
         const int s = it % kStages;
         const uint32_t ph = (it / kStages) & 1u;
-        mbar_wait(&full[s], ph);
-        if (kb == 0 && p.hooks.trace && wg == 0 && tid == 0) p.hooks.trace[3 * pos] = globaltimer();
-        if (it == 0 && tcta && wg == 0 && tid == 0) tcta[3] = globaltimer();
+        ptx::mbarrier_wait_parity(&full[s], ph);
+        if (kb == 0 && p.hooks.trace && wg == 0 && tid == 0) p.hooks.trace[3 * pos] = ptx::globaltimer_ns();
+        if (it == 0 && tcta && wg == 0 && tid == 0) tcta[3] = ptx::globaltimer_ns();
         if (kb == flush_kb) flush_notify();
         if (kb == src_kb && epi_waits) {
           // The producer met this tile's waits (GemmHooks::wait_at_epilogue): the main loop ran
           // while the peers' data came; every thread's source reads come after this.
-          mbar_wait(waitbar, waits_met & 1u);
+          ptx::mbarrier_wait_parity(waitbar, waits_met & 1u);
           ++waits_met;
           // Every thread of the warpgroup has seen this phase before waitfree lets the waiting
           // thread complete the next one: a thread still polling this phase's parity after two
           // more completions would see the parity come round and poll forever (hit on one H100
           // once the waits left the loading thread, which the ring had throttled).
-          named_sync(1 + wg, 128);
+          ptx::bar_sync(1 + wg, 128);
           if (tid == 0) {
-            mbar_arrive(waitfree);
-            fence_proxy_async_global();
+            ptx::mbarrier_arrive(waitfree);
+            ptx::fence_proxy_async_global();
           }
         }
         // Source 0's first half early, under the main loop (the previous tile's stores from the
@@ -568,32 +446,31 @@ __global__ void __launch_bounds__(kThreads, 1)
               const int line = 2 * tid + l, row = mb * BM + wg * 64 + line / 4;
               const int col = nb * BN + (line % 4) * 64;
               if (row < p.m && col < p.n)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const T*>(p.src[i]) +
-                                                              (row - p.src_row0) * p.ld_src + col));
+                ptx::prefetch_global_L2(static_cast<const T*>(p.src[i]) + (row - p.src_row0) * p.ld_src + col);
             }
         }
         // Stage s, step kk: the stage-0 descriptors plus offsets in 16-byte units (the start
         // address field; shared memory < 256 KiB, so it never carries into the next field).
         const uint64_t da_s = da0 + static_cast<uint64_t>(s) * (kAStage >> 4);
         const uint64_t db_s = db0 + static_cast<uint64_t>(s) * (kBStage >> 4);
-        wgmma_fence();
-        fence_regs(d);
+        ptx::wgmma_fence();
+        ptx::wgmma_fence_operand<128>(d);
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
           const uint64_t da = da_s + static_cast<uint64_t>(kk * 2);                   // 32 bytes of K
           const uint64_t db = db_s + static_cast<uint64_t>(BKN ? kk * 128 : kk * 2);  // kn: 16 rows of 128 bytes
           if constexpr (std::is_same_v<T, __nv_bfloat16>)
-            sm90::wgmma_m64n256k16_bf16<BKN>(d, da, db, 1u);
+            ptx::wgmma_m64n256k16_bf16<BKN>(d, da, db, 1u);
           else
-            sm90::wgmma_m64n256k16_f16<BKN>(d, da, db, 1u);
+            ptx::wgmma_m64n256k16_f16<BKN>(d, da, db, 1u);
         }
-        wgmma_commit();
-        fence_regs(d);
-        wgmma_wait<1>();
+        ptx::wgmma_commit_group();
+        ptx::wgmma_fence_operand<128>(d);
+        ptx::wgmma_wait_group<1>();
         if (kb > 0) release((it - 1) % kStages);
       }
-      wgmma_wait<0>();
-      fence_regs(d);
+      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_fence_operand<128>(d);
       if (kblocks > 0) release((it - 1) % kStages);
       if (mb >= p.tiles_m) continue;  // phantom partner: nothing to store
 
@@ -627,7 +504,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
         }
         if (p.hooks.notify_idx) {
-          named_sync(1 + wg, 128);
+          ptx::bar_sync(1 + wg, 128);
           if (tid == 0) {
             dev::fence_acq_rel();
             hook_notify(p, pos);
@@ -644,7 +521,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           // Source 0's half h is (or, for h = 1, is now being) loaded into the buffer, in the
           // layout this thread writes: add what sits at the addresses it is about to write.
           if (h == 1 && tid == 0) load_src_half(mb, nb, 1);
-          mbar_wait(&srcbar[wg], src_uses & 1u);
+          ptx::mbarrier_wait_parity(&srcbar[wg], src_uses & 1u);
           ++src_uses;
 #pragma unroll
           for (int j = 0; j < 16; ++j) {
@@ -658,8 +535,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (p.num_src > 1) add_sources<T>(p, d, h, mb * BM + wg * 64 + r, nb * BN + 2 * t0, 1);
         } else {
           if (tile_src) add_sources<T>(p, d, h, mb * BM + wg * 64 + r, nb * BN + 2 * t0, 0);
-          if (tid == 0) bulk_wait_read0();  // the previous store from this buffer has been read
-          named_sync(1 + wg, 128);
+          if (tid == 0) ptx::cp_async_bulk_wait_group_read<0>();  // the previous store from this buffer has been read
+          ptx::bar_sync(1 + wg, 128);
         }
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
@@ -670,18 +547,18 @@ __global__ void __launch_bounds__(kThreads, 1)
           *reinterpret_cast<uint32_t*>(box + (r + 8) * 128 + chunk * 16 + t0 * 4) =
               pack2<T>(d[4 * jj + 2], d[4 * jj + 3]);
         }
-        fence_proxy_async_smem();
-        named_sync(1 + wg, 128);
+        ptx::fence_proxy_async_shared_cta();
+        ptx::bar_sync(1 + wg, 128);
         if (tid == 0) {
           const int col = nb * BN + h * kEpiCols;
           if (reduce) {
-            tma_reduce_add_2d(cmap, epi, col, row0);
-            tma_reduce_add_2d(cmap, epi + 64 * 128, col + 64, row0);
+            ptx::cp_reduce_async_bulk_tensor_2d_add(cmap, epi, col, row0);
+            ptx::cp_reduce_async_bulk_tensor_2d_add(cmap, epi + 64 * 128, col + 64, row0);
           } else {
-            tma_store_2d(cmap, epi, col, row0);
-            tma_store_2d(cmap, epi + 64 * 128, col + 64, row0);
+            ptx::cp_async_bulk_tensor_2d_store(cmap, epi, col, row0);
+            ptx::cp_async_bulk_tensor_2d_store(cmap, epi + 64 * 128, col + 64, row0);
           }
-          bulk_commit();
+          ptx::cp_async_bulk_commit_group();
         }
       }
       if (p.hooks.notify_idx) {
@@ -693,16 +570,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       if (p.hooks.trace && wg == 0 && tid == 0) {
-        p.hooks.trace[3 * pos + 1] = globaltimer();
-        p.hooks.trace[3 * pos + 2] = smid();
+        p.hooks.trace[3 * pos + 1] = ptx::globaltimer_ns();
+        p.hooks.trace[3 * pos + 2] = ptx::smid();
       }
     }
-    if (tid == 0) bulk_wait0();
+    if (tid == 0) ptx::cp_async_bulk_wait_group<0>();
     flush_notify();
   }
   // Neither CTA of a pair leaves while the other may still multicast into it or arrive on
   // its barriers.
-  if (CM == 2) cluster_sync();
+  if (CM == 2) ptx::barrier_cluster_sync();
 #endif
 }
 
@@ -724,7 +601,7 @@ __global__ void __launch_bounds__(256) gemm_portable_kernel(const KernelParams p
     tile_coords(p, pos, mb, nb);
     if (mb >= p.tiles_m) continue;  // a phantom of a table built for CTA pairs
     if (threadIdx.x == 0) hook_wait(p, pos, mb);
-    if (threadIdx.x == 0 && p.hooks.trace) p.hooks.trace[3 * pos] = globaltimer();
+    if (threadIdx.x == 0 && p.hooks.trace) p.hooks.trace[3 * pos] = ptx::globaltimer_ns();
     __syncthreads();
     const int dest = dest_index(hook_dest_bits(p, pos));
     T* c = static_cast<T*>(args.c[dest]);
@@ -777,8 +654,8 @@ __global__ void __launch_bounds__(256) gemm_portable_kernel(const KernelParams p
         for (int w = 0; w < kGemmNotifyPerTile; ++w) hook_notify(p, pos);
     }
     if (threadIdx.x == 0 && p.hooks.trace) {
-      p.hooks.trace[3 * pos + 1] = globaltimer();
-      p.hooks.trace[3 * pos + 2] = smid();
+      p.hooks.trace[3 * pos + 1] = ptx::globaltimer_ns();
+      p.hooks.trace[3 * pos + 2] = ptx::smid();
     }
     __syncthreads();
   }
@@ -1007,18 +884,17 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   const bool pairs = kp.tiles_m >= 2 && (kp.tiles_m % 2 == 0 || kp.tiles_m >= 9);
   kp.cluster = a.cluster_m == 0 ? (pairs ? 2 : 1) : a.cluster_m;
   // Experiments: WEFT_GEMM_CLUSTER=1|2 overrides the automatic choice (not a table's).
-  if (const char* env = std::getenv("WEFT_GEMM_CLUSTER"); env && a.cluster_m == 0 && (env[0] == '1' || env[0] == '2'))
-    kp.cluster = env[0] - '0';
+  if (const int64_t env = tunable_value(tunables::kGemmCluster); env > 0 && a.cluster_m == 0)
+    kp.cluster = static_cast<int>(env);
   if (!sm90 && !h.order) kp.cluster = 1;  // the portable kernel has no clusters (tables keep their layout)
   kp.k_block = a.k_block == 32 ? 32 : 64;
-  if (const char* env = std::getenv("WEFT_GEMM_BK"); env && a.k_block == 0 && std::atoi(env) == 32) kp.k_block = 32;
+  if (a.k_block == 0 && tunable_value(tunables::kGemmKBlock) == 32) kp.k_block = 32;
   if (kp.k_block == 32) kp.cluster = kp.cluster == 2 && h.order ? -1 : 1;
   if (kp.cluster < 0) return refuse("k_block 32 runs single CTAs: the order table was built for CTA pairs");
   kp.num_positions = gemm_positions(a.m, a.n, kp.cluster);
   kp.group_m = a.group_m > 0 ? a.group_m : 16;
   // Experiments: WEFT_GEMM_GROUP_M=g overrides the closed-form raster's group (not a table's).
-  if (const char* env = std::getenv("WEFT_GEMM_GROUP_M"); env && !h.order && std::atoi(env) > 0)
-    kp.group_m = std::atoi(env);
+  if (const int64_t env = tunable_value(tunables::kGemmGroupM); env > 0 && !h.order) kp.group_m = static_cast<int>(env);
   kp.direct_c = direct_c;
   for (int d = 0; d < kGemmMaxDests; ++d) {
     kp.c[d] = args.c[d];
@@ -1035,11 +911,6 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   kp.src_rows = static_cast<int>(src_rows);
   kp.a2_row0 = static_cast<int>(a.a2_row0);
   kp.a2_rows = static_cast<int>(a.a2_rows);
-  static const int waiter_env = [] {  // WEFT_GEMM_WAITER=0: the loading thread meets them (comparisons)
-    const char* e = std::getenv("WEFT_GEMM_WAITER");
-    return e && e[0] == '0' ? 0 : 1;
-  }();
-  kp.waiter = waiter_env;
   // Source 0 by TMA where C is TMA-stored (same box and swizzle as the stores).
   kp.src_tma = a.num_src > 0 && !direct_c && sm90;
   kp.hooks = h;

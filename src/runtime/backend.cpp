@@ -41,11 +41,17 @@ void Backend::check_error_slot() const {
 std::string describe_timeout(const dev::ErrorSlot& s, uint64_t timeout_ns) {
   const char* what = s.kind == static_cast<uint32_t>(dev::WaitKind::kBarrier) ? "barrier" : "signal";
   std::string who = s.peer >= 0 ? fmt::format("rank {} did not arrive", s.peer) : std::string("no peer arrived");
+  // What the wait was for, where the waiter named it (dev::tile::wait_chunk): "gemm_rs chunk 5: ".
+  std::string for_what;
+  for (int i = 0; i < 8 && ((s.op >> (8 * i)) & 0xff) != 0; ++i)
+    for_what += static_cast<char>((s.op >> (8 * i)) & 0xff);
+  if (s.chunk >= 0) for_what += fmt::format("{}chunk {}", for_what.empty() ? "" : " ", s.chunk);
+  if (!for_what.empty()) for_what += ": ";
   return fmt::format(
-      "rank {}: {} wait timed out after {} ms (WEFT_TIMEOUT_MS={}): {} (signal at heap offset {} expected >= {}, "
+      "rank {}: {} wait timed out after {} ms (WEFT_TIMEOUT_MS={}): {} ({}signal at heap offset {} expected >= {}, "
       "observed {}; block {} thread {})",
-      s.rank, what, s.waited_ns / 1000000, timeout_ns / 1000000, who, s.signal_off, s.expected, s.observed, s.block,
-      s.thread);
+      s.rank, what, s.waited_ns / 1000000, timeout_ns / 1000000, who, for_what, s.signal_off, s.expected, s.observed,
+      s.block, s.thread);
 }
 
 void raise_timeout(const dev::ErrorSlot& slot, uint64_t timeout_ns) {

@@ -9,6 +9,8 @@
 #include "devapi_driver.hpp"
 #include "host_executor.hpp"
 #include "rank_harness.hpp"
+#include "weft/device/tile/notify.hpp"
+#include "weft/device/tile/wait.hpp"
 
 using namespace weft;
 using namespace weft::testing;
@@ -65,6 +67,34 @@ TEST(DevapiHostFaults, SignalWaitNamesTheSilentProducer) {
   EXPECT_NE(res[0].message.find("signal wait timed out"), std::string::npos) << res[0].message;
   EXPECT_NE(res[0].message.find("rank 1 did not arrive"), std::string::npos) << res[0].message;
   EXPECT_NE(res[0].message.find("expected >= 1, observed 0"), std::string::npos) << res[0].message;
+}
+
+// Tile primitives: a chunk's counter reaches threshold * epoch through notifies from a peer and
+// from this rank; a chunk never notified times out with the op, the chunk and the peer named.
+TEST(DevapiHostFaults, ChunkWaitNamesOpChunkAndPeer) {
+  auto res = run_host_ranks(
+      2,
+      [] {
+        auto b = make_backend();
+        auto sig = b->heap().alloc_signals(3, "fault.chunks");
+        const dev::tile::ChunkSignals chunks{sig.offset, dev::op_tag("gemm_rs")};
+        const auto& c = b->ctx();
+        if (world_rank() == 1) {
+          for (int i = 0; i < 2; ++i) dev::tile::notify_chunk(c, chunks, 0, 0);  // epoch 2 of threshold 1
+          return;
+        }
+        WEFT_CHECK(dev::tile::wait_chunk(c, chunks, 0, 1, 2, 1) == 2, "chunk 0 should read 2");
+        dev::tile::notify_chunk(c, chunks, 2, 0, 3);
+        WEFT_CHECK(dev::tile::wait_chunk(c, chunks, 2, 1, 3, 0) == 3, "chunk 2 should read 3");
+        dev::tile::wait_chunk(c, chunks, 1, 1, 3, 1);  // nobody notifies chunk 1
+      },
+      {}, 800);
+  EXPECT_EQ(res[1].exit_code, 0) << res[1].message;
+  EXPECT_EQ(res[0].exit_code, 1);
+  EXPECT_NE(res[0].message.find("signal wait timed out"), std::string::npos) << res[0].message;
+  EXPECT_NE(res[0].message.find("rank 1 did not arrive (gemm_rs chunk 1: signal at heap offset"), std::string::npos)
+      << res[0].message;
+  EXPECT_NE(res[0].message.find("expected >= 3, observed 0"), std::string::npos) << res[0].message;
 }
 
 TEST(DevapiHostFaults, SlowRankWithinTheDeadlineIsNotAnError) {

@@ -22,9 +22,23 @@ struct ErrorSlot {
   uint64_t expected;    // the wait was for signal >= expected
   uint64_t observed;    // the value at the deadline
   uint64_t waited_ns;
-  uint32_t block;       // CUDA block / host worker that waited
+  uint32_t block;  // CUDA block / host worker that waited
   uint32_t thread;
+  uint64_t op;    // op_tag of the op that waited (0: not named)
+  int32_t chunk;  // the chunk it waited for (-1: not a chunk wait)
+  uint32_t reserved;
 };
+
+// An op's name (up to 8 characters) packed into 8 bytes, first character lowest: it travels
+// through kernel parameters and the error slot, where a pointer to a string could not be
+// read back. op_tag("gemm_rs").
+template <int N>
+constexpr uint64_t op_tag(const char (&name)[N]) {
+  static_assert(N - 1 <= 8, "an op tag holds at most 8 characters");
+  uint64_t t = 0;
+  for (int i = 0; i < N - 1; ++i) t |= static_cast<uint64_t>(static_cast<unsigned char>(name[i])) << (8 * i);
+  return t;
+}
 
 struct DeviceCtx {
   int rank;

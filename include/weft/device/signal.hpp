@@ -23,10 +23,11 @@ struct SignalSlab {
 // launch fails), an exception on the host. kPrint = false leaves out the GPU's printf: any
 // call in a kernel makes ptxas serialise that kernel's every WGMMA (C7510), so WGMMA kernels
 // (weft's GEMM) report through the slot alone.
+// `op` (an op_tag) and `chunk` name what the wait was for, where the caller knows it.
 template <bool kPrint = true>
 WEFT_HD void fail_wait(const DeviceCtx& c, WaitKind kind, int peer, uint64_t off, uint64_t expected, uint64_t observed,
-                       uint64_t waited_ns) {
-  ErrorSlot s{1u, c.rank, peer, static_cast<uint32_t>(kind), off, expected, observed, waited_ns, 0u, 0u};
+                       uint64_t waited_ns, uint64_t op = 0, int32_t chunk = -1) {
+  ErrorSlot s{1u, c.rank, peer, static_cast<uint32_t>(kind), off, expected, observed, waited_ns, 0u, 0u, op, chunk, 0u};
 #if defined(__CUDA_ARCH__)
   s.block = blockIdx.x;
   s.thread = threadIdx.x;
@@ -63,10 +64,11 @@ WEFT_HD void signal_set(const DeviceCtx& c, int peer, uint64_t off, uint64_t v) 
 WEFT_HD uint64_t signal_read(const DeviceCtx& c, uint64_t off) { return load_acquire(c.local<uint64_t>(off)); }
 
 // Waits until local signal `off` >= expected; returns the value seen. `from_peer` names the
-// rank expected to signal (-1 if several), for the error when the deadline passes.
+// rank expected to signal (-1 if several), for the error when the deadline passes, and so do
+// `op` and `chunk` where given (tile::wait_chunk).
 template <bool kPrint = true>
 WEFT_HD uint64_t wait_ge(const DeviceCtx& c, uint64_t off, uint64_t expected, int from_peer,
-                         WaitKind kind = WaitKind::kSignal) {
+                         WaitKind kind = WaitKind::kSignal, uint64_t op = 0, int32_t chunk = -1) {
   const uint64_t* p = c.local<uint64_t>(off);
   uint64_t v = load_acquire(p);
   if (v >= expected) return v;
@@ -76,7 +78,7 @@ WEFT_HD uint64_t wait_ge(const DeviceCtx& c, uint64_t off, uint64_t expected, in
     spin_pause(++spins);
     if ((spins & 63u) == 0u) {
       const uint64_t waited = now_ns() - t0;
-      if (waited > c.timeout_ns) fail_wait<kPrint>(c, kind, from_peer, off, expected, v, waited);
+      if (waited > c.timeout_ns) fail_wait<kPrint>(c, kind, from_peer, off, expected, v, waited, op, chunk);
     }
   }
   return v;

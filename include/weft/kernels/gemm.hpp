@@ -131,6 +131,9 @@ struct GemmHooks {
   // barrier set-up (cluster sync), when its producer issued the first TMA load, and when its
   // consumers' first stage arrived.
   uint64_t* trace_cta = nullptr;
+  // The op this GEMM serves, named with the chunk and peer when a wait times out
+  // (dev::op_tag("gemm_rs"); 0: not named).
+  uint64_t op = 0;
   bool any() const { return order || wait_begin || dest || notify_idx || trace || trace_cta; }
 };
 

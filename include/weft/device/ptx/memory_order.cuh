@@ -1,9 +1,11 @@
 // PTX memory-ordering wrappers, named by instruction, scope and meaning.
-// PTX ISA 8.x: §9.7.9.8 ld (.acquire), §9.7.9.10 st (.release), §9.7.13.5 red (.release),
-// §9.7.13.4 fence (.acq_rel / .sc), §10 special register %globaltimer.
+// PTX ISA 8.x: §9.7.9.8 ld (.acquire, .volatile), §9.7.9.10 st (.release), §9.7.13.5 red
+// (.release), §9.7.13.4 fence (.acq_rel / .sc). The async-proxy fences: ptx/fence.cuh.
 #pragma once
 #if defined(__CUDACC__)
 #include <cstdint>
+
+#include "weft/device/ptx/sreg.cuh"  // globaltimer_ns, for the deadlines of atomics.hpp's users
 
 namespace weft::ptx {
 
@@ -47,11 +49,14 @@ __device__ __forceinline__ void st_relaxed_sys_global(uint64_t* p, uint64_t v) {
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-// Nanoseconds of the global timer (coarse on some parts: ~1 µs ticks); for deadlines only.
-__device__ __forceinline__ uint64_t globaltimer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
+// Volatile 64-bit load (no caching, one access per call, no ordering): a value another stream
+// advances between launches (a device-side epoch). An asm statement, not a volatile pointer:
+// nvcc 13 folded `dev ? *dev : x` through a volatile pointer into one load from a select of
+// the two addresses, the parameter's being invalid (compute-sanitizer: a read at 0x3d0).
+__device__ __forceinline__ uint64_t ld_volatile_global(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
 }
 
 }  // namespace weft::ptx
