@@ -59,12 +59,6 @@ std::string rel_path(const std::filesystem::path& p) {
   return std::filesystem::relative(p, WEFT_SOURCE_TREE).generic_string();
 }
 
-// Files other branches of issue 21 move onto the registry (WEFT_GEMM_CLUSTER, _BK, _GROUP_M,
-// _WAITER; WEFT_COLL_CTAS): skipped only while they still call getenv. The lead removes this
-// exemption after merging those branches.
-bool exempt(const std::string& rel, const std::string& text) {
-  return (rel == "src/kernels/gemm_sm90.cu" || rel == "src/ops/collectives.cpp") && contains(text, "getenv(");
-}
 
 }  // namespace
 
@@ -139,7 +133,6 @@ TEST(Tunables, EveryVariableTheLibraryNamesIsRegistered) {
   int seen = 0;
   for (const auto& p : library_sources()) {
     const std::string text = read_all(p), rel = rel_path(p);
-    if (exempt(rel, text)) continue;
     for (std::sregex_iterator it(text.begin(), text.end(), quoted), end; it != end; ++it, ++seen) {
       const std::string v = (*it)[1].str();
       EXPECT_TRUE(names.count(v) || launcher.count(v)) << rel << " names " << v << ", which is not in the registry";
@@ -159,7 +152,6 @@ TEST(Tunables, OnlyEnvCppReadsTheEnvironment) {
       env_cpp_reads = contains(text, "getenv(");
       continue;
     }
-    if (exempt(rel, text)) continue;
     EXPECT_FALSE(contains(text, "getenv(")) << rel << " calls getenv: read through weft/core/env.hpp";
   }
   EXPECT_TRUE(env_cpp_reads) << "src/core/env.cpp no longer calls getenv: is this the right tree?";
