@@ -1,7 +1,9 @@
-// The host backend executing lowered tables: AG+GEMM (all-gather of A by rows, then C = A*B
-// tile by tile) for world sizes 1, 2, 3, 4 and 8, every all-gather algorithm, splits 1 and
-// 3, bf16 and float, three calls in a row with fresh inputs; plus the fault tests (a rank that
-// skips a call, a rank whose transfers never run) and tables the executor must refuse.
+// The host backend executing lowered tables (plan::HostExecutor): AG+GEMM (all-gather of A
+// by rows, then C = A*B tile by tile, the tile function below) for world sizes 1, 2, 3, 4 and
+// 8, every all-gather algorithm, splits 1 and 3, bf16 and float, three calls in a row with
+// fresh inputs; a hand-written text plan; the fault tests (a rank that skips a call, a rank
+// whose transfers never run) and tables the executor must refuse. The reduce transfers and
+// tile counters of GEMM+RS / GEMM+AR run through the same executor in gemm_overlap_host_test.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -9,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <thread>
 
 #include "rank_harness.hpp"
@@ -62,8 +65,27 @@ struct AgGemmCase {
   CommPlan plan;
   TileSchedule schedule;
   Lowered lowered;
-  HostAgGemmOptions options;
+  HostExecutorOptions options;
+  dev::DType dtype = dev::DType::kBF16;  // of A and B; C is float
 };
+
+HostExecutor make_executor(Backend& b, const AgGemmCase& s) {
+  return HostExecutor(b, s.plan, s.schedule, s.lowered, "ag_gemm_test", s.options);
+}
+
+// Rows [r0, r1) x cols [c0, c1) of C = A * B, A [.. x K] and B [K x N] of T, every product
+// accumulated in float in k order (the reference does the same, so results agree to the bit).
+template <class T>
+void gemm_tile(const void* a, const void* b, float* c, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  const T* at = static_cast<const T*>(a);
+  const T* bt = static_cast<const T*>(b);
+  for (int64_t i = r0; i < r1; ++i)
+    for (int64_t j = c0; j < c1; ++j) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < kK; ++k) acc += dev::to_float(at[i * kK + k]) * dev::to_float(bt[k * kN + j]);
+      c[i * kN + j] = acc;
+    }
+}
 
 // Splits 1: tiles in chunk-arrival order, one worker of each kind (the tightest progress).
 // Splits 3: rotated by rank and swizzled, two teams of two workers each.
@@ -78,6 +100,7 @@ AgGemmCase make_setup(AllGatherAlgo algo, int world, int splits, dev::DType dtyp
     swizzle(s.schedule, 2);
   }
   s.lowered = lower(s.plan, s.schedule);
+  s.dtype = dtype;
   s.options.dtype = dtype;
   s.options.transfer_workers = splits == 1 ? 1 : 2;
   s.options.tile_workers = splits == 1 ? 1 : 2;
@@ -86,8 +109,10 @@ AgGemmCase make_setup(AllGatherAlgo algo, int world, int splits, dev::DType dtyp
 }
 
 // One call (epoch `e`) on this rank: fresh inputs, C poisoned with NaN, compared exactly
-// with a host reference computed from the same formulas.
-void run_and_check(HostAgGemm& x, int rank, int world, int64_t e, dev::DType dtype, const std::string& what) {
+// with a host reference computed from the same formulas. The plan gathers its input tensor
+// 'in' (A_r) into 'out' (A, the schedule's tensor); tiles read 'out' on this rank.
+void run_and_check(HostExecutor& x, int rank, int world, int64_t e, dev::DType dtype, const std::string& what,
+                   std::vector<ExecEvent>* events = nullptr) {
   std::vector<float> a(static_cast<size_t>(kM * kK)), b(static_cast<size_t>(kK * kN));
   for (int64_t i = 0; i < kM; ++i)
     for (int64_t k = 0; k < kK; ++k) a[static_cast<size_t>(i * kK + k)] = a_value(rank * kM + i, k, e);
@@ -96,7 +121,18 @@ void run_and_check(HostAgGemm& x, int rank, int world, int64_t e, dev::DType dty
   const auto a_bytes = encode(a, dtype), b_bytes = encode(b, dtype);
   const int64_t rows = int64_t{world} * kM;
   std::vector<float> c(static_cast<size_t>(rows * kN), std::numeric_limits<float>::quiet_NaN());
-  x.run(a_bytes.data(), b_bytes.data(), c.data());
+  const void* gathered = x.tensor(x.plan().tensor_id("out"));
+  ExecCall call;
+  call.input = a_bytes.data();
+  call.input_tensor = x.plan().tensor_id("in");
+  call.tile = [&](const TileEntry&, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    if (dtype == dev::DType::kF32)
+      gemm_tile<float>(gathered, b_bytes.data(), c.data(), r0, r1, c0, c1);
+    else
+      gemm_tile<dev::bf16_t>(gathered, b_bytes.data(), c.data(), r0, r1, c0, c1);
+  };
+  call.events = events;
+  x.run(call);
   for (int64_t g = 0; g < rows; ++g)
     for (int64_t j = 0; j < kN; ++j) {
       float want = 0.0f;
@@ -123,7 +159,7 @@ TEST_P(PlanHostExec, AgGemmIsExactForEveryAlgorithmSplitDtypeAndEpoch) {
           const std::string what = fmt::format("all_gather.{} world {} splits {} {}", algo_name(algo), world, splits,
                                                dev::dtype_name(dtype));
           AgGemmCase s = make_setup(algo, world, splits, dtype);
-          HostAgGemm x(*backend, s.plan, s.schedule, s.lowered, s.options);
+          HostExecutor x = make_executor(*backend, s);
           for (int64_t e = 1; e <= 3; ++e) run_and_check(x, rank, world, e, dtype, what);
         }
   }));
@@ -156,12 +192,32 @@ TEST(PlanHostExecText, HandWrittenPullPlanWithColumnPieces) {
     }
     AgGemmCase s;
     s.plan = parse_plan(text, "pull_halves.plan");
+    s.dtype = dev::DType::kF32;
+    s.options.transfer_workers = s.options.tile_workers = 2;
     s.schedule = gemm_schedule(s.plan, "out", kN, kTileRows, kTileCols);
     s.lowered = lower(s.plan, s.schedule);
-    s.options.dtype = dev::DType::kF32;
     s.options.threads = 3;
-    HostAgGemm x(*backend, s.plan, s.schedule, s.lowered, s.options);
-    for (int64_t e = 1; e <= 3; ++e) run_and_check(x, rank, 2, e, dev::DType::kF32, "pull_halves");
+    HostExecutor x = make_executor(*backend, s);
+    const LoweredRank& lr = s.lowered.ranks[static_cast<size_t>(rank)];
+    for (int64_t e = 1; e <= 3; ++e) {
+      std::vector<ExecEvent> events;
+      run_and_check(x, rank, 2, e, dev::DType::kF32, "pull_halves", &events);
+      // One event per transfer and per tile, each once, named after what it ran.
+      WEFT_CHECK(
+          events.size() == lr.transfers.size() + lr.tiles.size(),
+          fmt::format("{} events for {} transfers and {} tiles", events.size(), lr.transfers.size(), lr.tiles.size()));
+      std::set<int64_t> chunks, tiles;
+      for (const ExecEvent& ev : events) {
+        WEFT_CHECK(ev.end_ns >= ev.start_ns && ev.worker >= 0 && ev.worker < 2, ev.name);
+        if (ev.what == ExecEvent::What::kTransfer) {
+          WEFT_CHECK(chunks.insert(ev.id).second && ev.name.rfind(fmt::format("chunk {} ", ev.id), 0) == 0, ev.name);
+        } else {
+          const TileEntry& t = lr.tiles.at(static_cast<size_t>(ev.id));
+          WEFT_CHECK(tiles.insert(ev.id).second && ev.name == fmt::format("tile ({},{})", t.m, t.n), ev.name);
+        }
+      }
+      WEFT_CHECK(chunks.size() == lr.transfers.size() && tiles.size() == lr.tiles.size(), "events repeat");
+    }
   }));
 }
 
@@ -177,7 +233,7 @@ TEST(PlanHostExecFaults, RankThatSkipsACallIsNamedByEveryPeer) {
         auto backend = make_backend();
         const int rank = backend->rank();
         AgGemmCase s = make_setup(AllGatherAlgo::kDirect, world, 1, dev::DType::kBF16);
-        HostAgGemm x(*backend, s.plan, s.schedule, s.lowered, s.options);
+        HostExecutor x = make_executor(*backend, s);
         run_and_check(x, rank, world, 1, dev::DType::kBF16, "first call");
         if (rank == victim) {
           // Alive but silent past everyone's deadline: the peers must not rely on its exit.
@@ -215,10 +271,13 @@ TEST(PlanHostExecFaults, RankWhoseTransfersNeverRunIsNamedBySignalWaits) {
         const int rank = backend->rank();
         AgGemmCase s = make_setup(AllGatherAlgo::kDirect, world, 1, dev::DType::kF32);
         if (rank == victim) {
-          s.lowered.ranks[victim].transfers.clear();
-          s.lowered.ranks[victim].transfer_waits.clear();
+          LoweredRank& lr = s.lowered.ranks[victim];
+          lr.transfers.clear();
+          lr.transfer_waits.clear();
+          lr.counter_wait_begin = {0};
+          lr.counter_waits.clear();
         }
-        HostAgGemm x(*backend, s.plan, s.schedule, s.lowered, s.options);
+        HostExecutor x = make_executor(*backend, s);
         try {
           run_and_check(x, rank, world, 1, dev::DType::kF32, "call");
         } catch (const TimeoutError& e) {
@@ -242,7 +301,7 @@ TEST(PlanHostExecFaults, RefusesTablesItCannotRun) {
     auto expect_refusal = [&](const AgGemmCase& s, const std::string& needle) {
       std::string msg;
       try {
-        HostAgGemm x(*backend, s.plan, s.schedule, s.lowered, s.options);
+        make_executor(*backend, s);
       } catch (const InvalidArgument& e) {
         msg = e.what();
       }
@@ -250,7 +309,7 @@ TEST(PlanHostExecFaults, RefusesTablesItCannotRun) {
                  fmt::format("expected a refusal containing '{}', got '{}'", needle, msg));
     };
     AgGemmCase s = make_setup(AllGatherAlgo::kRing, 2, 3, dev::DType::kBF16);
-    // Element size of the plan differs from the dtype.
+    // Element size of the plan differs from the element type given.
     AgGemmCase wrong_type = s;
     wrong_type.options.dtype = dev::DType::kF32;
     expect_refusal(wrong_type, "f32 elements are 4 bytes");
@@ -262,15 +321,44 @@ TEST(PlanHostExecFaults, RefusesTablesItCannotRun) {
     AgGemmCase hole = s;
     hole.lowered.ranks[0].tiles.pop_back();
     expect_refusal(hole, "rank 0 has 19 tiles, the 4x5 grid 20");
-    // Reductions are not an all-gather's business.
+    // A reduce adds elements: without an element type the executor cannot.
     AgGemmCase reduce = s;
+    reduce.options.dtype.reset();
     reduce.lowered.ranks[1].transfers[1].kind = static_cast<int32_t>(Kind::kReduce);
-    expect_refusal(reduce, "reduce transfers are not supported");
-    // Nor are plans of another shape.
-    AgGemmCase rs;
-    rs.plan = reduce_scatter(ReduceScatterAlgo::kDirect, 2, kM, kK);
-    rs.schedule = gemm_schedule(rs.plan, "out", kN, kTileRows, kTileCols);
-    rs.lowered = lower(rs.plan, rs.schedule);
-    expect_refusal(rs, "needs");  // its 'in' is taller than an all-gather's input
+    expect_refusal(reduce, "need the element type");
+    // A push in rank 0's table from rank 1's memory is rank 1's to run.
+    AgGemmCase misplaced = s;
+    misplaced.lowered.ranks[0].transfers[0].kind = static_cast<int32_t>(Kind::kPush);
+    misplaced.lowered.ranks[0].transfers[0].src_rank = 1;
+    expect_refusal(misplaced, "a push from rank 1 to rank 0 cannot run on rank 0");
+    AgGemmCase unknown = s;
+    unknown.lowered.ranks[0].transfers[0].kind = 9;
+    expect_refusal(unknown, "unknown transfer kind 9");
+    // A wait on a signal past the rank's slab.
+    AgGemmCase bad_wait = s;
+    bad_wait.lowered.ranks[0].tile_waits[0].signal = 99;
+    expect_refusal(bad_wait, "are not valid entries");
+    // Counter tables: a wait on a counter that does not exist, a notify of a rank outside.
+    AgGemmCase bad_counter = s;
+    bad_counter.lowered.ranks[1].counter_waits.push_back(CounterWait{0, 7, 1});
+    bad_counter.lowered.ranks[1].counter_wait_begin.back() += 1;
+    expect_refusal(bad_counter, "counter waits");
+    AgGemmCase bad_notify = s;
+    bad_notify.lowered.ranks[0].notify_ranks.push_back(5);
+    for (size_t c = 1; c < bad_notify.lowered.ranks[0].notify_begin.size(); ++c)
+      bad_notify.lowered.ranks[0].notify_begin[c] += 1;
+    expect_refusal(bad_notify, "notify ranks [0, 1) are not valid");
+    // Tables lowered from another schedule (4 row blocks there, 2 here).
+    AgGemmCase other = s;
+    other.schedule = gemm_schedule(s.plan, "out", kN, 2 * kTileRows, kTileCols);
+    expect_refusal(other, "counters");
+    // A schedule for a tensor the plan does not have.
+    AgGemmCase no_tensor = s;
+    no_tensor.schedule.tensor = "nowhere";
+    expect_refusal(no_tensor, "the schedule's tensor 'nowhere'");
+    // The verifier's verdict (options.verify): a dependency rank 1 has no signal to wait on.
+    AgGemmCase invalid = make_setup(AllGatherAlgo::kRing, 2, 1, dev::DType::kBF16);
+    invalid.plan.queues[1].back().deps.push_back(invalid.plan.queues[0][0].chunk);
+    expect_refusal(invalid, "plan all_gather.ring is invalid");
   }));
 }

@@ -1,15 +1,14 @@
 // Private to src/ops: the plans of the GEMM ops (from the plan compiler's templates, lowered
 // with their tile schedules: every table the methods read, GPU and host, is in
-// OpPlan::lowered), and the host backend's executor of those tables.
+// OpPlan::lowered), and the host backend's methods running them on plan::HostExecutor.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "weft/device/barrier.hpp"
-#include "weft/device/signal.hpp"
-#include "weft/ops/gemm_overlap.hpp"
 #include "fused.hpp"
+#include "weft/ops/gemm_overlap.hpp"
+#include "weft/plan/host_executor.hpp"
 #include "weft/plan/plan.hpp"
 #include "weft/plan/schedule.hpp"
 #include "weft/runtime/backend.hpp"
@@ -57,33 +56,22 @@ void order_by_demand(plan::TileSchedule& s, const plan::CommPlan& plan);
 void host_gemm(dev::DType t, BLayout layout, const void* a, const void* b, void* c, int64_t k, int64_t n, int64_t r0,
                int64_t r1, int64_t c0, int64_t c1, int me = 0, int threads = 1);
 
-// The host backend executing an OpPlan's tables (docs/gemm_overlap.md).
+// The host backend's decomposed and fused methods: plan::HostExecutor running an OpPlan's
+// tables, with host_gemm as the tile function (docs/gemm_overlap.md).
 class HostGemmExec {
  public:
   HostGemmExec(Backend& backend, OpPlan plan, dev::DType dtype, BLayout layout, int64_t k_local, int transfer_workers,
                int tile_workers, const std::string& tag);
   // a: A_r; b: this rank's B; c: C. Appends events to *trace when it is not null.
   void run(const void* a, const void* b, void* c, std::vector<TraceEvent>* trace);
-  const OpPlan& op_plan() const { return p_; }
 
  private:
-  void run_transfer(const dev::DeviceCtx& c, const plan::TransferDesc& d, int32_t index, int64_t epoch) const;
-  void run_tile(const dev::DeviceCtx& c, const plan::TileEntry& t, int64_t epoch, const void* a, const void* b,
-                void* out) const;
-
-  Backend& b_;
-  OpPlan p_;
+  GemmOp op_;
+  int input_, gemm_, output_;  // plan tensors (OpPlan)
   dev::DType dtype_;
   BLayout layout_;
   int64_t k_local_;
-  int transfer_workers_, tile_workers_;
-  int rank_;
-  bool remote_input_reads_ = false;
-  std::vector<uint64_t> tensor_off_;
-  dev::SignalSlab signals_{}, counters_{};
-  dev::BarrierHandle barrier_{};
-  int64_t epoch_ = 0;
-  bool broken_ = false;
+  plan::HostExecutor x_;
 };
 
 }  // namespace weft::ops::detail
