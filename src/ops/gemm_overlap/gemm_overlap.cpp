@@ -8,8 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "../common/op_base.hpp"
 #include "../common/tuning_cache.hpp"
+#include "gemm_overlap_impl.hpp"
 #include "plan.hpp"
 #include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
@@ -43,7 +43,7 @@ int64_t now_ns() {
       .count();
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+using detail::ceil_div;
 
 plan::DeviceConstants device_constants() {
   if (const std::string p = tunable_text(tunables::kDeviceConstants); !p.empty()) return plan::load_device_constants(p);
@@ -54,45 +54,18 @@ plan::DeviceConstants device_constants() {
 
 // ---- state -----------------------------------------------------------------------------
 
-#ifdef WEFT_HAVE_CUDA
-namespace {
-struct TimedEvent {
-  cudaEvent_t start = nullptr, end = nullptr;
-  TraceEvent meta;
-};
-}  // namespace
-#endif
-
-struct GemmOverlap::Impl {
-  Backend& b;
-  GemmOverlapConfig cfg;
-  detail::OpBase op;
-  int world = 1, rank = 0;
-  size_t eb = 2;
-  int64_t k_local = 0, m_shard = 0;  // m_shard: rows of A_r (ag_gemm) or of C_r (gemm_rs)
-  int64_t a_rows = 0, a_cols = 0, b_rows = 0, b_cols = 0, c_rows = 0, c_cols = 0;
-  int chunks = 1;
+// The op: the shapes, decisions and helpers its methods share are its base (GemmOpContext,
+// gemm_overlap_impl.hpp).
+struct GemmOverlap::Impl : detail::GemmOpContext {
   AutoChoice autoc;
   std::string cache;
-  std::vector<TraceEvent> trace;
-  Collectives coll;
-  bool fused_gpu = false;
-  // gemm_rs decomposed: how the own block meets the peers' partial products (decide():
-  // choose_rs_fold): a reduce pass after it, or folded into its GEMM's epilogue -- weft's
-  // GEMM (one launch waiting per M-block) or cuBLASLt (2 ranks: D = A B + the peer's piece).
-  RsFold rs_fold = RsFold::kNone;
 
   // host backend
   std::unique_ptr<detail::HostGemmExec> host_dec, host_fused;
-  std::vector<unsigned char> host_scratch;
 
 #ifdef WEFT_HAVE_CUDA
-  cublasHandle_t handle = nullptr;
-  std::unique_ptr<detail::LtGemm> lt;  // every cuBLAS GEMM of the op (Impl::gemm)
-  void* workspace = nullptr;
-  void* scratch = nullptr;    // baseline: gathered A (ag_gemm) or the partial product (gemm_rs)
   cudaStream_t cs = nullptr;  // copy / communication stream of `decomposed`
-  cudaEvent_t ev_fork = nullptr, ev_join = nullptr, ev_base = nullptr;
+  cudaEvent_t ev_fork = nullptr, ev_join = nullptr;
   std::vector<cudaEvent_t> ev_piece;
   // gemm_rs, RsFold::kLt (2 ranks): the peer's piece j has landed here (recorded on cs after
   // its wait).
@@ -108,8 +81,6 @@ struct GemmOverlap::Impl {
   cudaStream_t cw = nullptr, cb = nullptr;  // the data waits; the deadline-bearing second wait
   cudaEvent_t ev_backup = nullptr;
   std::vector<cudaEvent_t> ev_out;  // this rank's push of piece j (and its flag) is done
-  uint64_t epoch_off = 0;
-  dev::BarrierHandle barrier{};
   // decomposed ag_gemm: the plan's tables and tensors
   detail::OpPlan ag;
   std::vector<uint64_t> ag_tensor_off;
@@ -144,15 +115,9 @@ struct GemmOverlap::Impl {
   fused::TraceRecord* f_trace = nullptr;
   uint32_t* f_trace_count = nullptr;
   uint32_t f_trace_capacity = 0;
-  // Transfers by SM copy kernels instead of the copy engine: WEFT_OVERLAP_ENGINE=sm, or after
-  // the copy engine refused a pointer.
-  bool sm_copies = false;
-  // tracing
-  std::vector<TimedEvent> timed;
-  size_t timed_used = 0;
 #endif
 
-  Impl(Backend& backend, const GemmOverlapConfig& c) : b(backend), cfg(c), op(backend, to_string(c.op)), coll(backend) {}
+  Impl(Backend& backend, const GemmOverlapConfig& c) : GemmOpContext(backend, c) {}
   ~Impl();
 
   void validate();
@@ -171,46 +136,15 @@ struct GemmOverlap::Impl {
   void host_baseline(const void* a, const void* bp, void* c, bool tracing);
 #ifdef WEFT_HAVE_CUDA
   void setup_gpu();
-  // cuBLAS of rows x cols of this op's local product (below), through `lt`: kGemmEx is its
-  // candidate 0, never timed (cublasGemmEx; cublasLt's first heuristic where C is added), kLt
-  // the candidate LtGemm chose (timed where WEFT_GEMM_TUNE asks). `add`: C += add (C's layout).
-  enum class Blas { kGemmEx, kLt };
-  void gemm(cudaStream_t s, const void* a, const void* bp, void* c, int64_t rows, int64_t k, int64_t c0, int64_t cols,
-            Blas lib = Blas::kGemmEx, const void* add = nullptr);
-
-  // weft's GEMM (kernels/gemm.hpp) of `rows` rows of this op's local product: a [rows x
-  // k_local], B, c [rows x N]; hooks and fusion arguments are the caller's to add.
-  // Launch it with ops::gemm_gpu.
-  kernels::GemmArgs weft_gemm_args(const void* a, const void* bp, void* c, int64_t rows) const;
   void run_gpu(GemmMethod m, const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   void gpu_baseline(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   void gpu_decomposed(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   void gpu_fused(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   void gather_rs(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);  // RsFold::kGather
-  void begin(cudaStream_t s, bool tracing);
-  size_t mark(cudaStream_t s, TraceKind kind, int64_t id, int lane, const char* lane_name, std::string name,
-              bool tracing);
-  void mark_end(size_t i, cudaStream_t s, bool tracing);
-  void collect(cudaStream_t s);
-  void wait_list(cudaStream_t s, const std::vector<std::tuple<int, uint64_t, int64_t>>& waits);
-  // waits[begin, begin + kOverlapListMax) as one wait kernel's (or reduce kernel's) list.
-  static kernels::OverlapWaits overlap_waits(const std::vector<std::tuple<int, uint64_t, int64_t>>& waits,
-                                             size_t begin = 0);
-  // A one-CTA kernel on `s`: fence, then peer's signal at `off` += inc (after what `s` ran).
-  void signal(int peer, uint64_t off, uint64_t inc, cudaStream_t s);
   // gemm_rs's epoch guard on `s` without an SM (rs_memop_guard): tell every peer this rank
   // began this call, wait until every peer did, reset those words. No deadline: the waits for
   // the peers' data must not sit behind it (they name a missing peer).
   void memop_guard(cudaStream_t s);
-  // Sets the word at `off` on `peer` to this rank's call count, by the copy engine in `s`'s
-  // order (after the transfer it flags; no SM): what a signal kernel's +1 per call gives.
-  void put_count(int peer, uint64_t off, cudaStream_t s);
-  // The result of a copy-engine call on `s`: true if it was taken; false if the copy engine
-  // refused a peer pointer (outside a capture: sm_copies from now on, with a message; the
-  // caller falls back to SMs); any other error is thrown.
-  bool copy_engine_took(cudaError_t e, cudaStream_t s);
-  void copy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, cudaStream_t s);
-  const char* engine_name() const { return sm_copies ? "SM copy" : "copy engine"; }
 #endif
 };
 
@@ -428,57 +362,17 @@ void GemmOverlap::Impl::run_host(GemmMethod m, const void* a, const void* bp, vo
 #ifdef WEFT_HAVE_CUDA
 namespace {
 ncclDataType_t nccl_type(dev::DType t) { return t == dev::DType::kF16 ? ncclFloat16 : ncclBfloat16; }
-char* at(const void* p, uint64_t bytes) { return static_cast<char*>(const_cast<void*>(p)) + bytes; }
-
-// Host tables packed into one device allocation, each 16-byte aligned: add() them in order,
-// upload() once (the caller frees the allocation), then table(dev, i) is the i-th one there.
-struct TableBlob {
-  std::vector<char> bytes;
-  std::vector<size_t> offs;
-  template <class V>
-  void add(const V& v) {
-    const size_t o = (bytes.size() + 15) & ~size_t{15}, n = v.size() * sizeof(v[0]);
-    bytes.resize(o + n);
-    if (n) std::memcpy(bytes.data() + o, v.data(), n);
-    offs.push_back(o);
-  }
-  void* upload() const {
-    void* d = nullptr;
-    WEFT_CUDA_CHECK(cudaMalloc(&d, std::max<size_t>(bytes.size(), 16)));
-    WEFT_CUDA_CHECK(cudaMemcpy(d, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
-    return d;
-  }
-  template <class T>
-  const T* table(void* dev, int i) const {
-    return reinterpret_cast<const T*>(static_cast<char*>(dev) + offs[static_cast<size_t>(i)]);
-  }
-};
+using detail::at;
+using detail::TableBlob;
 }  // namespace
 
 void GemmOverlap::Impl::setup_gpu() {
-  // Every kernel a spinning GEMM or wait of this op may wait behind, loaded now: with lazy
-  // module loading a first launch can wait behind a kernel that spins (kernels::load_kernels).
-  WEFT_CUDA_CHECK(kernels::gemm_preload());
-  WEFT_CUDA_CHECK(kernels::overlap_preload());
-  WEFT_CUDA_CHECK(kernels::runtime_preload());
-  WEFT_CUBLAS_CHECK(cublasCreate(&handle));
-  const size_t ws = 32ull << 20;  // set explicitly: cuBLAS in CUDA graphs needs a user workspace
-  WEFT_CUDA_CHECK(cudaMalloc(&workspace, ws));
-  WEFT_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace, ws));
-  WEFT_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
-  lt = std::make_unique<detail::LtGemm>(workspace, ws, handle);
-  const size_t scratch_bytes = cfg.op == GemmOp::kAgGemm   ? static_cast<size_t>(cfg.m * k_local) * eb
-                               : cfg.op == GemmOp::kGemmRs ? static_cast<size_t>(cfg.m * cfg.n) * eb
-                                                           : 0;
-  if (scratch_bytes) WEFT_CUDA_CHECK(cudaMalloc(&scratch, scratch_bytes));
+  init_gpu();
   WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
   WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork, cudaEventDisableTiming));
   WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
-  WEFT_CUDA_CHECK(cudaEventCreate(&ev_base));
   SymmetricHeap& heap = b.heap();
   const std::string tag = fmt::format("{}.{}x{}x{}", to_string(cfg.op), cfg.m, cfg.k, cfg.n);
-  epoch_off = heap.alloc_bytes(8, tag + ".epoch");
-  barrier = heap.alloc_barrier(tag + ".barrier");
   const int64_t rows = cfg.op == GemmOp::kGemmAr ? cfg.m : m_shard;
   pieces = plan::split_range(0, rows, chunks);
   if (cfg.op == GemmOp::kAgGemm) {
@@ -681,127 +575,6 @@ void GemmOverlap::Impl::setup_gpu() {
   }
 }
 
-// C[rows x cols] (ldc = N, starting at column c0) = A[rows x k] (lda = k) * op(B) columns
-// [c0, c0 + cols): row-major through cuBLAS's column-major view (C^T = op(B)^T A^T).
-void GemmOverlap::Impl::gemm(cudaStream_t s, const void* a, const void* bp, void* c, int64_t rows, int64_t k,
-                             int64_t c0, int64_t cols, Blas lib, const void* add) {
-  if (rows <= 0 || cols <= 0) return;
-  const bool nk = cfg.b_layout == BLayout::kNK;
-  detail::LtProblem p;
-  p.rows = rows;
-  p.cols = cols;
-  p.k = k;
-  p.lda = k;
-  p.ldb = nk ? k : cfg.n;
-  p.ldd = cfg.n;
-  p.b_nk = nk;
-  p.dtype = cfg.dtype;
-  p.add_c = add != nullptr;
-  const void* bptr = nk ? at(bp, static_cast<uint64_t>(c0 * k) * eb) : at(bp, static_cast<uint64_t>(c0) * eb);
-  lt->run(p, a, bptr, add ? at(add, static_cast<uint64_t>(c0) * eb) : nullptr, at(c, static_cast<uint64_t>(c0) * eb), s,
-          /*may_time=*/lib == Blas::kLt);
-}
-
-kernels::GemmArgs GemmOverlap::Impl::weft_gemm_args(const void* a, const void* bp, void* c, int64_t rows) const {
-  kernels::GemmArgs g;
-  g.m = static_cast<int>(rows);
-  g.n = static_cast<int>(cfg.n);
-  g.k = static_cast<int>(k_local);
-  g.type = cfg.dtype == dev::DType::kBF16 ? kernels::GemmType::kBF16 : kernels::GemmType::kF16;
-  g.b_layout = cfg.b_layout == BLayout::kNK ? kernels::GemmBLayout::kNK : kernels::GemmBLayout::kKN;
-  g.a = a;
-  g.lda = k_local;
-  g.b = bp;
-  g.ldb = cfg.b_layout == BLayout::kNK ? k_local : cfg.n;
-  g.c[0] = c;
-  g.ldc = cfg.n;
-  return g;
-}
-
-void GemmOverlap::Impl::begin(cudaStream_t s, bool tracing) {
-  if (!tracing) return;
-  timed_used = 0;
-  // Line the ranks up so every rank's t = 0 is the same moment (within a flag latency).
-  WEFT_CUDA_CHECK(kernels::device_barrier(b.ctx(), barrier, s));
-  WEFT_CUDA_CHECK(cudaEventRecord(ev_base, s));
-}
-
-size_t GemmOverlap::Impl::mark(cudaStream_t s, TraceKind kind, int64_t id, int lane, const char* lane_name,
-                               std::string name, bool tracing) {
-  if (!tracing) return 0;
-  if (timed_used == timed.size()) {
-    TimedEvent e;
-    WEFT_CUDA_CHECK(cudaEventCreate(&e.start));
-    WEFT_CUDA_CHECK(cudaEventCreate(&e.end));
-    timed.push_back(e);
-  }
-  TimedEvent& e = timed[timed_used];
-  e.meta = TraceEvent{rank, kind, id, lane, lane_name, std::move(name), 0, 0};
-  WEFT_CUDA_CHECK(cudaEventRecord(e.start, s));
-  return timed_used++;
-}
-
-void GemmOverlap::Impl::mark_end(size_t i, cudaStream_t s, bool tracing) {
-  if (tracing) WEFT_CUDA_CHECK(cudaEventRecord(timed[i].end, s));
-}
-
-void GemmOverlap::Impl::collect(cudaStream_t s) {
-  WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
-  b.synchronize();
-  for (size_t i = 0; i < timed_used; ++i) {
-    float t0 = 0, t1 = 0;
-    WEFT_CUDA_CHECK(cudaEventElapsedTime(&t0, ev_base, timed[i].start));
-    WEFT_CUDA_CHECK(cudaEventElapsedTime(&t1, ev_base, timed[i].end));
-    TraceEvent e = timed[i].meta;
-    e.start_ns = static_cast<int64_t>(static_cast<double>(t0) * 1e6);
-    e.end_ns = static_cast<int64_t>(static_cast<double>(t1) * 1e6);
-    trace.push_back(std::move(e));
-  }
-}
-
-kernels::OverlapWaits GemmOverlap::Impl::overlap_waits(const std::vector<std::tuple<int, uint64_t, int64_t>>& waits,
-                                                       size_t begin) {
-  kernels::OverlapWaits w{};
-  for (size_t j = begin; j < waits.size() && j < begin + kernels::kOverlapListMax; ++j, ++w.count) {
-    w.from[w.count] = std::get<0>(waits[j]);
-    w.off[w.count] = std::get<1>(waits[j]);
-    w.threshold[w.count] = std::get<2>(waits[j]);
-  }
-  return w;
-}
-
-void GemmOverlap::Impl::wait_list(cudaStream_t s, const std::vector<std::tuple<int, uint64_t, int64_t>>& waits) {
-  for (size_t i = 0; i < waits.size(); i += kernels::kOverlapListMax)
-    WEFT_CUDA_CHECK(kernels::overlap_wait(b.ctx(), epoch_off, overlap_waits(waits, i), s));
-}
-
-void GemmOverlap::Impl::signal(int peer, uint64_t off, uint64_t inc, cudaStream_t s) {
-  kernels::OverlapSignals sig{};
-  sig.count = 1;
-  sig.peer[0] = peer;
-  sig.off[0] = off;
-  sig.inc[0] = inc;
-  WEFT_CUDA_CHECK(kernels::overlap_signal(b.ctx(), sig, s));
-}
-
-bool GemmOverlap::Impl::copy_engine_took(cudaError_t e, cudaStream_t s) {
-  if (e == cudaSuccess) return true;
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  if (e != cudaErrorInvalidValue || cudaStreamIsCapturing(s, &st) != cudaSuccess || st != cudaStreamCaptureStatusNone)
-    WEFT_CUDA_CHECK(e);
-  (void)cudaGetLastError();
-  std::fprintf(stderr, "weft: rank %d: the copy engine refused a peer pointer (%s); %s uses SM copies from now on\n",
-               rank, cudaGetErrorString(e), to_string(cfg.op));
-  sm_copies = true;
-  return false;
-}
-
-void GemmOverlap::Impl::put_count(int peer, uint64_t off, cudaStream_t s) {
-  const dev::DeviceCtx& ctx = b.ctx();
-  WEFT_CUDA_CHECK(cudaMemcpyAsync(ctx.peer_base[peer] + off, ctx.peer_base[rank] + epoch_off, sizeof(uint64_t),
-                                  cudaMemcpyDefault, s));
-}
-
 void GemmOverlap::Impl::memop_guard(cudaStream_t s) {
   const dev::DeviceCtx& ctx = b.ctx();
   for (int q = 0; q < world; ++q) {
@@ -816,13 +589,6 @@ void GemmOverlap::Impl::memop_guard(cudaStream_t s) {
     detail::stream_wait_geq(s, mine, 1);
     detail::stream_write(s, mine, 0);
   }
-}
-
-void GemmOverlap::Impl::copy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows,
-                               cudaStream_t s) {
-  if (!sm_copies && copy_engine_took(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, s), s))
-    return;
-  WEFT_CUDA_CHECK(kernels::overlap_copy(dst, dpitch, src, spitch, width, rows, 16, s));
 }
 
 void GemmOverlap::Impl::gpu_baseline(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
@@ -1198,24 +964,16 @@ void GemmOverlap::Impl::run_gpu(GemmMethod m, const void* a, const void* bp, voi
 
 GemmOverlap::Impl::~Impl() {
 #ifdef WEFT_HAVE_CUDA
-  for (auto& e : timed) {
-    cudaEventDestroy(e.start);
-    cudaEventDestroy(e.end);
-  }
   for (auto& e : ev_piece) cudaEventDestroy(e);
   for (auto& e : ev_recv) cudaEventDestroy(e);
   for (auto& e : ev_out) cudaEventDestroy(e);
   if (ev_fork) cudaEventDestroy(ev_fork);
   if (ev_join) cudaEventDestroy(ev_join);
-  if (ev_base) cudaEventDestroy(ev_base);
   if (cs) cudaStreamDestroy(cs);
   if (cw) cudaStreamDestroy(cw);
   if (cb) cudaStreamDestroy(cb);
   if (ev_backup) cudaEventDestroy(ev_backup);
   if (one) cudaFree(one);
-  if (handle) cublasDestroy(handle);
-  if (workspace) cudaFree(workspace);
-  if (scratch) cudaFree(scratch);
   if (f_tables) cudaFree(f_tables);
   if (rs_fold_tables) cudaFree(rs_fold_tables);
   if (ev_guard) cudaEventDestroy(ev_guard);

@@ -1,0 +1,179 @@
+// Private to src/ops/gemm_overlap: the GEMM + communication ops in the op skeleton
+// (docs/architecture.md, "Adding an op"; docs/gemm_overlap.md, "Code layout"):
+//  - the op (gemm_overlap.cpp: GemmOverlap::Impl): argument checks, the method choice (`auto`:
+//    the cost model, model.cpp, and the tuning cache), one object per method, dispatch;
+//  - GemmOpContext (context.cpp): what every method of the op reads or shares, written once:
+//    the configuration and the per-rank shapes, the decisions the methods follow (chunks, the
+//    gemm_rs fold), cuBLAS (LtGemm), the op's scratch, the epoch word and barrier of the heap,
+//    the trace, and the stream-level helpers several methods call (gemm, signal, put_count,
+//    copy2d, ...);
+//  - one class per method behind GemmMethodImpl, each owning its state and freeing it in its
+//    destructor: baseline.cpp (BaselineGpu: NCCL + cuBLAS; BaselineHost: the reference
+//    collectives + a CPU GEMM), decomposed.cpp (DecomposedGpu: per-chunk cuBLAS GEMMs beside
+//    copy-engine transfers), fused_method.cpp (FusedGpu: one persistent kernel, fused.cpp),
+//    host_plan.cpp (HostPlanMethod: decomposed and fused on the host backend, the plan
+//    executor).
+// Every method's state is set up when the op is constructed (collective: symmetric heap
+// allocations are matched across ranks by name, size and order), never inside a CUDA graph
+// capture.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "../common/op_base.hpp"
+#include "plan.hpp"
+#include "weft/ops/collectives.hpp"
+#include "weft/ops/gemm_overlap.hpp"
+#include "weft/ops/gemm_overlap_model.hpp"
+
+#ifdef WEFT_HAVE_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "fused.hpp"
+#include "lt_gemm.hpp"
+#include "weft/core/cuda_check.hpp"
+#include "weft/kernels/gemm.hpp"
+#include "weft/kernels/gemm_overlap_kernels.hpp"
+#endif
+
+namespace weft::ops::detail {
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// One method of the op. The op has checked a, b, c (shapes, alignment, overlap) and resolved
+// `auto`. GPU: enqueue one call on `stream` (a cudaStream_t); host: run it (stream unused).
+// `tracing`: append this call's events to GemmOpContext::trace (cleared by the op).
+class GemmMethodImpl {
+ public:
+  virtual ~GemmMethodImpl() = default;
+  virtual void run(const void* a, const void* b, void* c, void* stream, bool tracing) = 0;
+};
+
+#ifdef WEFT_HAVE_CUDA
+struct TimedEvent {
+  cudaEvent_t start = nullptr, end = nullptr;
+  TraceEvent meta;
+};
+
+inline char* at(const void* p, uint64_t bytes) { return static_cast<char*>(const_cast<void*>(p)) + bytes; }
+
+// Host tables packed into one device allocation, each 16-byte aligned: add() them in order,
+// upload() once (the caller frees the allocation), then table(dev, i) is the i-th one there.
+struct TableBlob {
+  std::vector<char> bytes;
+  std::vector<size_t> offs;
+  template <class V>
+  void add(const V& v) {
+    const size_t o = (bytes.size() + 15) & ~size_t{15}, n = v.size() * sizeof(v[0]);
+    bytes.resize(o + n);
+    if (n) std::memcpy(bytes.data() + o, v.data(), n);
+    offs.push_back(o);
+  }
+  void* upload() const {
+    void* d = nullptr;
+    WEFT_CUDA_CHECK(cudaMalloc(&d, std::max<size_t>(bytes.size(), 16)));
+    WEFT_CUDA_CHECK(cudaMemcpy(d, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+    return d;
+  }
+  template <class T>
+  const T* table(void* dev, int i) const {
+    return reinterpret_cast<const T*>(static_cast<char*>(dev) + offs[static_cast<size_t>(i)]);
+  }
+};
+#endif
+
+// What the op's methods share: the op (GemmOverlap::Impl) is one, and hands itself to every
+// method object it makes. The op fills the shapes (validate) and the decisions (decide)
+// before any method is made; init_gpu() then sets up the GPU part, before the methods' own.
+struct GemmOpContext {
+  GemmOpContext(Backend& backend, const GemmOverlapConfig& c)
+      : b(backend), cfg(c), op(backend, to_string(c.op)), coll(backend) {}
+  ~GemmOpContext();
+  GemmOpContext(const GemmOpContext&) = delete;
+  GemmOpContext& operator=(const GemmOpContext&) = delete;
+
+  Backend& b;
+  GemmOverlapConfig cfg;
+  OpBase op;
+  int world = 1, rank = 0;
+  size_t eb = 2;
+  int64_t k_local = 0, m_shard = 0;  // m_shard: rows of A_r (ag_gemm) or of C_r (gemm_rs)
+  int64_t a_rows = 0, a_cols = 0, b_rows = 0, b_cols = 0, c_rows = 0, c_cols = 0;
+  int chunks = 1;
+  std::vector<TraceEvent> trace;
+  Collectives coll;  // gemm_ar's all-reduce (decomposed), the host baseline's collectives
+  bool fused_gpu = false;
+  // gemm_rs decomposed: how the own block meets the peers' partial products (decide():
+  // choose_rs_fold): a reduce pass after it, or folded into its GEMM's epilogue -- weft's
+  // GEMM (one launch waiting per M-block) or cuBLASLt (2 ranks: D = A B + the peer's piece).
+  RsFold rs_fold = RsFold::kNone;
+  // host backend: baseline's gathered A or partial product; the GEMM alone's output
+  std::vector<unsigned char> host_scratch;
+
+#ifdef WEFT_HAVE_CUDA
+  cublasHandle_t handle = nullptr;
+  std::unique_ptr<LtGemm> lt;  // every cuBLAS GEMM of the op (gemm())
+  void* workspace = nullptr;
+  // [M x K_local] (ag_gemm: baseline's gathered A) or [M x N] (gemm_rs: the partial products
+  // of baseline and decomposed); the GEMM alone's A or C. None for gemm_ar.
+  void* scratch = nullptr;
+  uint64_t epoch_off = 0;  // the call counter (decomposed: bumped per call; wait thresholds scale by it)
+  dev::BarrierHandle barrier{};  // tracing's line-up (begin), decomposed's epoch guard
+  // Transfers by SM copy kernels instead of the copy engine: WEFT_OVERLAP_ENGINE=sm, or after
+  // the copy engine refused a pointer.
+  bool sm_copies = false;
+  // tracing
+  cudaEvent_t ev_base = nullptr;
+  std::vector<TimedEvent> timed;
+  size_t timed_used = 0;
+
+  // Loads the kernels, creates cuBLAS and its workspace, the scratch, the trace's base event
+  // and the heap's epoch word and barrier (the op's first symmetric allocations).
+  void init_gpu();
+
+  // cuBLAS of rows x cols of this op's local product (below), through `lt`: kGemmEx is its
+  // candidate 0, never timed (cublasGemmEx; cublasLt's first heuristic where C is added), kLt
+  // the candidate LtGemm chose (timed where WEFT_GEMM_TUNE asks). `add`: C += add (C's layout).
+  enum class Blas { kGemmEx, kLt };
+  void gemm(cudaStream_t s, const void* a, const void* bp, void* c, int64_t rows, int64_t k, int64_t c0, int64_t cols,
+            Blas lib = Blas::kGemmEx, const void* add = nullptr);
+
+  // weft's GEMM (kernels/gemm.hpp) of `rows` rows of this op's local product: a [rows x
+  // k_local], B, c [rows x N]; hooks and fusion arguments are the caller's to add.
+  // Launch it with ops::gemm_gpu.
+  kernels::GemmArgs weft_gemm_args(const void* a, const void* bp, void* c, int64_t rows) const;
+  // Tracing by CUDA events (baseline and decomposed): begin() lines the ranks up and records
+  // the base; mark() / mark_end() bracket a piece of work on a stream; collect() synchronises
+  // and appends the events to `trace`. Each does nothing unless tracing.
+  void begin(cudaStream_t s, bool tracing);
+  size_t mark(cudaStream_t s, TraceKind kind, int64_t id, int lane, const char* lane_name, std::string name,
+              bool tracing);
+  void mark_end(size_t i, cudaStream_t s, bool tracing);
+  void collect(cudaStream_t s);
+  void wait_list(cudaStream_t s, const std::vector<std::tuple<int, uint64_t, int64_t>>& waits);
+  // waits[begin, begin + kOverlapListMax) as one wait kernel's (or reduce kernel's) list.
+  static kernels::OverlapWaits overlap_waits(const std::vector<std::tuple<int, uint64_t, int64_t>>& waits,
+                                             size_t begin = 0);
+  // A one-CTA kernel on `s`: fence, then peer's signal at `off` += inc (after what `s` ran).
+  void signal(int peer, uint64_t off, uint64_t inc, cudaStream_t s);
+  // Sets the word at `off` on `peer` to this rank's call count, by the copy engine in `s`'s
+  // order (after the transfer it flags; no SM): what a signal kernel's +1 per call gives.
+  void put_count(int peer, uint64_t off, cudaStream_t s);
+  // The result of a copy-engine call on `s`: true if it was taken; false if the copy engine
+  // refused a peer pointer (outside a capture: sm_copies from now on, with a message; the
+  // caller falls back to SMs); any other error is thrown.
+  bool copy_engine_took(cudaError_t e, cudaStream_t s);
+  void copy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, cudaStream_t s);
+  const char* engine_name() const { return sm_copies ? "SM copy" : "copy engine"; }
+#endif
+};
+
+}  // namespace weft::ops::detail
