@@ -52,8 +52,8 @@ void GemmOpContext::init_gpu() {
 
 // C[rows x cols] (ldc = N, starting at column c0) = A[rows x k] (lda = k) * op(B) columns
 // [c0, c0 + cols): row-major through cuBLAS's column-major view (C^T = op(B)^T A^T).
-void GemmOpContext::gemm(cudaStream_t s, const void* a, const void* bp, void* c, int64_t rows, int64_t k,
-                             int64_t c0, int64_t cols, Blas lib, const void* add) {
+void GemmOpContext::gemm(cudaStream_t s, const void* a, const void* bp, void* c, int64_t rows, int64_t k, int64_t c0,
+                         int64_t cols, Blas lib, const void* add) {
   if (rows <= 0 || cols <= 0) return;
   const bool nk = cfg.b_layout == BLayout::kNK;
   detail::LtProblem p;
@@ -96,7 +96,7 @@ void GemmOpContext::begin(cudaStream_t s, bool tracing) {
 }
 
 size_t GemmOpContext::mark(cudaStream_t s, TraceKind kind, int64_t id, int lane, const char* lane_name,
-                               std::string name, bool tracing) {
+                           std::string name, bool tracing) {
   if (!tracing) return 0;
   if (timed_used == timed.size()) {
     TimedEvent e;
@@ -129,7 +129,7 @@ void GemmOpContext::collect(cudaStream_t s) {
 }
 
 kernels::OverlapWaits GemmOpContext::overlap_waits(const std::vector<std::tuple<int, uint64_t, int64_t>>& waits,
-                                                       size_t begin) {
+                                                   size_t begin) {
   kernels::OverlapWaits w{};
   for (size_t j = begin; j < waits.size() && j < begin + kernels::kOverlapListMax; ++j, ++w.count) {
     w.from[w.count] = std::get<0>(waits[j]);
@@ -172,7 +172,7 @@ void GemmOpContext::put_count(int peer, uint64_t off, cudaStream_t s) {
 }
 
 void GemmOpContext::copy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows,
-                               cudaStream_t s) {
+                           cudaStream_t s) {
   if (!sm_copies && copy_engine_took(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, s), s))
     return;
   WEFT_CUDA_CHECK(kernels::overlap_copy(dst, dpitch, src, spitch, width, rows, 16, s));

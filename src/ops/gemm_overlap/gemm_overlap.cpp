@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -38,11 +37,6 @@ namespace weft::ops {
 
 namespace {
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 using detail::ceil_div;
 
 plan::DeviceConstants device_constants() {
@@ -60,8 +54,9 @@ struct GemmOverlap::Impl : detail::GemmOpContext {
   AutoChoice autoc;
   std::string cache;
 
-  // host backend
-  std::unique_ptr<detail::HostGemmExec> host_dec, host_fused;
+  // The method objects, made at construction (setup: never inside a CUDA graph capture). GPU:
+  // fused only where fused_gpu.
+  std::unique_ptr<detail::GemmMethodImpl> baseline, decomposed, fused;
 
 #ifdef WEFT_HAVE_CUDA
   cudaStream_t cs = nullptr;  // copy / communication stream of `decomposed`
@@ -133,11 +128,9 @@ struct GemmOverlap::Impl : detail::GemmOpContext {
   GemmMethod resolve(GemmMethod m) const;
   void check_ptr(const void* p, const char* what, uint64_t bytes) const;
   void run_host(GemmMethod m, const void* a, const void* bp, void* c, bool tracing);
-  void host_baseline(const void* a, const void* bp, void* c, bool tracing);
 #ifdef WEFT_HAVE_CUDA
   void setup_gpu();
   void run_gpu(GemmMethod m, const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
-  void gpu_baseline(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   void gpu_decomposed(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   void gpu_fused(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   void gather_rs(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);  // RsFold::kGather
@@ -271,30 +264,9 @@ void GemmOverlap::Impl::decide(const std::vector<GemmMethod>& avail) {
 }
 
 void GemmOverlap::Impl::setup_host() {
-  const int64_t shard_rows = cfg.op == GemmOp::kGemmAr ? ceil_div(cfg.m, world) : cfg.m / world;
-  auto make = [&](bool decomposed) {
-    detail::OpPlanParams p;
-    p.op = cfg.op;
-    p.world = world;
-    p.m = cfg.m;
-    p.n = cfg.n;
-    p.k_local = k_local;
-    p.chunks = chunks;
-    p.algo = cfg.algo;
-    p.elem_bytes = static_cast<int>(eb);
-    // decomposed: one "GEMM" per chunk of rows (all of N), one transfer team (the copy
-    // stream) and one tile team (the compute stream); fused: small tiles, several teams.
-    p.engine = decomposed ? plan::Engine::kCopyEngine : plan::Engine::kSm;
-    p.tile_rows = decomposed ? ceil_div(shard_rows, chunks) : (cfg.tile_rows ? cfg.tile_rows : 8);
-    p.tile_cols = decomposed ? cfg.n : (cfg.tile_cols ? cfg.tile_cols : 16);
-    p.transfer_workers = decomposed ? 1 : cfg.host_transfer_workers;
-    p.tile_workers = decomposed ? 1 : cfg.host_tile_workers;
-    return std::make_unique<detail::HostGemmExec>(
-        b, detail::build_op_plan(p), cfg.dtype, cfg.b_layout, k_local, p.transfer_workers, p.tile_workers,
-        fmt::format("{}.{}.{}x{}x{}", to_string(cfg.op), decomposed ? "decomposed" : "fused", cfg.m, cfg.k, cfg.n));
-  };
-  host_dec = make(true);
-  host_fused = make(false);
+  baseline = std::make_unique<detail::BaselineHost>(*this);
+  decomposed = std::make_unique<detail::HostPlanMethod>(*this, true);
+  fused = std::make_unique<detail::HostPlanMethod>(*this, false);
 }
 
 GemmMethod GemmOverlap::Impl::resolve(GemmMethod m) const { return m == GemmMethod::kAuto ? autoc.method : m; }
@@ -307,50 +279,14 @@ void GemmOverlap::Impl::check_ptr(const void* p, const char* what, uint64_t byte
 
 // ---- host backend ------------------------------------------------------------------------
 
-void GemmOverlap::Impl::host_baseline(const void* a, const void* bp, void* c, bool tracing) {
-  const dev::DType t = cfg.dtype;
-  TraceEvent g{rank, TraceKind::kTile, 0, 0, "compute", "gemm", 0, 0};
-  TraceEvent x{rank, TraceKind::kChunk, 0, 1, "communication", "", 0, 0};
-  if (cfg.op == GemmOp::kAgGemm) {
-    host_scratch.resize(static_cast<size_t>(cfg.m * k_local) * eb);
-    x.name = "all_gather (reference)";
-    x.start_ns = now_ns();
-    coll.baseline_all_gather(a, host_scratch.data(), static_cast<uint64_t>(a_rows * k_local), t);
-    x.end_ns = g.start_ns = now_ns();
-    detail::host_gemm(t, cfg.b_layout, host_scratch.data(), bp, c, k_local, cfg.n, 0, cfg.m, 0, cfg.n);
-    g.end_ns = now_ns();
-  } else {
-    void* partial = c;
-    if (cfg.op == GemmOp::kGemmRs) {
-      host_scratch.resize(static_cast<size_t>(cfg.m * cfg.n) * eb);
-      partial = host_scratch.data();
-    }
-    g.start_ns = now_ns();
-    detail::host_gemm(t, cfg.b_layout, a, bp, partial, k_local, cfg.n, 0, cfg.m, 0, cfg.n);
-    g.end_ns = x.start_ns = now_ns();
-    if (cfg.op == GemmOp::kGemmRs) {
-      x.name = "reduce_scatter (reference)";
-      coll.reduce_scatter(partial, c, static_cast<uint64_t>(c_rows * cfg.n), t, Method::kBaseline);
-    } else {
-      x.name = "all_reduce (reference)";
-      coll.all_reduce(c, c, static_cast<uint64_t>(cfg.m * cfg.n), t, Method::kBaseline);
-    }
-    x.end_ns = now_ns();
-  }
-  if (tracing) {
-    trace.push_back(g);
-    trace.push_back(x);
-  }
-}
-
 void GemmOverlap::Impl::run_host(GemmMethod m, const void* a, const void* bp, void* c, bool tracing) {
   switch (m) {
     case GemmMethod::kBaseline:
-      return host_baseline(a, bp, c, tracing);
+      return baseline->run(a, bp, c, nullptr, tracing);
     case GemmMethod::kDecomposed:
-      return host_dec->run(a, bp, c, tracing ? &trace : nullptr);
+      return decomposed->run(a, bp, c, nullptr, tracing);
     case GemmMethod::kFused:
-      return host_fused->run(a, bp, c, tracing ? &trace : nullptr);
+      return fused->run(a, bp, c, nullptr, tracing);
     case GemmMethod::kAuto:
       break;
   }
@@ -361,13 +297,13 @@ void GemmOverlap::Impl::run_host(GemmMethod m, const void* a, const void* bp, vo
 
 #ifdef WEFT_HAVE_CUDA
 namespace {
-ncclDataType_t nccl_type(dev::DType t) { return t == dev::DType::kF16 ? ncclFloat16 : ncclBfloat16; }
 using detail::at;
 using detail::TableBlob;
 }  // namespace
 
 void GemmOverlap::Impl::setup_gpu() {
   init_gpu();
+  baseline = std::make_unique<detail::BaselineGpu>(*this);
   WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
   WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork, cudaEventDisableTiming));
   WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
@@ -589,31 +525,6 @@ void GemmOverlap::Impl::memop_guard(cudaStream_t s) {
     detail::stream_wait_geq(s, mine, 1);
     detail::stream_write(s, mine, 0);
   }
-}
-
-void GemmOverlap::Impl::gpu_baseline(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
-  auto comm = static_cast<ncclComm_t>(b.nccl_comm());
-  const ncclDataType_t nt = nccl_type(cfg.dtype);
-  if (cfg.op == GemmOp::kAgGemm) {
-    size_t x = mark(s, TraceKind::kChunk, 0, 1, "nccl", "ncclAllGather", tracing);
-    WEFT_NCCL_CHECK(ncclAllGather(a, scratch, static_cast<size_t>(a_rows * k_local), nt, comm, s));
-    mark_end(x, s, tracing);
-    x = mark(s, TraceKind::kTile, 0, 0, "compute stream", "cublas gemm", tracing);
-    gemm(s, scratch, bp, c, cfg.m, k_local, 0, cfg.n);
-    mark_end(x, s, tracing);
-    return;
-  }
-  void* partial = cfg.op == GemmOp::kGemmRs ? scratch : c;
-  size_t x = mark(s, TraceKind::kTile, 0, 0, "compute stream", "cublas gemm", tracing);
-  gemm(s, a, bp, partial, cfg.m, k_local, 0, cfg.n);
-  mark_end(x, s, tracing);
-  x = mark(s, TraceKind::kChunk, 0, 1, "nccl", cfg.op == GemmOp::kGemmRs ? "ncclReduceScatter" : "ncclAllReduce",
-           tracing);
-  if (cfg.op == GemmOp::kGemmRs)
-    WEFT_NCCL_CHECK(ncclReduceScatter(partial, c, static_cast<size_t>(c_rows * cfg.n), nt, ncclSum, comm, s));
-  else
-    WEFT_NCCL_CHECK(ncclAllReduce(c, c, static_cast<size_t>(cfg.m * cfg.n), nt, ncclSum, comm, s));
-  mark_end(x, s, tracing);
 }
 
 void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
@@ -953,11 +864,9 @@ void GemmOverlap::Impl::run_gpu(GemmMethod m, const void* a, const void* bp, voi
                                                        : "needs an sm_90 GPU (weft's GEMM)"));
     return gpu_fused(a, bp, c, s, tracing);
   }
+  if (m == GemmMethod::kBaseline) return baseline->run(a, bp, c, s, tracing);
   begin(s, tracing);
-  if (m == GemmMethod::kBaseline)
-    gpu_baseline(a, bp, c, s, tracing);
-  else
-    gpu_decomposed(a, bp, c, s, tracing);
+  gpu_decomposed(a, bp, c, s, tracing);
   if (tracing) collect(s);
 }
 #endif

@@ -125,7 +125,7 @@ struct GemmOpContext {
   // [M x K_local] (ag_gemm: baseline's gathered A) or [M x N] (gemm_rs: the partial products
   // of baseline and decomposed); the GEMM alone's A or C. None for gemm_ar.
   void* scratch = nullptr;
-  uint64_t epoch_off = 0;  // the call counter (decomposed: bumped per call; wait thresholds scale by it)
+  uint64_t epoch_off = 0;        // the call counter (decomposed: bumped per call; wait thresholds scale by it)
   dev::BarrierHandle barrier{};  // tracing's line-up (begin), decomposed's epoch guard
   // Transfers by SM copy kernels instead of the copy engine: WEFT_OVERLAP_ENGINE=sm, or after
   // the copy engine refused a pointer.
@@ -175,5 +175,44 @@ struct GemmOpContext {
   const char* engine_name() const { return sm_copies ? "SM copy" : "copy engine"; }
 #endif
 };
+
+// ---- methods (one file each) -----------------------------------------------------------------
+// Each holds the op's context (it outlives them) and owns its own state.
+
+// `baseline` on the host backend: the reference collectives + a CPU GEMM (baseline.cpp).
+class BaselineHost final : public GemmMethodImpl {
+ public:
+  explicit BaselineHost(GemmOpContext& op) : op_(op) {}
+  void run(const void* a, const void* bp, void* c, void* stream, bool tracing) override;
+
+ private:
+  GemmOpContext& op_;
+};
+
+// `decomposed` (one GEMM per chunk of rows, one transfer team) or `fused` (small tiles,
+// several teams) on the host backend: the plan executor, HostGemmExec (host_plan.cpp).
+class HostPlanMethod final : public GemmMethodImpl {
+ public:
+  HostPlanMethod(GemmOpContext& op, bool decomposed);
+  void run(const void* a, const void* bp, void* c, void* stream, bool tracing) override;
+
+ private:
+  GemmOpContext& op_;
+  std::unique_ptr<HostGemmExec> exec_;
+};
+
+#ifdef WEFT_HAVE_CUDA
+// `baseline` on GPUs: NCCL's collective and one cuBLAS GEMM, through the op's scratch
+// (baseline.cpp). No state of its own.
+class BaselineGpu final : public GemmMethodImpl {
+ public:
+  explicit BaselineGpu(GemmOpContext& op) : op_(op) {}
+  void run(const void* a, const void* bp, void* c, void* stream, bool tracing) override;
+
+ private:
+  void gpu_baseline(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
+  GemmOpContext& op_;
+};
+#endif
 
 }  // namespace weft::ops::detail
