@@ -56,7 +56,7 @@ struct GemmOverlap::Impl : detail::GemmOpContext {
 
   // The method objects, made at construction (setup: never inside a CUDA graph capture). GPU:
   // fused only where fused_gpu.
-  std::unique_ptr<detail::GemmMethodImpl> baseline, decomposed, fused;
+  std::unique_ptr<detail::GemmMethodImpl> baseline_method, decomposed_method, fused_method;
 
 #ifdef WEFT_HAVE_CUDA
   cudaStream_t cs = nullptr;  // copy / communication stream of `decomposed`
@@ -97,19 +97,6 @@ struct GemmOverlap::Impl : detail::GemmOpContext {
   kernels::GemmHooks rs_fold_hooks{};
   cudaEvent_t ev_guard = nullptr;                   // after the epoch guard's barrier on the copy stream
   std::vector<std::pair<int64_t, int64_t>> pieces;  // chunk row ranges
-  // fused
-  detail::OpPlan fp;
-  std::vector<uint64_t> f_tensor_off;
-  dev::SignalSlab f_signals{}, f_counters{};
-  dev::BarrierHandle f_barrier{};
-  uint64_t f_epoch_off = 0;
-  void* f_tables = nullptr;
-  fused::FusedArgs f_args{};
-  fused::StatePtr f_state;  // the fused kernel's stream, events and tables (setup_gpu: make_state)
-  int64_t f_epoch = 0;
-  fused::TraceRecord* f_trace = nullptr;
-  uint32_t* f_trace_count = nullptr;
-  uint32_t f_trace_capacity = 0;
 #endif
 
   Impl(Backend& backend, const GemmOverlapConfig& c) : GemmOpContext(backend, c) {}
@@ -132,7 +119,6 @@ struct GemmOverlap::Impl : detail::GemmOpContext {
   void setup_gpu();
   void run_gpu(GemmMethod m, const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   void gpu_decomposed(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
-  void gpu_fused(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   void gather_rs(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);  // RsFold::kGather
   // gemm_rs's epoch guard on `s` without an SM (rs_memop_guard): tell every peer this rank
   // began this call, wait until every peer did, reset those words. No deadline: the waits for
@@ -264,9 +250,9 @@ void GemmOverlap::Impl::decide(const std::vector<GemmMethod>& avail) {
 }
 
 void GemmOverlap::Impl::setup_host() {
-  baseline = std::make_unique<detail::BaselineHost>(*this);
-  decomposed = std::make_unique<detail::HostPlanMethod>(*this, true);
-  fused = std::make_unique<detail::HostPlanMethod>(*this, false);
+  baseline_method = std::make_unique<detail::BaselineHost>(*this);
+  decomposed_method = std::make_unique<detail::HostPlanMethod>(*this, true);
+  fused_method = std::make_unique<detail::HostPlanMethod>(*this, false);
 }
 
 GemmMethod GemmOverlap::Impl::resolve(GemmMethod m) const { return m == GemmMethod::kAuto ? autoc.method : m; }
@@ -282,11 +268,11 @@ void GemmOverlap::Impl::check_ptr(const void* p, const char* what, uint64_t byte
 void GemmOverlap::Impl::run_host(GemmMethod m, const void* a, const void* bp, void* c, bool tracing) {
   switch (m) {
     case GemmMethod::kBaseline:
-      return baseline->run(a, bp, c, nullptr, tracing);
+      return baseline_method->run(a, bp, c, nullptr, tracing);
     case GemmMethod::kDecomposed:
-      return decomposed->run(a, bp, c, nullptr, tracing);
+      return decomposed_method->run(a, bp, c, nullptr, tracing);
     case GemmMethod::kFused:
-      return fused->run(a, bp, c, nullptr, tracing);
+      return fused_method->run(a, bp, c, nullptr, tracing);
     case GemmMethod::kAuto:
       break;
   }
@@ -303,7 +289,7 @@ using detail::TableBlob;
 
 void GemmOverlap::Impl::setup_gpu() {
   init_gpu();
-  baseline = std::make_unique<detail::BaselineGpu>(*this);
+  baseline_method = std::make_unique<detail::BaselineGpu>(*this);
   WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
   WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork, cudaEventDisableTiming));
   WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
@@ -421,94 +407,7 @@ void GemmOverlap::Impl::setup_gpu() {
   }
   for (auto& e : ev_piece) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 
-  if (fused_gpu) {
-    detail::OpPlanParams p;
-    p.op = cfg.op;
-    p.world = world;
-    p.m = cfg.m;
-    p.n = cfg.n;
-    p.k_local = k_local;
-    p.chunks = chunks;
-    p.algo = cfg.algo;
-    p.engine = plan::Engine::kSm;
-    p.elem_bytes = static_cast<int>(eb);
-    p.tile_rows = cfg.tile_rows ? cfg.tile_rows : 128;
-    p.tile_cols = cfg.tile_cols ? cfg.tile_cols : 128;
-    fp = detail::build_op_plan(p);
-    for (const plan::Tensor& x : fp.plan.tensors)
-      f_tensor_off.push_back(
-          heap.alloc_bytes(static_cast<size_t>(x.rows * x.cols * x.elem_bytes), tag + ".fused." + x.name));
-    f_signals = heap.alloc_signals(static_cast<uint32_t>(fp.lowered.max_signals()), tag + ".fused.signals");
-    // The plan's tile counters, plus what the GPU fused gemm_rs keeps beside them: its piece
-    // counters, (2 world - 1) x pieces per rank's block, pieces <= the block's 128-row blocks.
-    const int fused_extra =
-        cfg.op == GemmOp::kGemmRs ? static_cast<int>((2 * world - 1) * ceil_div(m_shard, 128)) : 0;
-    f_counters = heap.alloc_signals(static_cast<uint32_t>(std::max(1, world * fp.tiles_m) + fused_extra),
-                                    tag + ".fused.counters");
-    f_barrier = heap.alloc_barrier(tag + ".fused.barrier");
-    f_epoch_off = heap.alloc_bytes(8, tag + ".fused.epoch");
-    // Upload this rank's tables into one device block.
-    const plan::LoweredRank& lr = fp.lowered.ranks[static_cast<size_t>(rank)];
-    std::vector<fused::TensorDesc> td;
-    for (size_t t = 0; t < fp.plan.tensors.size(); ++t) {
-      const auto& x = fp.plan.tensors[t];
-      td.push_back({f_tensor_off[t], x.rows, x.cols, x.elem_bytes, 0});
-    }
-    TableBlob blob;
-    blob.add(lr.tiles);
-    blob.add(lr.tile_waits);
-    blob.add(lr.transfers);
-    blob.add(lr.transfer_waits);
-    blob.add(lr.counter_wait_begin);
-    blob.add(lr.counter_waits);
-    blob.add(lr.notify_begin);
-    blob.add(lr.notify_ranks);
-    blob.add(lr.signal_producer);
-    blob.add(lr.final_waits);
-    blob.add(td);
-    f_tables = blob.upload();
-    auto dp = [&](int i) { return blob.table<char>(f_tables, i); };
-    fused::FusedArgs& A = f_args;
-    A.op = static_cast<fused::Op>(static_cast<int32_t>(cfg.op));
-    A.dtype = cfg.dtype;
-    A.b_layout = cfg.b_layout == BLayout::kNK ? 0 : 1;
-    A.m = cfg.m;
-    A.n = cfg.n;
-    A.k = cfg.k;
-    A.k_local = k_local;
-    A.tiles = reinterpret_cast<const plan::TileEntry*>(dp(0));
-    A.num_tiles = static_cast<int32_t>(lr.tiles.size());
-    A.tile_waits = reinterpret_cast<const plan::WaitEntry*>(dp(1));
-    A.transfers = reinterpret_cast<const plan::TransferDesc*>(dp(2));
-    A.num_transfers = static_cast<int32_t>(lr.transfers.size());
-    A.transfer_waits = reinterpret_cast<const plan::WaitEntry*>(dp(3));
-    A.tt_begin = reinterpret_cast<const int32_t*>(dp(4));
-    A.transfer_tile_waits = reinterpret_cast<const fused::TransferTileWait*>(dp(5));
-    A.notify_begin = reinterpret_cast<const int32_t*>(dp(6));
-    A.notify_ranks = reinterpret_cast<const int32_t*>(dp(7));
-    A.signal_producer = reinterpret_cast<const int32_t*>(dp(8));
-    A.final_waits = reinterpret_cast<const plan::WaitEntry*>(dp(9));
-    A.num_final_waits = static_cast<int32_t>(lr.final_waits.size());
-    A.tensors = reinterpret_cast<const fused::TensorDesc*>(dp(10));
-    A.num_tensors = static_cast<int32_t>(td.size());
-    A.input_tensor = fp.input;
-    A.gemm_tensor = fp.gemm;
-    A.output_tensor = fp.output;
-    A.tile_rows = fp.schedule.tile_rows;
-    A.tile_cols = fp.schedule.tile_cols;
-    A.tiles_m = fp.tiles_m;
-    A.tiles_n = fp.tiles_n;
-    A.signals = f_signals;
-    A.counters = f_counters;
-    A.barrier = f_barrier;
-    A.epoch_off = f_epoch_off;
-    A.stage_off = cfg.op == GemmOp::kGemmRs ? rs_stage : 0;
-    f_trace_capacity = static_cast<uint32_t>(lr.tiles.size() + lr.transfers.size() + 64);
-    WEFT_CUDA_CHECK(cudaMalloc(&f_trace, f_trace_capacity * sizeof(fused::TraceRecord)));
-    WEFT_CUDA_CHECK(cudaMalloc(&f_trace_count, sizeof(uint32_t)));
-    A.ctx = b.ctx();
-    f_state = fused::make_state(A);
-  }
+  if (fused_gpu) fused_method = std::make_unique<detail::FusedGpu>(*this, rs_stage);
 }
 
 void GemmOverlap::Impl::memop_guard(cudaStream_t s) {
@@ -817,54 +716,15 @@ void GemmOverlap::Impl::gather_rs(const void* a, const void* bp, void* c, cudaSt
   WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_backup, 0));
 }
 
-void GemmOverlap::Impl::gpu_fused(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
-  fused::FusedArgs A = f_args;
-  A.a = a;
-  A.b = bp;
-  A.c = c;
-  A.epoch = ++f_epoch;
-  A.ctx = b.ctx();
-  A.stream = s;
-  A.trace = nullptr;
-  A.trace_count = nullptr;
-  A.trace_capacity = 0;
-  if (tracing) {
-    WEFT_CUDA_CHECK(cudaMemsetAsync(f_trace_count, 0, sizeof(uint32_t), s));
-    A.trace = f_trace;
-    A.trace_count = f_trace_count;
-    A.trace_capacity = f_trace_capacity;
-  }
-  try {
-    fused::run_fused(A, *f_state);
-  } catch (...) {
-    --f_epoch;  // nothing was enqueued
-    throw;
-  }
-  if (tracing) {
-    WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
-    b.synchronize();
-    uint32_t n = 0;
-    WEFT_CUDA_CHECK(cudaMemcpy(&n, f_trace_count, sizeof n, cudaMemcpyDeviceToHost));
-    n = std::min(n, f_trace_capacity);
-    std::vector<fused::TraceRecord> rec(n);
-    if (n) WEFT_CUDA_CHECK(cudaMemcpy(rec.data(), f_trace, n * sizeof(fused::TraceRecord), cudaMemcpyDeviceToHost));
-    for (const auto& r : rec)
-      trace.push_back(TraceEvent{rank, r.kind == 0 ? TraceKind::kTile : TraceKind::kChunk, r.id, r.lane,
-                                 fmt::format("SM {}", r.lane),
-                                 fmt::format("{} {}", r.kind == 0 ? "tile" : "chunk", r.id),
-                                 static_cast<int64_t>(r.start_ns), static_cast<int64_t>(r.end_ns)});
-  }
-}
-
 void GemmOverlap::Impl::run_gpu(GemmMethod m, const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
   if (m == GemmMethod::kFused) {
     if (!fused_gpu)
       throw Error(fmt::format("{}: the fused method on GPUs {}", to_string(cfg.op),
                               fused::fused_available() ? "runs ag_gemm and gemm_rs only (docs/gemm_overlap.md)"
                                                        : "needs an sm_90 GPU (weft's GEMM)"));
-    return gpu_fused(a, bp, c, s, tracing);
+    return fused_method->run(a, bp, c, s, tracing);
   }
-  if (m == GemmMethod::kBaseline) return baseline->run(a, bp, c, s, tracing);
+  if (m == GemmMethod::kBaseline) return baseline_method->run(a, bp, c, s, tracing);
   begin(s, tracing);
   gpu_decomposed(a, bp, c, s, tracing);
   if (tracing) collect(s);
@@ -883,11 +743,8 @@ GemmOverlap::Impl::~Impl() {
   if (cb) cudaStreamDestroy(cb);
   if (ev_backup) cudaEventDestroy(ev_backup);
   if (one) cudaFree(one);
-  if (f_tables) cudaFree(f_tables);
   if (rs_fold_tables) cudaFree(rs_fold_tables);
   if (ev_guard) cudaEventDestroy(ev_guard);
-  if (f_trace) cudaFree(f_trace);
-  if (f_trace_count) cudaFree(f_trace_count);
 #endif
 }
 

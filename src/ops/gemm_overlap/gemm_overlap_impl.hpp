@@ -213,6 +213,35 @@ class BaselineGpu final : public GemmMethodImpl {
   void gpu_baseline(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   GemmOpContext& op_;
 };
+// `fused` on GPUs (fused_method.cpp): the op's plan for the fused geometry in the heap and
+// this rank's lowered tables on the device, run by one persistent kernel per call
+// (fused.hpp, fused.cpp). ag_gemm and gemm_rs (GemmOpContext::fused_gpu).
+class FusedGpu final : public GemmMethodImpl {
+ public:
+  // rs_stage: the decomposed method's staging (gemm_rs; DecomposedGpu::staging()).
+  FusedGpu(GemmOpContext& op, uint64_t rs_stage);
+  ~FusedGpu() override;
+  FusedGpu(const FusedGpu&) = delete;
+  FusedGpu& operator=(const FusedGpu&) = delete;
+  void run(const void* a, const void* bp, void* c, void* stream, bool tracing) override;
+
+ private:
+  void gpu_fused(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
+
+  GemmOpContext& op_;
+  OpPlan fp;
+  std::vector<uint64_t> f_tensor_off;
+  dev::SignalSlab f_signals{}, f_counters{};
+  dev::BarrierHandle f_barrier{};
+  uint64_t f_epoch_off = 0;
+  void* f_tables = nullptr;
+  fused::FusedArgs f_args{};
+  fused::StatePtr f_state;  // the fused kernel's stream, events and tables (constructor: make_state)
+  int64_t f_epoch = 0;
+  fused::TraceRecord* f_trace = nullptr;
+  uint32_t* f_trace_count = nullptr;
+  uint32_t f_trace_capacity = 0;
+};
 #endif
 
 }  // namespace weft::ops::detail
