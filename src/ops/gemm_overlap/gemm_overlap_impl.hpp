@@ -213,6 +213,72 @@ class BaselineGpu final : public GemmMethodImpl {
   void gpu_baseline(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   GemmOpContext& op_;
 };
+// `decomposed` on GPUs (decomposed.cpp): per-chunk cuBLAS GEMMs on the caller's stream
+// beside the transfers on a copy stream. ag_gemm: the all-gather plan's transfers, tiles in
+// arrival order; gemm_rs: partial products pushed into their owners' staging, the own block
+// then met by the fold the op chose (RsFold: a reduce pass, weft's GEMM, cuBLASLt, or the
+// gathered inputs); gemm_ar: weft's all-reduce per chunk. Setup (the constructor) allocates
+// in the order the heap records on every rank.
+class DecomposedGpu final : public GemmMethodImpl {
+ public:
+  explicit DecomposedGpu(GemmOpContext& op);
+  ~DecomposedGpu() override;
+  DecomposedGpu(const DecomposedGpu&) = delete;
+  DecomposedGpu& operator=(const DecomposedGpu&) = delete;
+  void run(const void* a, const void* bp, void* c, void* stream, bool tracing) override;
+  // gemm_rs: the heap offset of the staging slots [world][m_shard x N] (0 for other ops); the
+  // fused method lands the peers' pieces there too.
+  uint64_t staging() const { return rs_stage; }
+
+ private:
+  void gpu_decomposed(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
+  void gather_rs(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);  // RsFold::kGather
+  // gemm_rs's epoch guard on `s` without an SM (rs_memop_guard): tell every peer this rank
+  // began this call, wait until every peer did, reset those words. No deadline: the waits for
+  // the peers' data must not sit behind it (they name a missing peer).
+  void memop_guard(cudaStream_t s);
+
+  GemmOpContext& op_;
+  cudaStream_t cs = nullptr;  // copy / communication stream
+  cudaEvent_t ev_fork = nullptr, ev_join = nullptr;
+  std::vector<cudaEvent_t> ev_piece;
+  std::vector<std::pair<int64_t, int64_t>> pieces;  // chunk row ranges
+  // gemm_rs, RsFold::kLt (2 ranks): the peer's piece j has landed here (recorded on cs after
+  // its wait).
+  std::vector<cudaEvent_t> ev_recv;
+  // ... RsFold::kGather (2 ranks; gather_rs): the peer's rows of A for this rank's block and
+  // the peer's B land in g_a / g_b (symmetric; B's layout), in `chunks` column pieces of B
+  // (g_cols). Flag j (symmetric word): the peer's A and B up to piece j are here (a copy of the
+  // peer's call counter; a wait kernel on cw). Its epoch guard: rs_guard (memop_guard).
+  uint64_t g_a = 0, g_b = 0;
+  dev::SignalSlab g_flags{};
+  std::vector<std::pair<int64_t, int64_t>> g_cols;
+  uint64_t* one = nullptr;
+  cudaStream_t cw = nullptr, cb = nullptr;  // the data waits; the deadline-bearing second wait
+  cudaEvent_t ev_backup = nullptr;
+  std::vector<cudaEvent_t> ev_out;  // this rank's push of piece j (and its flag) is done
+  // ag_gemm: the plan's tables and tensors
+  OpPlan ag;
+  std::vector<uint64_t> ag_tensor_off;
+  dev::SignalSlab ag_signals{};
+  bool ag_own_in_place = false;  // own rows read in place, their local copy left out (constructor)
+  // gemm_rs: staging [world][m_shard x N] and one signal per (source, chunk)
+  uint64_t rs_stage = 0;
+  dev::SignalSlab rs_signals{};
+  // ... the epoch guard without an SM (rs_memop_guard: the gathered inputs always, the reduce
+  // pass unless with SM copies or without stream memory operations): slot q = "rank q
+  // began this call", a copy of `one` from q, waited for by a stream memory operation and reset
+  // by the waiter (memop_guard). (A device-barrier kernel on the copy stream waited in graph
+  // replays for an SM until the first GEMM's last wave, delaying the first copy.)
+  bool rs_memop_guard = false;
+  dev::SignalSlab rs_guard{};
+  // ... with the own block on weft's GEMM (RsFold::kWeft): one launch that waits per M-block
+  // for the peers' pieces and adds them in its epilogue -- no reduce pass. Its wait tables.
+  void* rs_fold_tables = nullptr;
+  kernels::GemmHooks rs_fold_hooks{};
+  cudaEvent_t ev_guard = nullptr;  // after the epoch guard's barrier on the copy stream
+};
+
 // `fused` on GPUs (fused_method.cpp): the op's plan for the fused geometry in the heap and
 // this rank's lowered tables on the device, run by one persistent kernel per call
 // (fused.hpp, fused.cpp). ag_gemm and gemm_rs (GemmOpContext::fused_gpu).
