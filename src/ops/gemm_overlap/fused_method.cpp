@@ -9,20 +9,27 @@
 namespace weft::ops::detail {
 
 FusedGpu::FusedGpu(GemmOpContext& op, uint64_t rs_stage) : op_(op) {
+  const GemmOverlapConfig& cfg = op_.cfg;
+  const int world = op_.world;
+  const int rank = op_.rank;
+  const size_t eb = op_.eb;
+  const int64_t k_local = op_.k_local;
+  const int64_t m_shard = op_.m_shard;
+  const int chunks = op_.chunks;
   SymmetricHeap& heap = op_.b.heap();
-  const std::string tag = fmt::format("{}.{}x{}x{}", to_string(op_.cfg.op), op_.cfg.m, op_.cfg.k, op_.cfg.n);
+  const std::string tag = fmt::format("{}.{}x{}x{}", to_string(cfg.op), cfg.m, cfg.k, cfg.n);
   detail::OpPlanParams p;
-  p.op = op_.cfg.op;
-  p.world = op_.world;
-  p.m = op_.cfg.m;
-  p.n = op_.cfg.n;
-  p.k_local = op_.k_local;
-  p.chunks = op_.chunks;
-  p.algo = op_.cfg.algo;
+  p.op = cfg.op;
+  p.world = world;
+  p.m = cfg.m;
+  p.n = cfg.n;
+  p.k_local = k_local;
+  p.chunks = chunks;
+  p.algo = cfg.algo;
   p.engine = plan::Engine::kSm;
-  p.elem_bytes = static_cast<int>(op_.eb);
-  p.tile_rows = op_.cfg.tile_rows ? op_.cfg.tile_rows : 128;
-  p.tile_cols = op_.cfg.tile_cols ? op_.cfg.tile_cols : 128;
+  p.elem_bytes = static_cast<int>(eb);
+  p.tile_rows = cfg.tile_rows ? cfg.tile_rows : 128;
+  p.tile_cols = cfg.tile_cols ? cfg.tile_cols : 128;
   fp = detail::build_op_plan(p);
   for (const plan::Tensor& x : fp.plan.tensors)
     f_tensor_off.push_back(
@@ -30,14 +37,13 @@ FusedGpu::FusedGpu(GemmOpContext& op, uint64_t rs_stage) : op_(op) {
   f_signals = heap.alloc_signals(static_cast<uint32_t>(fp.lowered.max_signals()), tag + ".fused.signals");
   // The plan's tile counters, plus what the GPU fused gemm_rs keeps beside them: its piece
   // counters, (2 world - 1) x pieces per rank's block, pieces <= the block's 128-row blocks.
-  const int fused_extra =
-      op_.cfg.op == GemmOp::kGemmRs ? static_cast<int>((2 * op_.world - 1) * ceil_div(op_.m_shard, 128)) : 0;
-  f_counters = heap.alloc_signals(static_cast<uint32_t>(std::max(1, op_.world * fp.tiles_m) + fused_extra),
-                                  tag + ".fused.counters");
+  const int fused_extra = cfg.op == GemmOp::kGemmRs ? static_cast<int>((2 * world - 1) * ceil_div(m_shard, 128)) : 0;
+  f_counters =
+      heap.alloc_signals(static_cast<uint32_t>(std::max(1, world * fp.tiles_m) + fused_extra), tag + ".fused.counters");
   f_barrier = heap.alloc_barrier(tag + ".fused.barrier");
   f_epoch_off = heap.alloc_bytes(8, tag + ".fused.epoch");
   // Upload this rank's tables into one device block.
-  const plan::LoweredRank& lr = fp.lowered.ranks[static_cast<size_t>(op_.rank)];
+  const plan::LoweredRank& lr = fp.lowered.ranks[static_cast<size_t>(rank)];
   std::vector<fused::TensorDesc> td;
   for (size_t t = 0; t < fp.plan.tensors.size(); ++t) {
     const auto& x = fp.plan.tensors[t];
@@ -58,13 +64,13 @@ FusedGpu::FusedGpu(GemmOpContext& op, uint64_t rs_stage) : op_(op) {
   f_tables = blob.upload();
   auto dp = [&](int i) { return blob.table<char>(f_tables, i); };
   fused::FusedArgs& A = f_args;
-  A.op = static_cast<fused::Op>(static_cast<int32_t>(op_.cfg.op));
-  A.dtype = op_.cfg.dtype;
-  A.b_layout = op_.cfg.b_layout == BLayout::kNK ? 0 : 1;
-  A.m = op_.cfg.m;
-  A.n = op_.cfg.n;
-  A.k = op_.cfg.k;
-  A.k_local = op_.k_local;
+  A.op = static_cast<fused::Op>(static_cast<int32_t>(cfg.op));
+  A.dtype = cfg.dtype;
+  A.b_layout = cfg.b_layout == BLayout::kNK ? 0 : 1;
+  A.m = cfg.m;
+  A.n = cfg.n;
+  A.k = cfg.k;
+  A.k_local = k_local;
   A.tiles = reinterpret_cast<const plan::TileEntry*>(dp(0));
   A.num_tiles = static_cast<int32_t>(lr.tiles.size());
   A.tile_waits = reinterpret_cast<const plan::WaitEntry*>(dp(1));
@@ -91,7 +97,7 @@ FusedGpu::FusedGpu(GemmOpContext& op, uint64_t rs_stage) : op_(op) {
   A.counters = f_counters;
   A.barrier = f_barrier;
   A.epoch_off = f_epoch_off;
-  A.stage_off = op_.cfg.op == GemmOp::kGemmRs ? rs_stage : 0;
+  A.stage_off = cfg.op == GemmOp::kGemmRs ? rs_stage : 0;
   f_trace_capacity = static_cast<uint32_t>(lr.tiles.size() + lr.transfers.size() + 64);
   WEFT_CUDA_CHECK(cudaMalloc(&f_trace, f_trace_capacity * sizeof(fused::TraceRecord)));
   WEFT_CUDA_CHECK(cudaMalloc(&f_trace_count, sizeof(uint32_t)));
@@ -110,6 +116,7 @@ void FusedGpu::run(const void* a, const void* bp, void* c, void* stream, bool tr
 }
 
 void FusedGpu::gpu_fused(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
+  const int rank = op_.rank;
   fused::FusedArgs A = f_args;
   A.a = a;
   A.b = bp;
@@ -141,7 +148,7 @@ void FusedGpu::gpu_fused(const void* a, const void* bp, void* c, cudaStream_t s,
     std::vector<fused::TraceRecord> rec(n);
     if (n) WEFT_CUDA_CHECK(cudaMemcpy(rec.data(), f_trace, n * sizeof(fused::TraceRecord), cudaMemcpyDeviceToHost));
     for (const auto& r : rec)
-      op_.trace.push_back(TraceEvent{op_.rank, r.kind == 0 ? TraceKind::kTile : TraceKind::kChunk, r.id, r.lane,
+      op_.trace.push_back(TraceEvent{rank, r.kind == 0 ? TraceKind::kTile : TraceKind::kChunk, r.id, r.lane,
                                      fmt::format("SM {}", r.lane),
                                      fmt::format("{} {}", r.kind == 0 ? "tile" : "chunk", r.id),
                                      static_cast<int64_t>(r.start_ns), static_cast<int64_t>(r.end_ns)});
