@@ -13,6 +13,15 @@
 namespace weft::ops::detail {
 
 DecomposedGpu::DecomposedGpu(GemmOpContext& op) : op_(op) {
+  try {
+    setup();
+  } catch (...) {  // the destructor does not run for a constructor that throws
+    release();
+    throw;
+  }
+}
+
+void DecomposedGpu::setup() {
   const GemmOverlapConfig& cfg = op_.cfg;
   const int world = op_.world;
   const int rank = op_.rank;
@@ -139,7 +148,9 @@ DecomposedGpu::DecomposedGpu(GemmOpContext& op) : op_(op) {
   for (auto& e : ev_piece) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
 
-DecomposedGpu::~DecomposedGpu() {
+DecomposedGpu::~DecomposedGpu() { release(); }
+
+void DecomposedGpu::release() {
   for (auto& e : ev_piece) cudaEventDestroy(e);
   for (auto& e : ev_recv) cudaEventDestroy(e);
   for (auto& e : ev_out) cudaEventDestroy(e);

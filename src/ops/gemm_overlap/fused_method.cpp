@@ -9,6 +9,15 @@
 namespace weft::ops::detail {
 
 FusedGpu::FusedGpu(GemmOpContext& op, uint64_t rs_stage) : op_(op) {
+  try {
+    setup(rs_stage);
+  } catch (...) {  // the destructor does not run for a constructor that throws
+    release();
+    throw;
+  }
+}
+
+void FusedGpu::setup(uint64_t rs_stage) {
   const GemmOverlapConfig& cfg = op_.cfg;
   const int world = op_.world;
   const int rank = op_.rank;
@@ -105,7 +114,9 @@ FusedGpu::FusedGpu(GemmOpContext& op, uint64_t rs_stage) : op_(op) {
   f_state = fused::make_state(A);
 }
 
-FusedGpu::~FusedGpu() {
+FusedGpu::~FusedGpu() { release(); }
+
+void FusedGpu::release() {
   if (f_tables) cudaFree(f_tables);
   if (f_trace) cudaFree(f_trace);
   if (f_trace_count) cudaFree(f_trace_count);

@@ -231,6 +231,8 @@ class DecomposedGpu final : public GemmMethodImpl {
   uint64_t staging() const { return rs_stage; }
 
  private:
+  void setup();    // the constructor's work
+  void release();  // the destructor's (also where setup() throws)
   void gpu_decomposed(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   void gather_rs(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);  // RsFold::kGather
   // gemm_rs's epoch guard on `s` without an SM (rs_memop_guard): tell every peer this rank
@@ -292,6 +294,8 @@ class FusedGpu final : public GemmMethodImpl {
   void run(const void* a, const void* bp, void* c, void* stream, bool tracing) override;
 
  private:
+  void setup(uint64_t rs_stage);  // the constructor's work
+  void release();                 // the destructor's (also where setup() throws)
   void gpu_fused(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
 
   GemmOpContext& op_;
