@@ -1,6 +1,6 @@
 // The fused method's hook (src/ops/gemm_overlap/fused.hpp) in builds WITHOUT CUDA:
 // the fused method needs weft's sm_90a GEMM, so it is unavailable here (the host backend's
-// `fused` runs the plan executor instead; see src/ops/gemm_overlap/gemm_overlap.cpp). CUDA builds link
+// `fused` runs the plan executor instead; see src/ops/gemm_overlap/host_plan.cpp). CUDA builds link
 // src/ops/gemm_overlap/fused.cpp.
 #include "weft/core/error.hpp"
 #include "fused.hpp"

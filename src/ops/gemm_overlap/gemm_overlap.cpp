@@ -1,49 +1,34 @@
+// The GEMM + communication op (gemm_overlap_impl.hpp): argument checks, the method choice
+// (`auto`: the cost model, model.cpp, and the tuning cache), the method objects, dispatch.
 #include "weft/ops/gemm_overlap.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 
-#include "../common/op_base.hpp"
 #include "../common/tuning_cache.hpp"
+#include "fused.hpp"
+#include "gemm_overlap_impl.hpp"
 #include "plan.hpp"
 #include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
-#include "weft/ops/collectives.hpp"
 #include "weft/ops/gemm.hpp"
-#include "fused.hpp"
 #include "weft/ops/gemm_overlap_model.hpp"
 #include "weft/plan/cost.hpp"
 #include "weft/plan/plan.hpp"
 
 #ifdef WEFT_HAVE_CUDA
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <nccl.h>
 
-#include "lt_gemm.hpp"
 #include "stream_memops.hpp"
-#include "weft/core/cuda_check.hpp"
 #include "weft/kernels/gemm.hpp"
-#include "weft/kernels/gemm_overlap_kernels.hpp"
-#include "weft/kernels/runtime_kernels.hpp"
-
 #endif
 
 namespace weft::ops {
 
 namespace {
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+using detail::ceil_div;
 
 plan::DeviceConstants device_constants() {
   if (const std::string p = tunable_text(tunables::kDeviceConstants); !p.empty()) return plan::load_device_constants(p);
@@ -52,108 +37,17 @@ plan::DeviceConstants device_constants() {
 
 }  // namespace
 
-// ---- state -----------------------------------------------------------------------------
-
-#ifdef WEFT_HAVE_CUDA
-namespace {
-struct TimedEvent {
-  cudaEvent_t start = nullptr, end = nullptr;
-  TraceEvent meta;
-};
-}  // namespace
-#endif
-
-struct GemmOverlap::Impl {
-  Backend& b;
-  GemmOverlapConfig cfg;
-  detail::OpBase op;
-  int world = 1, rank = 0;
-  size_t eb = 2;
-  int64_t k_local = 0, m_shard = 0;  // m_shard: rows of A_r (ag_gemm) or of C_r (gemm_rs)
-  int64_t a_rows = 0, a_cols = 0, b_rows = 0, b_cols = 0, c_rows = 0, c_cols = 0;
-  int chunks = 1;
+// The op: the shapes, decisions and helpers its methods share are its base (GemmOpContext,
+// gemm_overlap_impl.hpp).
+struct GemmOverlap::Impl : detail::GemmOpContext {
   AutoChoice autoc;
   std::string cache;
-  std::vector<TraceEvent> trace;
-  Collectives coll;
-  bool fused_gpu = false;
-  // gemm_rs decomposed: how the own block meets the peers' partial products (decide():
-  // choose_rs_fold): a reduce pass after it, or folded into its GEMM's epilogue -- weft's
-  // GEMM (one launch waiting per M-block) or cuBLASLt (2 ranks: D = A B + the peer's piece).
-  RsFold rs_fold = RsFold::kNone;
 
-  // host backend
-  std::unique_ptr<detail::HostGemmExec> host_dec, host_fused;
-  std::vector<unsigned char> host_scratch;
+  // The method objects, made at construction (setup: never inside a CUDA graph capture). GPU:
+  // fused only where fused_gpu.
+  std::unique_ptr<detail::GemmMethodImpl> baseline_method, decomposed_method, fused_method;
 
-#ifdef WEFT_HAVE_CUDA
-  cublasHandle_t handle = nullptr;
-  std::unique_ptr<detail::LtGemm> lt;  // every cuBLAS GEMM of the op (Impl::gemm)
-  void* workspace = nullptr;
-  void* scratch = nullptr;    // baseline: gathered A (ag_gemm) or the partial product (gemm_rs)
-  cudaStream_t cs = nullptr;  // copy / communication stream of `decomposed`
-  cudaEvent_t ev_fork = nullptr, ev_join = nullptr, ev_base = nullptr;
-  std::vector<cudaEvent_t> ev_piece;
-  // gemm_rs, RsFold::kLt (2 ranks): the peer's piece j has landed here (recorded on cs after
-  // its wait).
-  std::vector<cudaEvent_t> ev_recv;
-  // ... RsFold::kGather (2 ranks; gather_rs): the peer's rows of A for this rank's block and
-  // the peer's B land in g_a / g_b (symmetric; B's layout), in `chunks` column pieces of B
-  // (g_cols). Flag j (symmetric word): the peer's A and B up to piece j are here (a copy of the
-  // peer's call counter; a wait kernel on cw). Its epoch guard: rs_guard (memop_guard).
-  uint64_t g_a = 0, g_b = 0;
-  dev::SignalSlab g_flags{};
-  std::vector<std::pair<int64_t, int64_t>> g_cols;
-  uint64_t* one = nullptr;
-  cudaStream_t cw = nullptr, cb = nullptr;  // the data waits; the deadline-bearing second wait
-  cudaEvent_t ev_backup = nullptr;
-  std::vector<cudaEvent_t> ev_out;  // this rank's push of piece j (and its flag) is done
-  uint64_t epoch_off = 0;
-  dev::BarrierHandle barrier{};
-  // decomposed ag_gemm: the plan's tables and tensors
-  detail::OpPlan ag;
-  std::vector<uint64_t> ag_tensor_off;
-  dev::SignalSlab ag_signals{};
-  bool ag_own_in_place = false;  // own rows read in place, their local copy left out (setup_gpu)
-  // decomposed gemm_rs: staging [world][m_shard x N] and one signal per (source, chunk)
-  uint64_t rs_stage = 0;
-  dev::SignalSlab rs_signals{};
-  // ... the epoch guard without an SM (rs_memop_guard: the gathered inputs always, the reduce
-  // pass unless with SM copies or without stream memory operations): slot q = "rank q
-  // began this call", a copy of `one` from q, waited for by a stream memory operation and reset
-  // by the waiter (memop_guard). (A device-barrier kernel on the copy stream waited in graph
-  // replays for an SM until the first GEMM's last wave, delaying the first copy.)
-  bool rs_memop_guard = false;
-  dev::SignalSlab rs_guard{};
-  // ... with the own block on weft's GEMM (RsFold::kWeft): one launch that waits per M-block
-  // for the peers' pieces and adds them in its epilogue -- no reduce pass. Its wait tables.
-  void* rs_fold_tables = nullptr;
-  kernels::GemmHooks rs_fold_hooks{};
-  cudaEvent_t ev_guard = nullptr;                   // after the epoch guard's barrier on the copy stream
-  std::vector<std::pair<int64_t, int64_t>> pieces;  // chunk row ranges
-  // fused
-  detail::OpPlan fp;
-  std::vector<uint64_t> f_tensor_off;
-  dev::SignalSlab f_signals{}, f_counters{};
-  dev::BarrierHandle f_barrier{};
-  uint64_t f_epoch_off = 0;
-  void* f_tables = nullptr;
-  fused::FusedArgs f_args{};
-  fused::StatePtr f_state;  // the fused kernel's stream, events and tables (setup_gpu: make_state)
-  int64_t f_epoch = 0;
-  fused::TraceRecord* f_trace = nullptr;
-  uint32_t* f_trace_count = nullptr;
-  uint32_t f_trace_capacity = 0;
-  // Transfers by SM copy kernels instead of the copy engine: WEFT_OVERLAP_ENGINE=sm, or after
-  // the copy engine refused a pointer.
-  bool sm_copies = false;
-  // tracing
-  std::vector<TimedEvent> timed;
-  size_t timed_used = 0;
-#endif
-
-  Impl(Backend& backend, const GemmOverlapConfig& c) : b(backend), cfg(c), op(backend, to_string(c.op)), coll(backend) {}
-  ~Impl();
+  Impl(Backend& backend, const GemmOverlapConfig& c) : GemmOpContext(backend, c) {}
 
   void validate();
   // The tuning-cache key of this shape: op|device|world|MxKxN|dtype|layout.
@@ -167,51 +61,11 @@ struct GemmOverlap::Impl {
   std::vector<GemmMethod> available() const;
   GemmMethod resolve(GemmMethod m) const;
   void check_ptr(const void* p, const char* what, uint64_t bytes) const;
-  void run_host(GemmMethod m, const void* a, const void* bp, void* c, bool tracing);
-  void host_baseline(const void* a, const void* bp, void* c, bool tracing);
 #ifdef WEFT_HAVE_CUDA
   void setup_gpu();
-  // cuBLAS of rows x cols of this op's local product (below), through `lt`: kGemmEx is its
-  // candidate 0, never timed (cublasGemmEx; cublasLt's first heuristic where C is added), kLt
-  // the candidate LtGemm chose (timed where WEFT_GEMM_TUNE asks). `add`: C += add (C's layout).
-  enum class Blas { kGemmEx, kLt };
-  void gemm(cudaStream_t s, const void* a, const void* bp, void* c, int64_t rows, int64_t k, int64_t c0, int64_t cols,
-            Blas lib = Blas::kGemmEx, const void* add = nullptr);
-
-  // weft's GEMM (kernels/gemm.hpp) of `rows` rows of this op's local product: a [rows x
-  // k_local], B, c [rows x N]; hooks and fusion arguments are the caller's to add.
-  // Launch it with ops::gemm_gpu.
-  kernels::GemmArgs weft_gemm_args(const void* a, const void* bp, void* c, int64_t rows) const;
-  void run_gpu(GemmMethod m, const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
-  void gpu_baseline(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
-  void gpu_decomposed(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
-  void gpu_fused(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
-  void gather_rs(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);  // RsFold::kGather
-  void begin(cudaStream_t s, bool tracing);
-  size_t mark(cudaStream_t s, TraceKind kind, int64_t id, int lane, const char* lane_name, std::string name,
-              bool tracing);
-  void mark_end(size_t i, cudaStream_t s, bool tracing);
-  void collect(cudaStream_t s);
-  void wait_list(cudaStream_t s, const std::vector<std::tuple<int, uint64_t, int64_t>>& waits);
-  // waits[begin, begin + kOverlapListMax) as one wait kernel's (or reduce kernel's) list.
-  static kernels::OverlapWaits overlap_waits(const std::vector<std::tuple<int, uint64_t, int64_t>>& waits,
-                                             size_t begin = 0);
-  // A one-CTA kernel on `s`: fence, then peer's signal at `off` += inc (after what `s` ran).
-  void signal(int peer, uint64_t off, uint64_t inc, cudaStream_t s);
-  // gemm_rs's epoch guard on `s` without an SM (rs_memop_guard): tell every peer this rank
-  // began this call, wait until every peer did, reset those words. No deadline: the waits for
-  // the peers' data must not sit behind it (they name a missing peer).
-  void memop_guard(cudaStream_t s);
-  // Sets the word at `off` on `peer` to this rank's call count, by the copy engine in `s`'s
-  // order (after the transfer it flags; no SM): what a signal kernel's +1 per call gives.
-  void put_count(int peer, uint64_t off, cudaStream_t s);
-  // The result of a copy-engine call on `s`: true if it was taken; false if the copy engine
-  // refused a peer pointer (outside a capture: sm_copies from now on, with a message; the
-  // caller falls back to SMs); any other error is thrown.
-  bool copy_engine_took(cudaError_t e, cudaStream_t s);
-  void copy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, cudaStream_t s);
-  const char* engine_name() const { return sm_copies ? "SM copy" : "copy engine"; }
 #endif
+  // One call of method m (resolved) on the method's object; stream: a cudaStream_t on GPUs.
+  void dispatch(GemmMethod m, const void* a, const void* bp, void* c, void* stream, bool tracing);
 };
 
 void GemmOverlap::Impl::validate() {
@@ -337,30 +191,9 @@ void GemmOverlap::Impl::decide(const std::vector<GemmMethod>& avail) {
 }
 
 void GemmOverlap::Impl::setup_host() {
-  const int64_t shard_rows = cfg.op == GemmOp::kGemmAr ? ceil_div(cfg.m, world) : cfg.m / world;
-  auto make = [&](bool decomposed) {
-    detail::OpPlanParams p;
-    p.op = cfg.op;
-    p.world = world;
-    p.m = cfg.m;
-    p.n = cfg.n;
-    p.k_local = k_local;
-    p.chunks = chunks;
-    p.algo = cfg.algo;
-    p.elem_bytes = static_cast<int>(eb);
-    // decomposed: one "GEMM" per chunk of rows (all of N), one transfer team (the copy
-    // stream) and one tile team (the compute stream); fused: small tiles, several teams.
-    p.engine = decomposed ? plan::Engine::kCopyEngine : plan::Engine::kSm;
-    p.tile_rows = decomposed ? ceil_div(shard_rows, chunks) : (cfg.tile_rows ? cfg.tile_rows : 8);
-    p.tile_cols = decomposed ? cfg.n : (cfg.tile_cols ? cfg.tile_cols : 16);
-    p.transfer_workers = decomposed ? 1 : cfg.host_transfer_workers;
-    p.tile_workers = decomposed ? 1 : cfg.host_tile_workers;
-    return std::make_unique<detail::HostGemmExec>(
-        b, detail::build_op_plan(p), cfg.dtype, cfg.b_layout, k_local, p.transfer_workers, p.tile_workers,
-        fmt::format("{}.{}.{}x{}x{}", to_string(cfg.op), decomposed ? "decomposed" : "fused", cfg.m, cfg.k, cfg.n));
-  };
-  host_dec = make(true);
-  host_fused = make(false);
+  baseline_method = std::make_unique<detail::BaselineHost>(*this);
+  decomposed_method = std::make_unique<detail::HostPlanMethod>(*this, true);
+  fused_method = std::make_unique<detail::HostPlanMethod>(*this, false);
 }
 
 GemmMethod GemmOverlap::Impl::resolve(GemmMethod m) const { return m == GemmMethod::kAuto ? autoc.method : m; }
@@ -371,858 +204,41 @@ void GemmOverlap::Impl::check_ptr(const void* p, const char* what, uint64_t byte
                fmt::format("{}: {} pointer {} is not 16-byte aligned ({} bytes)", to_string(cfg.op), what, p, bytes));
 }
 
-// ---- host backend ------------------------------------------------------------------------
-
-void GemmOverlap::Impl::host_baseline(const void* a, const void* bp, void* c, bool tracing) {
-  const dev::DType t = cfg.dtype;
-  TraceEvent g{rank, TraceKind::kTile, 0, 0, "compute", "gemm", 0, 0};
-  TraceEvent x{rank, TraceKind::kChunk, 0, 1, "communication", "", 0, 0};
-  if (cfg.op == GemmOp::kAgGemm) {
-    host_scratch.resize(static_cast<size_t>(cfg.m * k_local) * eb);
-    x.name = "all_gather (reference)";
-    x.start_ns = now_ns();
-    coll.baseline_all_gather(a, host_scratch.data(), static_cast<uint64_t>(a_rows * k_local), t);
-    x.end_ns = g.start_ns = now_ns();
-    detail::host_gemm(t, cfg.b_layout, host_scratch.data(), bp, c, k_local, cfg.n, 0, cfg.m, 0, cfg.n);
-    g.end_ns = now_ns();
-  } else {
-    void* partial = c;
-    if (cfg.op == GemmOp::kGemmRs) {
-      host_scratch.resize(static_cast<size_t>(cfg.m * cfg.n) * eb);
-      partial = host_scratch.data();
-    }
-    g.start_ns = now_ns();
-    detail::host_gemm(t, cfg.b_layout, a, bp, partial, k_local, cfg.n, 0, cfg.m, 0, cfg.n);
-    g.end_ns = x.start_ns = now_ns();
-    if (cfg.op == GemmOp::kGemmRs) {
-      x.name = "reduce_scatter (reference)";
-      coll.reduce_scatter(partial, c, static_cast<uint64_t>(c_rows * cfg.n), t, Method::kBaseline);
-    } else {
-      x.name = "all_reduce (reference)";
-      coll.all_reduce(c, c, static_cast<uint64_t>(cfg.m * cfg.n), t, Method::kBaseline);
-    }
-    x.end_ns = now_ns();
-  }
-  if (tracing) {
-    trace.push_back(g);
-    trace.push_back(x);
-  }
-}
-
-void GemmOverlap::Impl::run_host(GemmMethod m, const void* a, const void* bp, void* c, bool tracing) {
+void GemmOverlap::Impl::dispatch(GemmMethod m, const void* a, const void* bp, void* c, void* stream, bool tracing) {
+  detail::GemmMethodImpl* method = nullptr;
   switch (m) {
     case GemmMethod::kBaseline:
-      return host_baseline(a, bp, c, tracing);
-    case GemmMethod::kDecomposed:
-      return host_dec->run(a, bp, c, tracing ? &trace : nullptr);
-    case GemmMethod::kFused:
-      return host_fused->run(a, bp, c, tracing ? &trace : nullptr);
-    case GemmMethod::kAuto:
+      method = baseline_method.get();
       break;
+    case GemmMethod::kDecomposed:
+      method = decomposed_method.get();
+      break;
+    case GemmMethod::kFused:
+      method = fused_method.get();
+      break;
+    case GemmMethod::kAuto:
+      throw_error(__FILE__, __LINE__, "auto was not resolved");
   }
-  throw_error(__FILE__, __LINE__, "auto was not resolved");
+  if (!method)  // fused on GPUs where it cannot run (fused_gpu false)
+    throw Error(fmt::format("{}: the fused method on GPUs {}", to_string(cfg.op),
+                            fused::fused_available() ? "runs ag_gemm and gemm_rs only (docs/gemm_overlap.md)"
+                                                     : "needs an sm_90 GPU (weft's GEMM)"));
+  method->run(a, bp, c, stream, tracing);
 }
 
-// ---- GPU backend -------------------------------------------------------------------------
-
 #ifdef WEFT_HAVE_CUDA
-namespace {
-ncclDataType_t nccl_type(dev::DType t) { return t == dev::DType::kF16 ? ncclFloat16 : ncclBfloat16; }
-char* at(const void* p, uint64_t bytes) { return static_cast<char*>(const_cast<void*>(p)) + bytes; }
-
-// Host tables packed into one device allocation, each 16-byte aligned: add() them in order,
-// upload() once (the caller frees the allocation), then table(dev, i) is the i-th one there.
-struct TableBlob {
-  std::vector<char> bytes;
-  std::vector<size_t> offs;
-  template <class V>
-  void add(const V& v) {
-    const size_t o = (bytes.size() + 15) & ~size_t{15}, n = v.size() * sizeof(v[0]);
-    bytes.resize(o + n);
-    if (n) std::memcpy(bytes.data() + o, v.data(), n);
-    offs.push_back(o);
-  }
-  void* upload() const {
-    void* d = nullptr;
-    WEFT_CUDA_CHECK(cudaMalloc(&d, std::max<size_t>(bytes.size(), 16)));
-    WEFT_CUDA_CHECK(cudaMemcpy(d, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
-    return d;
-  }
-  template <class T>
-  const T* table(void* dev, int i) const {
-    return reinterpret_cast<const T*>(static_cast<char*>(dev) + offs[static_cast<size_t>(i)]);
-  }
-};
-}  // namespace
-
+// In this order (the heap's allocations are matched across ranks by name, size and order): the
+// shared part (init_gpu: kernels, cuBLAS, scratch, the epoch word and barrier), decomposed,
+// fused.
 void GemmOverlap::Impl::setup_gpu() {
-  // Every kernel a spinning GEMM or wait of this op may wait behind, loaded now: with lazy
-  // module loading a first launch can wait behind a kernel that spins (kernels::load_kernels).
-  WEFT_CUDA_CHECK(kernels::gemm_preload());
-  WEFT_CUDA_CHECK(kernels::overlap_preload());
-  WEFT_CUDA_CHECK(kernels::runtime_preload());
-  WEFT_CUBLAS_CHECK(cublasCreate(&handle));
-  const size_t ws = 32ull << 20;  // set explicitly: cuBLAS in CUDA graphs needs a user workspace
-  WEFT_CUDA_CHECK(cudaMalloc(&workspace, ws));
-  WEFT_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace, ws));
-  WEFT_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
-  lt = std::make_unique<detail::LtGemm>(workspace, ws, handle);
-  const size_t scratch_bytes = cfg.op == GemmOp::kAgGemm   ? static_cast<size_t>(cfg.m * k_local) * eb
-                               : cfg.op == GemmOp::kGemmRs ? static_cast<size_t>(cfg.m * cfg.n) * eb
-                                                           : 0;
-  if (scratch_bytes) WEFT_CUDA_CHECK(cudaMalloc(&scratch, scratch_bytes));
-  WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
-  WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork, cudaEventDisableTiming));
-  WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
-  WEFT_CUDA_CHECK(cudaEventCreate(&ev_base));
-  SymmetricHeap& heap = b.heap();
-  const std::string tag = fmt::format("{}.{}x{}x{}", to_string(cfg.op), cfg.m, cfg.k, cfg.n);
-  epoch_off = heap.alloc_bytes(8, tag + ".epoch");
-  barrier = heap.alloc_barrier(tag + ".barrier");
-  const int64_t rows = cfg.op == GemmOp::kGemmAr ? cfg.m : m_shard;
-  pieces = plan::split_range(0, rows, chunks);
-  if (cfg.op == GemmOp::kAgGemm) {
-    // decomposed: the all-gather plan's tables, one GEMM per chunk of rows (all of N).
-    detail::OpPlanParams p;
-    p.op = cfg.op;
-    p.world = world;
-    p.m = cfg.m;
-    p.n = cfg.n;
-    p.k_local = k_local;
-    p.chunks = chunks;
-    p.algo = cfg.algo;
-    p.engine = plan::Engine::kCopyEngine;
-    p.elem_bytes = static_cast<int>(eb);
-    p.tile_rows = ceil_div(m_shard, chunks);
-    p.tile_cols = cfg.n;
-    ag = detail::build_op_plan(p);
-    for (const auto& d : ag.lowered.ranks[static_cast<size_t>(rank)].transfers)
-      WEFT_REQUIRE(static_cast<plan::Kind>(d.kind) != plan::Kind::kReduce,
-                   fmt::format("ag_gemm decomposed: plan {} has a reduce transfer", ag.plan.name));
-    for (size_t t = 0; t < ag.plan.tensors.size(); ++t) {
-      const plan::Tensor& x = ag.plan.tensors[t];
-      // The input tensor is the user's A_r (read in place): nothing to allocate.
-      ag_tensor_off.push_back(
-          static_cast<int>(t) == ag.input
-              ? 0
-              : heap.alloc_bytes(static_cast<size_t>(x.rows * x.cols * x.elem_bytes), tag + ".decomposed." + x.name));
-    }
-    ag_signals = heap.alloc_signals(static_cast<uint32_t>(ag.lowered.max_signals()), tag + ".decomposed.signals");
-    // This rank's own rows are read in place by the GEMM and the plan's copy of them into
-    // the gathered buffer is left out (its signal is still given), where no transfer
-    // forwards from the gathered buffer (the direct templates push from the input) and no
-    // tile straddles the edge of the own rows (it would read gathered rows never copied).
-    // That device-local copy is an SM kernel the first GEMM waits behind (docs/gemm_overlap.md).
-    const plan::LoweredRank& lr = ag.lowered.ranks[static_cast<size_t>(rank)];
-    const int64_t own0 = rank * m_shard, own1 = own0 + m_shard;
-    bool forwards = false, straddles = false;
-    for (const plan::TransferDesc& d : lr.transfers) forwards |= d.src_tensor == ag.gemm;
-    for (const plan::TileEntry& t : lr.tiles) {
-      const int64_t r0 = int64_t{t.m} * ag.schedule.tile_rows, r1 = std::min(cfg.m, r0 + ag.schedule.tile_rows);
-      straddles |= r0 < own1 && r1 > own0 && (r0 < own0 || r1 > own1);
-    }
-    ag_own_in_place = !forwards && !straddles;
-  } else if (cfg.op == GemmOp::kGemmRs) {
-    rs_stage = heap.alloc_bytes(static_cast<size_t>(world) * m_shard * cfg.n * eb, tag + ".decomposed.staging");
-    rs_signals = heap.alloc_signals(static_cast<uint32_t>(world * chunks), tag + ".decomposed.signals");
-    ev_piece.resize(static_cast<size_t>(std::max(1, world - 1) * chunks));
-    if (rs_fold == RsFold::kLt || rs_fold == RsFold::kGather) {
-      ev_recv.resize(static_cast<size_t>(chunks));
-      for (auto& e : ev_recv) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    }
-    rs_memop_guard = rs_fold == RsFold::kGather ||
-                     (rs_fold == RsFold::kNone && world > 1 && !sm_copies && detail::stream_memops_available());
-    if (rs_memop_guard) {
-      rs_guard = heap.alloc_signals(static_cast<uint32_t>(world), tag + ".decomposed.guard");
-      WEFT_CUDA_CHECK(cudaMalloc(&one, sizeof(uint64_t)));
-      const uint64_t v = 1;
-      WEFT_CUDA_CHECK(cudaMemcpy(one, &v, sizeof v, cudaMemcpyHostToDevice));
-    }
-    if (rs_fold == RsFold::kGather) {
-      g_a = heap.alloc_bytes(static_cast<size_t>(m_shard * k_local) * eb, tag + ".gather.a");
-      g_b = heap.alloc_bytes(static_cast<size_t>(b_rows * b_cols) * eb, tag + ".gather.b");
-      g_flags = heap.alloc_signals(static_cast<uint32_t>(chunks), tag + ".gather.flags");
-      // Column pieces on 128-column boundaries where N allows (whole tiles of cuBLAS's).
-      for (const auto& [c0, c1] : plan::split_range(0, cfg.n, chunks)) {
-        const auto round = [&](int64_t x) { return x == cfg.n ? x : std::min<int64_t>(cfg.n, (x + 64) / 128 * 128); };
-        g_cols.emplace_back(round(c0), round(c1));
-      }
-      WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cw, cudaStreamNonBlocking));
-      WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cb, cudaStreamNonBlocking));
-      WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_backup, cudaEventDisableTiming));
-      ev_out.resize(static_cast<size_t>(chunks));
-      for (auto& e : ev_out) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    }
-    if (rs_fold == RsFold::kWeft) {  // (never with SM copies: choose_rs_fold)
-      // Per M-block of the own block: wait for piece j of every peer q (signal q * chunks + j
-      // >= the call count) for each piece j its rows overlap.
-      std::vector<int32_t> begin{0}, idx, from;
-      std::vector<uint64_t> val;
-      for (int mb = 0; mb < kernels::gemm_tiles_m(static_cast<int>(m_shard)); ++mb) {
-        const int64_t r0 = int64_t{mb} * kernels::kGemmTileM, r1 = std::min(m_shard, r0 + kernels::kGemmTileM);
-        for (size_t j = 0; j < pieces.size(); ++j)
-          if (pieces[j].first < r1 && pieces[j].second > r0)
-            for (int q = 0; q < world; ++q)
-              if (q != rank) {
-                idx.push_back(q * chunks + static_cast<int>(j));
-                val.push_back(1);
-                from.push_back(q);
-              }
-        begin.push_back(static_cast<int32_t>(idx.size()));
-      }
-      TableBlob blob;
-      blob.add(begin);
-      blob.add(idx);
-      blob.add(val);
-      blob.add(from);
-      rs_fold_tables = blob.upload();
-      kernels::GemmHooks& h = rs_fold_hooks;
-      h.wait_begin = blob.table<int32_t>(rs_fold_tables, 0);
-      h.wait_idx = blob.table<int32_t>(rs_fold_tables, 1);
-      h.wait_val = blob.table<uint64_t>(rs_fold_tables, 2);
-      h.wait_peer = blob.table<int32_t>(rs_fold_tables, 3);
-      h.wait_off = rs_signals.at(0);
-      h.wait_per_mblock = true;
-      h.wait_scale_dev = b.ctx().ptr<const uint64_t>(rank, epoch_off);  // the call counter
-      WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_guard, cudaEventDisableTiming));
-    }
-  } else {
-    ev_piece.resize(pieces.size());
-  }
-  for (auto& e : ev_piece) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-
-  if (fused_gpu) {
-    detail::OpPlanParams p;
-    p.op = cfg.op;
-    p.world = world;
-    p.m = cfg.m;
-    p.n = cfg.n;
-    p.k_local = k_local;
-    p.chunks = chunks;
-    p.algo = cfg.algo;
-    p.engine = plan::Engine::kSm;
-    p.elem_bytes = static_cast<int>(eb);
-    p.tile_rows = cfg.tile_rows ? cfg.tile_rows : 128;
-    p.tile_cols = cfg.tile_cols ? cfg.tile_cols : 128;
-    fp = detail::build_op_plan(p);
-    for (const plan::Tensor& x : fp.plan.tensors)
-      f_tensor_off.push_back(
-          heap.alloc_bytes(static_cast<size_t>(x.rows * x.cols * x.elem_bytes), tag + ".fused." + x.name));
-    f_signals = heap.alloc_signals(static_cast<uint32_t>(fp.lowered.max_signals()), tag + ".fused.signals");
-    // The plan's tile counters, plus what the GPU fused gemm_rs keeps beside them: its piece
-    // counters, (2 world - 1) x pieces per rank's block, pieces <= the block's 128-row blocks.
-    const int fused_extra =
-        cfg.op == GemmOp::kGemmRs ? static_cast<int>((2 * world - 1) * ceil_div(m_shard, 128)) : 0;
-    f_counters = heap.alloc_signals(static_cast<uint32_t>(std::max(1, world * fp.tiles_m) + fused_extra),
-                                    tag + ".fused.counters");
-    f_barrier = heap.alloc_barrier(tag + ".fused.barrier");
-    f_epoch_off = heap.alloc_bytes(8, tag + ".fused.epoch");
-    // Upload this rank's tables into one device block.
-    const plan::LoweredRank& lr = fp.lowered.ranks[static_cast<size_t>(rank)];
-    std::vector<fused::TensorDesc> td;
-    for (size_t t = 0; t < fp.plan.tensors.size(); ++t) {
-      const auto& x = fp.plan.tensors[t];
-      td.push_back({f_tensor_off[t], x.rows, x.cols, x.elem_bytes, 0});
-    }
-    TableBlob blob;
-    blob.add(lr.tiles);
-    blob.add(lr.tile_waits);
-    blob.add(lr.transfers);
-    blob.add(lr.transfer_waits);
-    blob.add(lr.counter_wait_begin);
-    blob.add(lr.counter_waits);
-    blob.add(lr.notify_begin);
-    blob.add(lr.notify_ranks);
-    blob.add(lr.signal_producer);
-    blob.add(lr.final_waits);
-    blob.add(td);
-    f_tables = blob.upload();
-    auto dp = [&](int i) { return blob.table<char>(f_tables, i); };
-    fused::FusedArgs& A = f_args;
-    A.op = static_cast<fused::Op>(static_cast<int32_t>(cfg.op));
-    A.dtype = cfg.dtype;
-    A.b_layout = cfg.b_layout == BLayout::kNK ? 0 : 1;
-    A.m = cfg.m;
-    A.n = cfg.n;
-    A.k = cfg.k;
-    A.k_local = k_local;
-    A.tiles = reinterpret_cast<const plan::TileEntry*>(dp(0));
-    A.num_tiles = static_cast<int32_t>(lr.tiles.size());
-    A.tile_waits = reinterpret_cast<const plan::WaitEntry*>(dp(1));
-    A.transfers = reinterpret_cast<const plan::TransferDesc*>(dp(2));
-    A.num_transfers = static_cast<int32_t>(lr.transfers.size());
-    A.transfer_waits = reinterpret_cast<const plan::WaitEntry*>(dp(3));
-    A.tt_begin = reinterpret_cast<const int32_t*>(dp(4));
-    A.transfer_tile_waits = reinterpret_cast<const fused::TransferTileWait*>(dp(5));
-    A.notify_begin = reinterpret_cast<const int32_t*>(dp(6));
-    A.notify_ranks = reinterpret_cast<const int32_t*>(dp(7));
-    A.signal_producer = reinterpret_cast<const int32_t*>(dp(8));
-    A.final_waits = reinterpret_cast<const plan::WaitEntry*>(dp(9));
-    A.num_final_waits = static_cast<int32_t>(lr.final_waits.size());
-    A.tensors = reinterpret_cast<const fused::TensorDesc*>(dp(10));
-    A.num_tensors = static_cast<int32_t>(td.size());
-    A.input_tensor = fp.input;
-    A.gemm_tensor = fp.gemm;
-    A.output_tensor = fp.output;
-    A.tile_rows = fp.schedule.tile_rows;
-    A.tile_cols = fp.schedule.tile_cols;
-    A.tiles_m = fp.tiles_m;
-    A.tiles_n = fp.tiles_n;
-    A.signals = f_signals;
-    A.counters = f_counters;
-    A.barrier = f_barrier;
-    A.epoch_off = f_epoch_off;
-    A.stage_off = cfg.op == GemmOp::kGemmRs ? rs_stage : 0;
-    f_trace_capacity = static_cast<uint32_t>(lr.tiles.size() + lr.transfers.size() + 64);
-    WEFT_CUDA_CHECK(cudaMalloc(&f_trace, f_trace_capacity * sizeof(fused::TraceRecord)));
-    WEFT_CUDA_CHECK(cudaMalloc(&f_trace_count, sizeof(uint32_t)));
-    A.ctx = b.ctx();
-    f_state = fused::make_state(A);
-  }
-}
-
-// C[rows x cols] (ldc = N, starting at column c0) = A[rows x k] (lda = k) * op(B) columns
-// [c0, c0 + cols): row-major through cuBLAS's column-major view (C^T = op(B)^T A^T).
-void GemmOverlap::Impl::gemm(cudaStream_t s, const void* a, const void* bp, void* c, int64_t rows, int64_t k,
-                             int64_t c0, int64_t cols, Blas lib, const void* add) {
-  if (rows <= 0 || cols <= 0) return;
-  const bool nk = cfg.b_layout == BLayout::kNK;
-  detail::LtProblem p;
-  p.rows = rows;
-  p.cols = cols;
-  p.k = k;
-  p.lda = k;
-  p.ldb = nk ? k : cfg.n;
-  p.ldd = cfg.n;
-  p.b_nk = nk;
-  p.dtype = cfg.dtype;
-  p.add_c = add != nullptr;
-  const void* bptr = nk ? at(bp, static_cast<uint64_t>(c0 * k) * eb) : at(bp, static_cast<uint64_t>(c0) * eb);
-  lt->run(p, a, bptr, add ? at(add, static_cast<uint64_t>(c0) * eb) : nullptr, at(c, static_cast<uint64_t>(c0) * eb), s,
-          /*may_time=*/lib == Blas::kLt);
-}
-
-kernels::GemmArgs GemmOverlap::Impl::weft_gemm_args(const void* a, const void* bp, void* c, int64_t rows) const {
-  kernels::GemmArgs g;
-  g.m = static_cast<int>(rows);
-  g.n = static_cast<int>(cfg.n);
-  g.k = static_cast<int>(k_local);
-  g.type = cfg.dtype == dev::DType::kBF16 ? kernels::GemmType::kBF16 : kernels::GemmType::kF16;
-  g.b_layout = cfg.b_layout == BLayout::kNK ? kernels::GemmBLayout::kNK : kernels::GemmBLayout::kKN;
-  g.a = a;
-  g.lda = k_local;
-  g.b = bp;
-  g.ldb = cfg.b_layout == BLayout::kNK ? k_local : cfg.n;
-  g.c[0] = c;
-  g.ldc = cfg.n;
-  return g;
-}
-
-void GemmOverlap::Impl::begin(cudaStream_t s, bool tracing) {
-  if (!tracing) return;
-  timed_used = 0;
-  // Line the ranks up so every rank's t = 0 is the same moment (within a flag latency).
-  WEFT_CUDA_CHECK(kernels::device_barrier(b.ctx(), barrier, s));
-  WEFT_CUDA_CHECK(cudaEventRecord(ev_base, s));
-}
-
-size_t GemmOverlap::Impl::mark(cudaStream_t s, TraceKind kind, int64_t id, int lane, const char* lane_name,
-                               std::string name, bool tracing) {
-  if (!tracing) return 0;
-  if (timed_used == timed.size()) {
-    TimedEvent e;
-    WEFT_CUDA_CHECK(cudaEventCreate(&e.start));
-    WEFT_CUDA_CHECK(cudaEventCreate(&e.end));
-    timed.push_back(e);
-  }
-  TimedEvent& e = timed[timed_used];
-  e.meta = TraceEvent{rank, kind, id, lane, lane_name, std::move(name), 0, 0};
-  WEFT_CUDA_CHECK(cudaEventRecord(e.start, s));
-  return timed_used++;
-}
-
-void GemmOverlap::Impl::mark_end(size_t i, cudaStream_t s, bool tracing) {
-  if (tracing) WEFT_CUDA_CHECK(cudaEventRecord(timed[i].end, s));
-}
-
-void GemmOverlap::Impl::collect(cudaStream_t s) {
-  WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
-  b.synchronize();
-  for (size_t i = 0; i < timed_used; ++i) {
-    float t0 = 0, t1 = 0;
-    WEFT_CUDA_CHECK(cudaEventElapsedTime(&t0, ev_base, timed[i].start));
-    WEFT_CUDA_CHECK(cudaEventElapsedTime(&t1, ev_base, timed[i].end));
-    TraceEvent e = timed[i].meta;
-    e.start_ns = static_cast<int64_t>(static_cast<double>(t0) * 1e6);
-    e.end_ns = static_cast<int64_t>(static_cast<double>(t1) * 1e6);
-    trace.push_back(std::move(e));
-  }
-}
-
-kernels::OverlapWaits GemmOverlap::Impl::overlap_waits(const std::vector<std::tuple<int, uint64_t, int64_t>>& waits,
-                                                       size_t begin) {
-  kernels::OverlapWaits w{};
-  for (size_t j = begin; j < waits.size() && j < begin + kernels::kOverlapListMax; ++j, ++w.count) {
-    w.from[w.count] = std::get<0>(waits[j]);
-    w.off[w.count] = std::get<1>(waits[j]);
-    w.threshold[w.count] = std::get<2>(waits[j]);
-  }
-  return w;
-}
-
-void GemmOverlap::Impl::wait_list(cudaStream_t s, const std::vector<std::tuple<int, uint64_t, int64_t>>& waits) {
-  for (size_t i = 0; i < waits.size(); i += kernels::kOverlapListMax)
-    WEFT_CUDA_CHECK(kernels::overlap_wait(b.ctx(), epoch_off, overlap_waits(waits, i), s));
-}
-
-void GemmOverlap::Impl::signal(int peer, uint64_t off, uint64_t inc, cudaStream_t s) {
-  kernels::OverlapSignals sig{};
-  sig.count = 1;
-  sig.peer[0] = peer;
-  sig.off[0] = off;
-  sig.inc[0] = inc;
-  WEFT_CUDA_CHECK(kernels::overlap_signal(b.ctx(), sig, s));
-}
-
-bool GemmOverlap::Impl::copy_engine_took(cudaError_t e, cudaStream_t s) {
-  if (e == cudaSuccess) return true;
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  if (e != cudaErrorInvalidValue || cudaStreamIsCapturing(s, &st) != cudaSuccess || st != cudaStreamCaptureStatusNone)
-    WEFT_CUDA_CHECK(e);
-  (void)cudaGetLastError();
-  std::fprintf(stderr, "weft: rank %d: the copy engine refused a peer pointer (%s); %s uses SM copies from now on\n",
-               rank, cudaGetErrorString(e), to_string(cfg.op));
-  sm_copies = true;
-  return false;
-}
-
-void GemmOverlap::Impl::put_count(int peer, uint64_t off, cudaStream_t s) {
-  const dev::DeviceCtx& ctx = b.ctx();
-  WEFT_CUDA_CHECK(cudaMemcpyAsync(ctx.peer_base[peer] + off, ctx.peer_base[rank] + epoch_off, sizeof(uint64_t),
-                                  cudaMemcpyDefault, s));
-}
-
-void GemmOverlap::Impl::memop_guard(cudaStream_t s) {
-  const dev::DeviceCtx& ctx = b.ctx();
-  for (int q = 0; q < world; ++q) {
-    if (q == rank) continue;
-    char* word = ctx.peer_base[q] + rs_guard.at(static_cast<uint32_t>(rank));
-    if (!sm_copies && copy_engine_took(cudaMemcpyAsync(word, one, sizeof(uint64_t), cudaMemcpyDefault, s), s)) continue;
-    signal(q, rs_guard.at(static_cast<uint32_t>(rank)), 1, s);  // the same word, by a kernel (>= 1 either way)
-  }
-  for (int q = 0; q < world; ++q) {
-    if (q == rank) continue;
-    const char* mine = ctx.peer_base[rank] + rs_guard.at(static_cast<uint32_t>(q));
-    detail::stream_wait_geq(s, mine, 1);
-    detail::stream_write(s, mine, 0);
-  }
-}
-
-void GemmOverlap::Impl::copy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows,
-                               cudaStream_t s) {
-  if (!sm_copies && copy_engine_took(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, s), s))
-    return;
-  WEFT_CUDA_CHECK(kernels::overlap_copy(dst, dpitch, src, spitch, width, rows, 16, s));
-}
-
-void GemmOverlap::Impl::gpu_baseline(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
-  auto comm = static_cast<ncclComm_t>(b.nccl_comm());
-  const ncclDataType_t nt = nccl_type(cfg.dtype);
-  if (cfg.op == GemmOp::kAgGemm) {
-    size_t x = mark(s, TraceKind::kChunk, 0, 1, "nccl", "ncclAllGather", tracing);
-    WEFT_NCCL_CHECK(ncclAllGather(a, scratch, static_cast<size_t>(a_rows * k_local), nt, comm, s));
-    mark_end(x, s, tracing);
-    x = mark(s, TraceKind::kTile, 0, 0, "compute stream", "cublas gemm", tracing);
-    gemm(s, scratch, bp, c, cfg.m, k_local, 0, cfg.n);
-    mark_end(x, s, tracing);
-    return;
-  }
-  void* partial = cfg.op == GemmOp::kGemmRs ? scratch : c;
-  size_t x = mark(s, TraceKind::kTile, 0, 0, "compute stream", "cublas gemm", tracing);
-  gemm(s, a, bp, partial, cfg.m, k_local, 0, cfg.n);
-  mark_end(x, s, tracing);
-  x = mark(s, TraceKind::kChunk, 0, 1, "nccl", cfg.op == GemmOp::kGemmRs ? "ncclReduceScatter" : "ncclAllReduce",
-           tracing);
-  if (cfg.op == GemmOp::kGemmRs)
-    WEFT_NCCL_CHECK(ncclReduceScatter(partial, c, static_cast<size_t>(c_rows * cfg.n), nt, ncclSum, comm, s));
-  else
-    WEFT_NCCL_CHECK(ncclAllReduce(c, c, static_cast<size_t>(cfg.m * cfg.n), nt, ncclSum, comm, s));
-  mark_end(x, s, tracing);
-}
-
-void GemmOverlap::Impl::gpu_decomposed(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
-  const dev::DeviceCtx& ctx = b.ctx();
-  const int64_t N = cfg.n;
-  WEFT_CUDA_CHECK(kernels::overlap_epoch_bump(ctx, epoch_off, s));
-  WEFT_CUDA_CHECK(cudaEventRecord(ev_fork, s));
-  WEFT_CUDA_CHECK(cudaStreamWaitEvent(cs, ev_fork, 0));
-
-  if (cfg.op == GemmOp::kGemmAr) {
-    // GEMM of chunk j on the compute stream, weft's all-reduce of its rows on the other.
-    for (size_t j = 0; j < pieces.size(); ++j) {
-      const auto [r0, r1] = pieces[j];
-      size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(j), 0, "compute stream",
-                      fmt::format("gemm rows [{},{})", r0, r1), tracing);
-      gemm(s, at(a, static_cast<uint64_t>(r0 * k_local) * eb), bp, at(c, static_cast<uint64_t>(r0 * N) * eb), r1 - r0,
-           k_local, 0, N, Blas::kLt);
-      mark_end(x, s, tracing);
-      WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[j], s));
-      WEFT_CUDA_CHECK(cudaStreamWaitEvent(cs, ev_piece[j], 0));
-      if (world > 1) {
-        x = mark(cs, TraceKind::kChunk, static_cast<int64_t>(j), 1, "all_reduce stream",
-                 fmt::format("all_reduce rows [{},{})", r0, r1), tracing);
-        void* rows = at(c, static_cast<uint64_t>(r0 * N) * eb);
-        coll.all_reduce(rows, rows, static_cast<uint64_t>((r1 - r0) * N), cfg.dtype, Method::kAuto, cs);
-        mark_end(x, cs, tracing);
-      }
-    }
-  } else {
-    // The epoch guard: peers write into this rank's symmetric buffers only after every rank
-    // has finished reading them for the previous call (this stream waited for ev_fork,
-    // which follows that call's last GEMM or reduce on the compute stream).
-    // (gemm_rs's gathered inputs and reduce pass: without an SM, memop_guard.)
-    if (rs_memop_guard)
-      memop_guard(cs);
-    else if (world > 1)
-      WEFT_CUDA_CHECK(kernels::device_barrier(ctx, barrier, cs));
-    if (rs_fold == RsFold::kWeft) WEFT_CUDA_CHECK(cudaEventRecord(ev_guard, cs));
-    if (cfg.op == GemmOp::kAgGemm) {
-      const plan::LoweredRank& lr = ag.lowered.ranks[static_cast<size_t>(rank)];
-      auto ptr = [&](int r, int32_t t, int64_t row, int64_t col) -> char* {
-        const plan::Tensor& x = ag.plan.tensors[static_cast<size_t>(t)];
-        const uint64_t o = static_cast<uint64_t>(row * x.cols + col) * eb;
-        if (t == ag.input) {
-          WEFT_CHECK(r == rank, fmt::format("ag_gemm decomposed: a transfer reads rank {}'s input in place", r));
-          return at(a, o);
-        }
-        // Device work uses the window's addresses, this rank's own included (architecture.md).
-        return ctx.peer_base[r] + ag_tensor_off[static_cast<size_t>(t)] + o;
-      };
-      const int64_t own0 = rank * m_shard, own1 = own0 + m_shard;
-      // Transfers in the plan's issue order on the copy stream: memcpy, then a signal kernel.
-      for (size_t i = 0; i < lr.transfers.size(); ++i) {
-        const plan::TransferDesc& d = lr.transfers[i];
-        const bool own_copy = ag_own_in_place && d.src_tensor == ag.input && d.src_rank == rank && d.dst_rank == rank;
-        std::vector<std::tuple<int, uint64_t, int64_t>> waits;
-        for (int32_t j = d.wait_begin; j < d.wait_begin + d.wait_count; ++j) {
-          const plan::WaitEntry& w = lr.transfer_waits[static_cast<size_t>(j)];
-          waits.emplace_back(lr.signal_producer[static_cast<size_t>(w.signal)], ag_signals.at(static_cast<uint32_t>(w.signal)),
-                             w.threshold);
-        }
-        wait_list(cs, waits);
-        const plan::Tensor& st = ag.plan.tensors[static_cast<size_t>(d.src_tensor)];
-        const plan::Tensor& dt = ag.plan.tensors[static_cast<size_t>(d.dst_tensor)];
-        if (!own_copy) {
-          size_t x = mark(cs, TraceKind::kChunk, d.chunk, 1, engine_name(),
-                          fmt::format("chunk {} {} {}->{}", d.chunk, plan::to_string(static_cast<plan::Kind>(d.kind)),
-                                      d.src_rank, d.dst_rank),
-                          tracing);
-          copy2d(ptr(d.dst_rank, d.dst_tensor, d.dst_row, d.dst_col), static_cast<size_t>(dt.cols) * eb,
-                 ptr(d.src_rank, d.src_tensor, d.src_row, d.src_col), static_cast<size_t>(st.cols) * eb,
-                 static_cast<size_t>(d.cols) * eb, static_cast<size_t>(d.rows), cs);
-          mark_end(x, cs, tracing);
-        }
-        if (d.signal_rank >= 0) {
-          signal(d.signal_rank, ag_signals.at(static_cast<uint32_t>(d.signal)), static_cast<uint64_t>(d.increment), cs);
-        }
-      }
-      // Tiles (chunks of rows x all of N) in arrival order on the compute stream; own-row
-      // tiles read the input in place (above) and wait for nothing.
-      const char* gathered = ctx.peer_base[rank] + ag_tensor_off[static_cast<size_t>(ag.gemm)];
-      for (size_t i = 0; i < lr.tiles.size(); ++i) {
-        const plan::TileEntry& t = lr.tiles[i];
-        const int64_t r0 = int64_t{t.m} * ag.schedule.tile_rows, r1 = std::min(cfg.m, r0 + ag.schedule.tile_rows);
-        const int64_t c0 = int64_t{t.n} * ag.schedule.tile_cols, c1 = std::min(N, c0 + ag.schedule.tile_cols);
-        const bool own = ag_own_in_place && r0 >= own0 && r1 <= own1;
-        std::vector<std::tuple<int, uint64_t, int64_t>> waits;
-        for (int32_t j = t.wait_begin; !own && j < t.wait_begin + t.wait_count; ++j) {
-          const plan::WaitEntry& w = lr.tile_waits[static_cast<size_t>(j)];
-          waits.emplace_back(lr.signal_producer[static_cast<size_t>(w.signal)], ag_signals.at(static_cast<uint32_t>(w.signal)),
-                             w.threshold);
-        }
-        wait_list(s, waits);
-        size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(i), 0, "compute stream",
-                        fmt::format("gemm rows [{},{}){}", r0, r1, own ? " (own, in place)" : ""), tracing);
-        const char* arows = own ? static_cast<const char*>(a) + static_cast<uint64_t>((r0 - own0) * k_local) * eb
-                                : gathered + static_cast<uint64_t>(r0 * k_local) * eb;
-        gemm(s, arows, bp, at(c, static_cast<uint64_t>(r0 * N) * eb), r1 - r0, k_local, c0, c1 - c0, Blas::kLt);
-        mark_end(x, s, tracing);
-      }
-    } else if (rs_fold == RsFold::kGather) {
-      gather_rs(a, bp, c, s, tracing);
-    } else {
-      // gemm_rs: partial products for the other ranks first (rotated by rank), each chunk
-      // copied into its owner's staging slot `rank` as soon as it is computed. Then this
-      // rank's own block: RsFold::kWeft, one launch of weft's GEMM that waits per M-block for
-      // the peers' pieces and adds them in its epilogue, straight into C; RsFold::kLt (2
-      // ranks), per piece a wait for the peer's piece, then cuBLASLt's D = A B + that piece
-      // into C; else the own block into its own slot, then the owner sums the slots (a reduce
-      // pass).
-      char* stage_local = ctx.peer_base[rank] + rs_stage;
-      const uint64_t slot_bytes = static_cast<uint64_t>(m_shard * N) * eb;
-      size_t ev = 0;
-      for (int d = 1; d < world; ++d) {
-        const int p = (rank + d) % world;
-        for (size_t j = 0; j < pieces.size(); ++j, ++ev) {
-          const auto [r0, r1] = pieces[j];
-          const int64_t g0 = p * m_shard + r0;
-          const uint64_t sig_off = rs_signals.at(static_cast<uint32_t>(rank * chunks + static_cast<int>(j)));
-          char* owner_slot = ctx.peer_base[p] + rs_stage + slot_bytes * static_cast<uint64_t>(rank) +
-                             static_cast<uint64_t>(r0 * N) * eb;
-          size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev), 0, "compute stream",
-                          fmt::format("gemm rows [{},{}) for rank {}", g0, g0 + (r1 - r0), p), tracing);
-          gemm(s, at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp, at(scratch, static_cast<uint64_t>(g0 * N) * eb),
-               r1 - r0, k_local, 0, N, Blas::kLt);
-          mark_end(x, s, tracing);
-          WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[ev], s));
-          WEFT_CUDA_CHECK(cudaStreamWaitEvent(cs, ev_piece[ev], 0));
-          x = mark(cs, TraceKind::kChunk, static_cast<int64_t>(ev), 1, engine_name(),
-                   fmt::format("partial rows [{},{}) -> rank {}", g0, g0 + (r1 - r0), p), tracing);
-          const size_t bytes = static_cast<size_t>((r1 - r0) * N) * eb;
-          copy2d(owner_slot, bytes, at(scratch, static_cast<uint64_t>(g0 * N) * eb), bytes, bytes, 1, cs);
-          mark_end(x, cs, tracing);
-          // The signal by the copy engine where it takes peer pointers: no SM needed while a
-          // GEMM holds them all (the peer's folded GEMM -- always so for weft's fold, whose
-          // GEMM waits for it holding every SM; this rank's own block, before the reduce pass).
-          if (rs_fold == RsFold::kWeft || !sm_copies)
-            put_count(p, sig_off, cs);
-          else
-            signal(p, sig_off, 1, cs);
-          if (rs_fold == RsFold::kLt) {
-            // The wait for the peer's piece j on this stream, after this rank's own piece j
-            // went out (the peer's is due about then: a short spin), the compute stream
-            // joining it by an event: between the compute stream's cuBLAS GEMMs only the
-            // launch gap stays, not a wait kernel (docs/gemm_overlap.md, cuBLASLt fold). (The
-            // reduce pass meets its waits inside the reduce kernel, below.)
-            wait_list(cs, {{p, rs_signals.at(static_cast<uint32_t>(p * chunks + static_cast<int>(j))), 1}});
-            WEFT_CUDA_CHECK(cudaEventRecord(ev_recv[j], cs));
-          }
-        }
-      }
-      const int64_t g0 = rank * m_shard;
-      if (rs_fold == RsFold::kWeft) {
-        kernels::GemmArgs ga = weft_gemm_args(at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp, c, m_shard);
-        for (int q = 0; q < world; ++q)
-          if (q != rank) ga.src[ga.num_src++] = stage_local + slot_bytes * static_cast<uint64_t>(q);
-        ga.ld_src = N;
-        // Row blocks in piece order (a raster group per piece, <= 16 blocks), so the first
-        // waves need the first pieces only.
-        ga.group_m = static_cast<int>(std::clamp<int64_t>(
-            ceil_div(ceil_div(m_shard, static_cast<int64_t>(pieces.size())), kernels::kGemmTileM), 1, 16));
-        kernels::GemmHooks h = rs_fold_hooks;
-        h.ctx = ctx;
-        // Waits before each tile's main loop (not wait_at_epilogue): the peers' pieces were
-        // computed before this GEMM and have mostly landed, and the first source half then
-        // loads early under the main loop (waits at the epilogue measured slower:
-        // docs/gemm_overlap.md, "Folded into weft's GEMM").
-        // Not before this rank's epoch barrier has run: the peers' pushes wait for it, and
-        // this GEMM, waiting for them, holds every SM.
-        WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_guard, 0));
-        size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev), 0, "compute stream",
-                        fmt::format("gemm rows [{},{}) (own) + peers' pieces", g0, g0 + m_shard), tracing);
-        ops::gemm_gpu(ga, h, s);
-        mark_end(x, s, tracing);
-      } else if (rs_fold == RsFold::kLt) {
-        const int q = 1 - rank;  // the peer (2 ranks)
-        for (size_t j = 0; j < pieces.size(); ++j) {
-          const auto [r0, r1] = pieces[j];
-          WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_recv[j], 0));  // the peer's piece j is in
-          size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev + j), 0, "compute stream",
-                          fmt::format("gemm rows [{},{}) (own) + rank {}'s piece", g0 + r0, g0 + r1, q), tracing);
-          gemm(s, at(a, static_cast<uint64_t>((g0 + r0) * k_local) * eb), bp, at(c, static_cast<uint64_t>(r0 * N) * eb),
-               r1 - r0, k_local, 0, N, Blas::kLt,
-               stage_local + slot_bytes * static_cast<uint64_t>(q) + static_cast<uint64_t>(r0 * N) * eb);
-          mark_end(x, s, tracing);
-        }
-      } else {
-        size_t x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev), 0, "compute stream",
-                        fmt::format("gemm rows [{},{}) (own)", g0, g0 + m_shard), tracing);
-        gemm(s, at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp,
-             stage_local + slot_bytes * static_cast<uint64_t>(rank), m_shard, k_local, 0, N, Blas::kLt);
-        mark_end(x, s, tracing);
-        for (size_t j = 0; j < pieces.size(); ++j) {
-          const auto [r0, r1] = pieces[j];
-          std::vector<std::tuple<int, uint64_t, int64_t>> waits;
-          for (int q = 0; q < world; ++q)
-            if (q != rank)
-              waits.emplace_back(q, rs_signals.at(static_cast<uint32_t>(q * chunks + static_cast<int>(j))), 1);
-          // The waits inside the reduce kernel (one launch after the own block's GEMM, not a
-          // wait kernel and then the reduce), unless there are more than one kernel's list.
-          const bool in_kernel = waits.size() <= static_cast<size_t>(kernels::kOverlapListMax);
-          if (!in_kernel) wait_list(s, waits);
-          const kernels::OverlapWaits w = in_kernel ? overlap_waits(waits) : kernels::OverlapWaits{};
-          x = mark(s, TraceKind::kTile, static_cast<int64_t>(ev + 1 + j), 0, "compute stream",
-                   fmt::format("reduce rows [{},{})", r0, r1), tracing);
-          WEFT_CUDA_CHECK(kernels::overlap_wait_reduce(
-              ctx, epoch_off, w, stage_local + static_cast<uint64_t>(r0 * N) * eb, static_cast<uint64_t>(m_shard * N),
-              world, at(c, static_cast<uint64_t>(r0 * N) * eb), static_cast<uint64_t>((r1 - r0) * N), cfg.dtype, s));
-          mark_end(x, s, tracing);
-        }
-      }
-    }
-  }
-  WEFT_CUDA_CHECK(cudaEventRecord(ev_join, cs));
-  WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_join, 0));
-}
-
-// gemm_rs decomposed, RsFold::kGather (2 ranks; the fork to cs is done): this rank's block of
-// C over all of K. The copy stream pushes this rank's rows of A for the peer's block and its B
-// (in g_cols pieces) into the peer's g_a / g_b once the peer has begun this call; the compute
-// stream computes C = A_own-rows · B (this rank's K-half), then per column piece j, once the
-// peer's data up to j is here, C[:, j] += the peer's rows of A · the peer's B[:, j] (cuBLAS in
-// place: its epilogue adds C). No SM kernel may run beside a GEMM (a running cuBLAS GEMM holds
-// every SM to its last wave; a kernel waiting for one could stall a CTA of the next): the
-// guard is a stream memory operation, each data flag a copy-engine copy of the sender's call
-// counter, and each wait for data (a kernel: it has the deadline that names a missing peer)
-// becomes runnable only when it can find an SM in the last wave of the GEMM before the one
-// that needs it: once this rank's push of piece j is out (the peer's arrives about then) and
-// (j > 0) piece j-1's GEMM is launched. Those pushes sit behind the guard, which has no
-// deadline; so a second wait for piece 0, on its own stream once the own K-half's GEMM is done
-// (its data is in by then: it passes at once), names a peer that never comes.
-void GemmOverlap::Impl::gather_rs(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
-  const dev::DeviceCtx& ctx = b.ctx();
-  const int p = 1 - rank;
-  const int64_t N = cfg.n;
-  const bool nk = cfg.b_layout == BLayout::kNK;
-  // (The epoch guard, memop_guard, is on cs already: the peer began this call, so it has read
-  // what this rank wrote into it last call. No deadline: a missing peer is named by the data
-  // waits below, which do not wait for this stream.)
-  // Out: this rank's rows of A for the peer's block, then B piece by piece, each followed by
-  // the peer's flag for it = this rank's call counter (the copy engine runs them in order).
-  const uint64_t a_bytes = static_cast<uint64_t>(m_shard * k_local) * eb;
-  size_t x = mark(cs, TraceKind::kChunk, 0, 1, engine_name(),
-                  fmt::format("A rows [{},{}) -> rank {}", p * m_shard, (p + 1) * m_shard, p), tracing);
-  WEFT_CUDA_CHECK(cudaMemcpyAsync(ctx.peer_base[p] + g_a, at(a, static_cast<uint64_t>(p) * a_bytes), a_bytes,
-                                  cudaMemcpyDefault, cs));
-  mark_end(x, cs, tracing);
-  for (size_t j = 0; j < g_cols.size(); ++j) {
-    const auto [c0, c1] = g_cols[j];
-    x = mark(cs, TraceKind::kChunk, static_cast<int64_t>(j + 1), 1, engine_name(),
-             fmt::format("B columns [{},{}) -> rank {}", c0, c1, p), tracing);
-    if (nk) {  // W[N, K_local]: rows c0..c1
-      const uint64_t row = static_cast<uint64_t>(k_local) * eb;
-      WEFT_CUDA_CHECK(cudaMemcpyAsync(ctx.peer_base[p] + g_b + static_cast<uint64_t>(c0) * row,
-                                      at(bp, static_cast<uint64_t>(c0) * row), static_cast<size_t>(c1 - c0) * row,
-                                      cudaMemcpyDefault, cs));
-    } else {  // B[K_local, N]: columns c0..c1 of every row
-      copy2d(ctx.peer_base[p] + g_b + static_cast<uint64_t>(c0) * eb, static_cast<size_t>(N) * eb,
-             at(bp, static_cast<uint64_t>(c0) * eb), static_cast<size_t>(N) * eb, static_cast<size_t>(c1 - c0) * eb,
-             static_cast<size_t>(k_local), cs);
-    }
-    mark_end(x, cs, tracing);
-    put_count(p, g_flags.at(static_cast<uint32_t>(j)), cs);
-    WEFT_CUDA_CHECK(cudaEventRecord(ev_out[j], cs));
-  }
-  const int64_t r0 = rank * m_shard;
-  x = mark(s, TraceKind::kTile, 0, 0, "compute stream", fmt::format("gemm rows [{},{}) (own K)", r0, r0 + m_shard),
-           tracing);
-  gemm(s, at(a, static_cast<uint64_t>(r0 * k_local) * eb), bp, c, m_shard, k_local, 0, N, Blas::kLt);
-  mark_end(x, s, tracing);
-  WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[0], s));  // the own K-half is done
-  WEFT_CUDA_CHECK(cudaStreamWaitEvent(cb, ev_piece[0], 0));
-  wait_list(cb, {{p, g_flags.at(0), 1}});
-  WEFT_CUDA_CHECK(cudaEventRecord(ev_backup, cb));
-  const char* pa = ctx.peer_base[rank] + g_a;
-  const char* pb = ctx.peer_base[rank] + g_b;
-  for (size_t j = 0; j < g_cols.size(); ++j) {
-    const auto [c0, c1] = g_cols[j];
-    WEFT_CUDA_CHECK(cudaStreamWaitEvent(cw, ev_out[j], 0));
-    if (j > 0) WEFT_CUDA_CHECK(cudaStreamWaitEvent(cw, ev_piece[j], 0));  // piece j-1's GEMM launched
-    wait_list(cw, {{p, g_flags.at(static_cast<uint32_t>(j)), 1}});
-    WEFT_CUDA_CHECK(cudaEventRecord(ev_recv[j], cw));
-    WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_recv[j], 0));
-    if (j + 1 < g_cols.size()) WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[j + 1], s));
-    x = mark(s, TraceKind::kTile, static_cast<int64_t>(j + 1), 0, "compute stream",
-             fmt::format("gemm rows [{},{}) cols [{},{}) += rank {}'s K", r0, r0 + m_shard, c0, c1, p), tracing);
-    gemm(s, pa, pb, c, m_shard, k_local, c0, c1 - c0, Blas::kLt, c);
-    mark_end(x, s, tracing);
-  }
-  WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_backup, 0));
-}
-
-void GemmOverlap::Impl::gpu_fused(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
-  fused::FusedArgs A = f_args;
-  A.a = a;
-  A.b = bp;
-  A.c = c;
-  A.epoch = ++f_epoch;
-  A.ctx = b.ctx();
-  A.stream = s;
-  A.trace = nullptr;
-  A.trace_count = nullptr;
-  A.trace_capacity = 0;
-  if (tracing) {
-    WEFT_CUDA_CHECK(cudaMemsetAsync(f_trace_count, 0, sizeof(uint32_t), s));
-    A.trace = f_trace;
-    A.trace_count = f_trace_count;
-    A.trace_capacity = f_trace_capacity;
-  }
-  try {
-    fused::run_fused(A, *f_state);
-  } catch (...) {
-    --f_epoch;  // nothing was enqueued
-    throw;
-  }
-  if (tracing) {
-    WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
-    b.synchronize();
-    uint32_t n = 0;
-    WEFT_CUDA_CHECK(cudaMemcpy(&n, f_trace_count, sizeof n, cudaMemcpyDeviceToHost));
-    n = std::min(n, f_trace_capacity);
-    std::vector<fused::TraceRecord> rec(n);
-    if (n) WEFT_CUDA_CHECK(cudaMemcpy(rec.data(), f_trace, n * sizeof(fused::TraceRecord), cudaMemcpyDeviceToHost));
-    for (const auto& r : rec)
-      trace.push_back(TraceEvent{rank, r.kind == 0 ? TraceKind::kTile : TraceKind::kChunk, r.id, r.lane,
-                                 fmt::format("SM {}", r.lane),
-                                 fmt::format("{} {}", r.kind == 0 ? "tile" : "chunk", r.id),
-                                 static_cast<int64_t>(r.start_ns), static_cast<int64_t>(r.end_ns)});
-  }
-}
-
-void GemmOverlap::Impl::run_gpu(GemmMethod m, const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
-  if (m == GemmMethod::kFused) {
-    if (!fused_gpu)
-      throw Error(fmt::format("{}: the fused method on GPUs {}", to_string(cfg.op),
-                              fused::fused_available() ? "runs ag_gemm and gemm_rs only (docs/gemm_overlap.md)"
-                                                       : "needs an sm_90 GPU (weft's GEMM)"));
-    return gpu_fused(a, bp, c, s, tracing);
-  }
-  begin(s, tracing);
-  if (m == GemmMethod::kBaseline)
-    gpu_baseline(a, bp, c, s, tracing);
-  else
-    gpu_decomposed(a, bp, c, s, tracing);
-  if (tracing) collect(s);
+  init_gpu();
+  baseline_method = std::make_unique<detail::BaselineGpu>(*this);
+  auto decomposed = std::make_unique<detail::DecomposedGpu>(*this);
+  const uint64_t rs_stage = decomposed->staging();
+  decomposed_method = std::move(decomposed);
+  if (fused_gpu) fused_method = std::make_unique<detail::FusedGpu>(*this, rs_stage);
 }
 #endif
-
-GemmOverlap::Impl::~Impl() {
-#ifdef WEFT_HAVE_CUDA
-  for (auto& e : timed) {
-    cudaEventDestroy(e.start);
-    cudaEventDestroy(e.end);
-  }
-  for (auto& e : ev_piece) cudaEventDestroy(e);
-  for (auto& e : ev_recv) cudaEventDestroy(e);
-  for (auto& e : ev_out) cudaEventDestroy(e);
-  if (ev_fork) cudaEventDestroy(ev_fork);
-  if (ev_join) cudaEventDestroy(ev_join);
-  if (ev_base) cudaEventDestroy(ev_base);
-  if (cs) cudaStreamDestroy(cs);
-  if (cw) cudaStreamDestroy(cw);
-  if (cb) cudaStreamDestroy(cb);
-  if (ev_backup) cudaEventDestroy(ev_backup);
-  if (one) cudaFree(one);
-  if (handle) cublasDestroy(handle);
-  if (workspace) cudaFree(workspace);
-  if (scratch) cudaFree(scratch);
-  if (f_tables) cudaFree(f_tables);
-  if (rs_fold_tables) cudaFree(rs_fold_tables);
-  if (ev_guard) cudaEventDestroy(ev_guard);
-  if (f_trace) cudaFree(f_trace);
-  if (f_trace_count) cudaFree(f_trace_count);
-#endif
-}
 
 // ---- GemmOverlap -------------------------------------------------------------------------
 
@@ -1280,10 +296,7 @@ void GemmOverlap::run(const void* a, const void* b, void* c, const GemmRunOption
                fmt::format("{}: C overlaps A or B (C is written while they are read)", to_string(I.cfg.op)));
   const GemmMethod m = I.resolve(opt.method);
   if (opt.trace) I.trace.clear();
-  if (I.b.kind() == BackendKind::kHost) return I.run_host(m, a, b, c, opt.trace);
-#ifdef WEFT_HAVE_CUDA
-  I.run_gpu(m, a, b, c, static_cast<cudaStream_t>(opt.stream), opt.trace);
-#endif
+  I.dispatch(m, a, b, c, opt.stream, opt.trace);
 }
 
 void GemmOverlap::run_gemm_only(const void* a, const void* b, void* c, void* stream, GemmAlone which) {

@@ -1,0 +1,502 @@
+// `decomposed` on GPUs: per-chunk cuBLAS GEMMs on the caller's stream beside the transfers on
+// the copy stream, by stream order and events (docs/gemm_overlap.md, "The GPU decomposed
+// method"). One object per op; its constructor allocates what the op's shape and its
+// decisions (chunks, the gemm_rs fold) need, in the same order on every rank.
+#include <fmt/format.h>
+
+#include "gemm_overlap_impl.hpp"
+#include "stream_memops.hpp"
+#include "weft/core/error.hpp"
+#include "weft/kernels/runtime_kernels.hpp"
+#include "weft/ops/gemm.hpp"
+
+namespace weft::ops::detail {
+
+DecomposedGpu::DecomposedGpu(GemmOpContext& op) : op_(op) {
+  try {
+    setup();
+  } catch (...) {  // the destructor does not run for a constructor that throws
+    release();
+    throw;
+  }
+}
+
+void DecomposedGpu::setup() {
+  const GemmOverlapConfig& cfg = op_.cfg;
+  const int world = op_.world;
+  const int rank = op_.rank;
+  const size_t eb = op_.eb;
+  const int64_t k_local = op_.k_local;
+  const int64_t m_shard = op_.m_shard;
+  const int chunks = op_.chunks;
+  const RsFold rs_fold = op_.rs_fold;
+  WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork, cudaEventDisableTiming));
+  WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_join, cudaEventDisableTiming));
+  SymmetricHeap& heap = op_.b.heap();
+  const std::string tag = fmt::format("{}.{}x{}x{}", to_string(cfg.op), cfg.m, cfg.k, cfg.n);
+  const int64_t rows = cfg.op == GemmOp::kGemmAr ? cfg.m : m_shard;
+  pieces = plan::split_range(0, rows, chunks);
+  if (cfg.op == GemmOp::kAgGemm) {
+    // decomposed: the all-gather plan's tables, one GEMM per chunk of rows (all of N).
+    detail::OpPlanParams p;
+    p.op = cfg.op;
+    p.world = world;
+    p.m = cfg.m;
+    p.n = cfg.n;
+    p.k_local = k_local;
+    p.chunks = chunks;
+    p.algo = cfg.algo;
+    p.engine = plan::Engine::kCopyEngine;
+    p.elem_bytes = static_cast<int>(eb);
+    p.tile_rows = ceil_div(m_shard, chunks);
+    p.tile_cols = cfg.n;
+    ag = detail::build_op_plan(p);
+    for (const auto& d : ag.lowered.ranks[static_cast<size_t>(rank)].transfers)
+      WEFT_REQUIRE(static_cast<plan::Kind>(d.kind) != plan::Kind::kReduce,
+                   fmt::format("ag_gemm decomposed: plan {} has a reduce transfer", ag.plan.name));
+    for (size_t t = 0; t < ag.plan.tensors.size(); ++t) {
+      const plan::Tensor& x = ag.plan.tensors[t];
+      // The input tensor is the user's A_r (read in place): nothing to allocate.
+      ag_tensor_off.push_back(
+          static_cast<int>(t) == ag.input
+              ? 0
+              : heap.alloc_bytes(static_cast<size_t>(x.rows * x.cols * x.elem_bytes), tag + ".decomposed." + x.name));
+    }
+    ag_signals = heap.alloc_signals(static_cast<uint32_t>(ag.lowered.max_signals()), tag + ".decomposed.signals");
+    // This rank's own rows are read in place by the GEMM and the plan's copy of them into
+    // the gathered buffer is left out (its signal is still given), where no transfer
+    // forwards from the gathered buffer (the direct templates push from the input) and no
+    // tile straddles the edge of the own rows (it would read gathered rows never copied).
+    // That device-local copy is an SM kernel the first GEMM waits behind (docs/gemm_overlap.md).
+    const plan::LoweredRank& lr = ag.lowered.ranks[static_cast<size_t>(rank)];
+    const int64_t own0 = rank * m_shard, own1 = own0 + m_shard;
+    bool forwards = false, straddles = false;
+    for (const plan::TransferDesc& d : lr.transfers) forwards |= d.src_tensor == ag.gemm;
+    for (const plan::TileEntry& t : lr.tiles) {
+      const int64_t r0 = int64_t{t.m} * ag.schedule.tile_rows, r1 = std::min(cfg.m, r0 + ag.schedule.tile_rows);
+      straddles |= r0 < own1 && r1 > own0 && (r0 < own0 || r1 > own1);
+    }
+    ag_own_in_place = !forwards && !straddles;
+  } else if (cfg.op == GemmOp::kGemmRs) {
+    rs_stage = heap.alloc_bytes(static_cast<size_t>(world) * m_shard * cfg.n * eb, tag + ".decomposed.staging");
+    rs_signals = heap.alloc_signals(static_cast<uint32_t>(world * chunks), tag + ".decomposed.signals");
+    ev_piece.resize(static_cast<size_t>(std::max(1, world - 1) * chunks));
+    if (rs_fold == RsFold::kLt || rs_fold == RsFold::kGather) {
+      ev_recv.resize(static_cast<size_t>(chunks));
+      for (auto& e : ev_recv) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+    rs_memop_guard = rs_fold == RsFold::kGather ||
+                     (rs_fold == RsFold::kNone && world > 1 && !op_.sm_copies && detail::stream_memops_available());
+    if (rs_memop_guard) {
+      rs_guard = heap.alloc_signals(static_cast<uint32_t>(world), tag + ".decomposed.guard");
+      WEFT_CUDA_CHECK(cudaMalloc(&one, sizeof(uint64_t)));
+      const uint64_t v = 1;
+      WEFT_CUDA_CHECK(cudaMemcpy(one, &v, sizeof v, cudaMemcpyHostToDevice));
+    }
+    if (rs_fold == RsFold::kGather) {
+      g_a = heap.alloc_bytes(static_cast<size_t>(m_shard * k_local) * eb, tag + ".gather.a");
+      g_b = heap.alloc_bytes(static_cast<size_t>(op_.b_rows * op_.b_cols) * eb, tag + ".gather.b");
+      g_flags = heap.alloc_signals(static_cast<uint32_t>(chunks), tag + ".gather.flags");
+      // Column pieces on 128-column boundaries where N allows (whole tiles of cuBLAS's).
+      for (const auto& [c0, c1] : plan::split_range(0, cfg.n, chunks)) {
+        const auto round = [&](int64_t x) { return x == cfg.n ? x : std::min<int64_t>(cfg.n, (x + 64) / 128 * 128); };
+        g_cols.emplace_back(round(c0), round(c1));
+      }
+      WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cw, cudaStreamNonBlocking));
+      WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cb, cudaStreamNonBlocking));
+      WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_backup, cudaEventDisableTiming));
+      ev_out.resize(static_cast<size_t>(chunks));
+      for (auto& e : ev_out) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+    if (rs_fold == RsFold::kWeft) {  // (never with SM copies: choose_rs_fold)
+      // Per M-block of the own block: wait for piece j of every peer q (signal q * chunks + j
+      // >= the call count) for each piece j its rows overlap.
+      std::vector<int32_t> begin{0}, idx, from;
+      std::vector<uint64_t> val;
+      for (int mb = 0; mb < kernels::gemm_tiles_m(static_cast<int>(m_shard)); ++mb) {
+        const int64_t r0 = int64_t{mb} * kernels::kGemmTileM, r1 = std::min(m_shard, r0 + kernels::kGemmTileM);
+        for (size_t j = 0; j < pieces.size(); ++j)
+          if (pieces[j].first < r1 && pieces[j].second > r0)
+            for (int q = 0; q < world; ++q)
+              if (q != rank) {
+                idx.push_back(q * chunks + static_cast<int>(j));
+                val.push_back(1);
+                from.push_back(q);
+              }
+        begin.push_back(static_cast<int32_t>(idx.size()));
+      }
+      TableBlob blob;
+      blob.add(begin);
+      blob.add(idx);
+      blob.add(val);
+      blob.add(from);
+      rs_fold_tables = blob.upload();
+      kernels::GemmHooks& h = rs_fold_hooks;
+      h.wait_begin = blob.table<int32_t>(rs_fold_tables, 0);
+      h.wait_idx = blob.table<int32_t>(rs_fold_tables, 1);
+      h.wait_val = blob.table<uint64_t>(rs_fold_tables, 2);
+      h.wait_peer = blob.table<int32_t>(rs_fold_tables, 3);
+      h.wait_off = rs_signals.at(0);
+      h.wait_per_mblock = true;
+      h.wait_scale_dev = op_.b.ctx().ptr<const uint64_t>(rank, op_.epoch_off);  // the call counter
+      WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_guard, cudaEventDisableTiming));
+    }
+  } else {
+    ev_piece.resize(pieces.size());
+  }
+  for (auto& e : ev_piece) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+}
+
+DecomposedGpu::~DecomposedGpu() { release(); }
+
+void DecomposedGpu::release() {
+  for (auto& e : ev_piece) cudaEventDestroy(e);
+  for (auto& e : ev_recv) cudaEventDestroy(e);
+  for (auto& e : ev_out) cudaEventDestroy(e);
+  if (ev_fork) cudaEventDestroy(ev_fork);
+  if (ev_join) cudaEventDestroy(ev_join);
+  if (cs) cudaStreamDestroy(cs);
+  if (cw) cudaStreamDestroy(cw);
+  if (cb) cudaStreamDestroy(cb);
+  if (ev_backup) cudaEventDestroy(ev_backup);
+  if (one) cudaFree(one);
+  if (rs_fold_tables) cudaFree(rs_fold_tables);
+  if (ev_guard) cudaEventDestroy(ev_guard);
+}
+
+void DecomposedGpu::run(const void* a, const void* bp, void* c, void* stream, bool tracing) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  op_.begin(s, tracing);
+  gpu_decomposed(a, bp, c, s, tracing);
+  if (tracing) op_.collect(s);
+}
+
+void DecomposedGpu::memop_guard(cudaStream_t s) {
+  const int world = op_.world;
+  const int rank = op_.rank;
+  const dev::DeviceCtx& ctx = op_.b.ctx();
+  for (int q = 0; q < world; ++q) {
+    if (q == rank) continue;
+    char* word = ctx.peer_base[q] + rs_guard.at(static_cast<uint32_t>(rank));
+    if (!op_.sm_copies && op_.copy_engine_took(cudaMemcpyAsync(word, one, sizeof(uint64_t), cudaMemcpyDefault, s), s))
+      continue;
+    op_.signal(q, rs_guard.at(static_cast<uint32_t>(rank)), 1, s);  // the same word, by a kernel (>= 1 either way)
+  }
+  for (int q = 0; q < world; ++q) {
+    if (q == rank) continue;
+    const char* mine = ctx.peer_base[rank] + rs_guard.at(static_cast<uint32_t>(q));
+    detail::stream_wait_geq(s, mine, 1);
+    detail::stream_write(s, mine, 0);
+  }
+}
+
+void DecomposedGpu::gpu_decomposed(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
+  const GemmOverlapConfig& cfg = op_.cfg;
+  const int world = op_.world;
+  const int rank = op_.rank;
+  const size_t eb = op_.eb;
+  const int64_t k_local = op_.k_local;
+  const int64_t m_shard = op_.m_shard;
+  const int chunks = op_.chunks;
+  const RsFold rs_fold = op_.rs_fold;
+  const dev::DeviceCtx& ctx = op_.b.ctx();
+  const int64_t N = cfg.n;
+  WEFT_CUDA_CHECK(kernels::overlap_epoch_bump(ctx, op_.epoch_off, s));
+  WEFT_CUDA_CHECK(cudaEventRecord(ev_fork, s));
+  WEFT_CUDA_CHECK(cudaStreamWaitEvent(cs, ev_fork, 0));
+
+  if (cfg.op == GemmOp::kGemmAr) {
+    // GEMM of chunk j on the compute stream, weft's all-reduce of its rows on the other.
+    for (size_t j = 0; j < pieces.size(); ++j) {
+      const auto [r0, r1] = pieces[j];
+      size_t x = op_.mark(s, TraceKind::kTile, static_cast<int64_t>(j), 0, "compute stream",
+                          fmt::format("gemm rows [{},{})", r0, r1), tracing);
+      op_.gemm(s, at(a, static_cast<uint64_t>(r0 * k_local) * eb), bp, at(c, static_cast<uint64_t>(r0 * N) * eb),
+               r1 - r0, k_local, 0, N, GemmOpContext::Blas::kLt);
+      op_.mark_end(x, s, tracing);
+      WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[j], s));
+      WEFT_CUDA_CHECK(cudaStreamWaitEvent(cs, ev_piece[j], 0));
+      if (world > 1) {
+        x = op_.mark(cs, TraceKind::kChunk, static_cast<int64_t>(j), 1, "all_reduce stream",
+                     fmt::format("all_reduce rows [{},{})", r0, r1), tracing);
+        void* rows = at(c, static_cast<uint64_t>(r0 * N) * eb);
+        op_.coll.all_reduce(rows, rows, static_cast<uint64_t>((r1 - r0) * N), cfg.dtype, Method::kAuto, cs);
+        op_.mark_end(x, cs, tracing);
+      }
+    }
+  } else {
+    // The epoch guard: peers write into this rank's symmetric buffers only after every rank
+    // has finished reading them for the previous call (this stream waited for ev_fork,
+    // which follows that call's last GEMM or reduce on the compute stream).
+    // (gemm_rs's gathered inputs and reduce pass: without an SM, memop_guard.)
+    if (rs_memop_guard)
+      memop_guard(cs);
+    else if (world > 1)
+      WEFT_CUDA_CHECK(kernels::device_barrier(ctx, op_.barrier, cs));
+    if (rs_fold == RsFold::kWeft) WEFT_CUDA_CHECK(cudaEventRecord(ev_guard, cs));
+    if (cfg.op == GemmOp::kAgGemm) {
+      const plan::LoweredRank& lr = ag.lowered.ranks[static_cast<size_t>(rank)];
+      auto ptr = [&](int r, int32_t t, int64_t row, int64_t col) -> char* {
+        const plan::Tensor& x = ag.plan.tensors[static_cast<size_t>(t)];
+        const uint64_t o = static_cast<uint64_t>(row * x.cols + col) * eb;
+        if (t == ag.input) {
+          WEFT_CHECK(r == rank, fmt::format("ag_gemm decomposed: a transfer reads rank {}'s input in place", r));
+          return at(a, o);
+        }
+        // Device work uses the window's addresses, this rank's own included (architecture.md).
+        return ctx.peer_base[r] + ag_tensor_off[static_cast<size_t>(t)] + o;
+      };
+      const int64_t own0 = rank * m_shard, own1 = own0 + m_shard;
+      // Transfers in the plan's issue order on the copy stream: memcpy, then a signal kernel.
+      for (size_t i = 0; i < lr.transfers.size(); ++i) {
+        const plan::TransferDesc& d = lr.transfers[i];
+        const bool own_copy = ag_own_in_place && d.src_tensor == ag.input && d.src_rank == rank && d.dst_rank == rank;
+        std::vector<std::tuple<int, uint64_t, int64_t>> waits;
+        for (int32_t j = d.wait_begin; j < d.wait_begin + d.wait_count; ++j) {
+          const plan::WaitEntry& w = lr.transfer_waits[static_cast<size_t>(j)];
+          waits.emplace_back(lr.signal_producer[static_cast<size_t>(w.signal)],
+                             ag_signals.at(static_cast<uint32_t>(w.signal)), w.threshold);
+        }
+        op_.wait_list(cs, waits);
+        const plan::Tensor& st = ag.plan.tensors[static_cast<size_t>(d.src_tensor)];
+        const plan::Tensor& dt = ag.plan.tensors[static_cast<size_t>(d.dst_tensor)];
+        if (!own_copy) {
+          size_t x = op_.mark(cs, TraceKind::kChunk, d.chunk, 1, op_.engine_name(),
+                              fmt::format("chunk {} {} {}->{}", d.chunk,
+                                          plan::to_string(static_cast<plan::Kind>(d.kind)), d.src_rank, d.dst_rank),
+                              tracing);
+          op_.copy2d(ptr(d.dst_rank, d.dst_tensor, d.dst_row, d.dst_col), static_cast<size_t>(dt.cols) * eb,
+                     ptr(d.src_rank, d.src_tensor, d.src_row, d.src_col), static_cast<size_t>(st.cols) * eb,
+                     static_cast<size_t>(d.cols) * eb, static_cast<size_t>(d.rows), cs);
+          op_.mark_end(x, cs, tracing);
+        }
+        if (d.signal_rank >= 0) {
+          op_.signal(d.signal_rank, ag_signals.at(static_cast<uint32_t>(d.signal)), static_cast<uint64_t>(d.increment),
+                     cs);
+        }
+      }
+      // Tiles (chunks of rows x all of N) in arrival order on the compute stream; own-row
+      // tiles read the input in place (above) and wait for nothing.
+      const char* gathered = ctx.peer_base[rank] + ag_tensor_off[static_cast<size_t>(ag.gemm)];
+      for (size_t i = 0; i < lr.tiles.size(); ++i) {
+        const plan::TileEntry& t = lr.tiles[i];
+        const int64_t r0 = int64_t{t.m} * ag.schedule.tile_rows, r1 = std::min(cfg.m, r0 + ag.schedule.tile_rows);
+        const int64_t c0 = int64_t{t.n} * ag.schedule.tile_cols, c1 = std::min(N, c0 + ag.schedule.tile_cols);
+        const bool own = ag_own_in_place && r0 >= own0 && r1 <= own1;
+        std::vector<std::tuple<int, uint64_t, int64_t>> waits;
+        for (int32_t j = t.wait_begin; !own && j < t.wait_begin + t.wait_count; ++j) {
+          const plan::WaitEntry& w = lr.tile_waits[static_cast<size_t>(j)];
+          waits.emplace_back(lr.signal_producer[static_cast<size_t>(w.signal)],
+                             ag_signals.at(static_cast<uint32_t>(w.signal)), w.threshold);
+        }
+        op_.wait_list(s, waits);
+        size_t x = op_.mark(s, TraceKind::kTile, static_cast<int64_t>(i), 0, "compute stream",
+                            fmt::format("gemm rows [{},{}){}", r0, r1, own ? " (own, in place)" : ""), tracing);
+        const char* arows = own ? static_cast<const char*>(a) + static_cast<uint64_t>((r0 - own0) * k_local) * eb
+                                : gathered + static_cast<uint64_t>(r0 * k_local) * eb;
+        op_.gemm(s, arows, bp, at(c, static_cast<uint64_t>(r0 * N) * eb), r1 - r0, k_local, c0, c1 - c0,
+                 GemmOpContext::Blas::kLt);
+        op_.mark_end(x, s, tracing);
+      }
+    } else if (rs_fold == RsFold::kGather) {
+      gather_rs(a, bp, c, s, tracing);
+    } else {
+      // gemm_rs: partial products for the other ranks first (rotated by rank), each chunk
+      // copied into its owner's staging slot `rank` as soon as it is computed. Then this
+      // rank's own block: RsFold::kWeft, one launch of weft's GEMM that waits per M-block for
+      // the peers' pieces and adds them in its epilogue, straight into C; RsFold::kLt (2
+      // ranks), per piece a wait for the peer's piece, then cuBLASLt's D = A B + that piece
+      // into C; else the own block into its own slot, then the owner sums the slots (a reduce
+      // pass).
+      char* stage_local = ctx.peer_base[rank] + rs_stage;
+      const uint64_t slot_bytes = static_cast<uint64_t>(m_shard * N) * eb;
+      size_t ev = 0;
+      for (int d = 1; d < world; ++d) {
+        const int p = (rank + d) % world;
+        for (size_t j = 0; j < pieces.size(); ++j, ++ev) {
+          const auto [r0, r1] = pieces[j];
+          const int64_t g0 = p * m_shard + r0;
+          const uint64_t sig_off = rs_signals.at(static_cast<uint32_t>(rank * chunks + static_cast<int>(j)));
+          char* owner_slot = ctx.peer_base[p] + rs_stage + slot_bytes * static_cast<uint64_t>(rank) +
+                             static_cast<uint64_t>(r0 * N) * eb;
+          size_t x = op_.mark(s, TraceKind::kTile, static_cast<int64_t>(ev), 0, "compute stream",
+                              fmt::format("gemm rows [{},{}) for rank {}", g0, g0 + (r1 - r0), p), tracing);
+          op_.gemm(s, at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp,
+                   at(op_.scratch, static_cast<uint64_t>(g0 * N) * eb), r1 - r0, k_local, 0, N,
+                   GemmOpContext::Blas::kLt);
+          op_.mark_end(x, s, tracing);
+          WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[ev], s));
+          WEFT_CUDA_CHECK(cudaStreamWaitEvent(cs, ev_piece[ev], 0));
+          x = op_.mark(cs, TraceKind::kChunk, static_cast<int64_t>(ev), 1, op_.engine_name(),
+                       fmt::format("partial rows [{},{}) -> rank {}", g0, g0 + (r1 - r0), p), tracing);
+          const size_t bytes = static_cast<size_t>((r1 - r0) * N) * eb;
+          op_.copy2d(owner_slot, bytes, at(op_.scratch, static_cast<uint64_t>(g0 * N) * eb), bytes, bytes, 1, cs);
+          op_.mark_end(x, cs, tracing);
+          // The signal by the copy engine where it takes peer pointers: no SM needed while a
+          // GEMM holds them all (the peer's folded GEMM -- always so for weft's fold, whose
+          // GEMM waits for it holding every SM; this rank's own block, before the reduce pass).
+          if (rs_fold == RsFold::kWeft || !op_.sm_copies)
+            op_.put_count(p, sig_off, cs);
+          else
+            op_.signal(p, sig_off, 1, cs);
+          if (rs_fold == RsFold::kLt) {
+            // The wait for the peer's piece j on this stream, after this rank's own piece j
+            // went out (the peer's is due about then: a short spin), the compute stream
+            // joining it by an event: between the compute stream's cuBLAS GEMMs only the
+            // launch gap stays, not a wait kernel (docs/gemm_overlap.md, cuBLASLt fold). (The
+            // reduce pass meets its waits inside the reduce kernel, below.)
+            op_.wait_list(cs, {{p, rs_signals.at(static_cast<uint32_t>(p * chunks + static_cast<int>(j))), 1}});
+            WEFT_CUDA_CHECK(cudaEventRecord(ev_recv[j], cs));
+          }
+        }
+      }
+      const int64_t g0 = rank * m_shard;
+      if (rs_fold == RsFold::kWeft) {
+        kernels::GemmArgs ga = op_.weft_gemm_args(at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp, c, m_shard);
+        for (int q = 0; q < world; ++q)
+          if (q != rank) ga.src[ga.num_src++] = stage_local + slot_bytes * static_cast<uint64_t>(q);
+        ga.ld_src = N;
+        // Row blocks in piece order (a raster group per piece, <= 16 blocks), so the first
+        // waves need the first pieces only.
+        ga.group_m = static_cast<int>(std::clamp<int64_t>(
+            ceil_div(ceil_div(m_shard, static_cast<int64_t>(pieces.size())), kernels::kGemmTileM), 1, 16));
+        kernels::GemmHooks h = rs_fold_hooks;
+        h.ctx = ctx;
+        // Waits before each tile's main loop (not wait_at_epilogue): the peers' pieces were
+        // computed before this GEMM and have mostly landed, and the first source half then
+        // loads early under the main loop (waits at the epilogue measured slower:
+        // docs/gemm_overlap.md, "Folded into weft's GEMM").
+        // Not before this rank's epoch barrier has run: the peers' pushes wait for it, and
+        // this GEMM, waiting for them, holds every SM.
+        WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_guard, 0));
+        size_t x = op_.mark(s, TraceKind::kTile, static_cast<int64_t>(ev), 0, "compute stream",
+                            fmt::format("gemm rows [{},{}) (own) + peers' pieces", g0, g0 + m_shard), tracing);
+        ops::gemm_gpu(ga, h, s);
+        op_.mark_end(x, s, tracing);
+      } else if (rs_fold == RsFold::kLt) {
+        const int q = 1 - rank;  // the peer (2 ranks)
+        for (size_t j = 0; j < pieces.size(); ++j) {
+          const auto [r0, r1] = pieces[j];
+          WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_recv[j], 0));  // the peer's piece j is in
+          size_t x = op_.mark(s, TraceKind::kTile, static_cast<int64_t>(ev + j), 0, "compute stream",
+                              fmt::format("gemm rows [{},{}) (own) + rank {}'s piece", g0 + r0, g0 + r1, q), tracing);
+          op_.gemm(s, at(a, static_cast<uint64_t>((g0 + r0) * k_local) * eb), bp,
+                   at(c, static_cast<uint64_t>(r0 * N) * eb), r1 - r0, k_local, 0, N, GemmOpContext::Blas::kLt,
+                   stage_local + slot_bytes * static_cast<uint64_t>(q) + static_cast<uint64_t>(r0 * N) * eb);
+          op_.mark_end(x, s, tracing);
+        }
+      } else {
+        size_t x = op_.mark(s, TraceKind::kTile, static_cast<int64_t>(ev), 0, "compute stream",
+                            fmt::format("gemm rows [{},{}) (own)", g0, g0 + m_shard), tracing);
+        op_.gemm(s, at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp,
+                 stage_local + slot_bytes * static_cast<uint64_t>(rank), m_shard, k_local, 0, N,
+                 GemmOpContext::Blas::kLt);
+        op_.mark_end(x, s, tracing);
+        for (size_t j = 0; j < pieces.size(); ++j) {
+          const auto [r0, r1] = pieces[j];
+          std::vector<std::tuple<int, uint64_t, int64_t>> waits;
+          for (int q = 0; q < world; ++q)
+            if (q != rank)
+              waits.emplace_back(q, rs_signals.at(static_cast<uint32_t>(q * chunks + static_cast<int>(j))), 1);
+          // The waits inside the reduce kernel (one launch after the own block's GEMM, not a
+          // wait kernel and then the reduce), unless there are more than one kernel's list.
+          const bool in_kernel = waits.size() <= static_cast<size_t>(kernels::kOverlapListMax);
+          if (!in_kernel) op_.wait_list(s, waits);
+          const kernels::OverlapWaits w = in_kernel ? op_.overlap_waits(waits) : kernels::OverlapWaits{};
+          x = op_.mark(s, TraceKind::kTile, static_cast<int64_t>(ev + 1 + j), 0, "compute stream",
+                       fmt::format("reduce rows [{},{})", r0, r1), tracing);
+          WEFT_CUDA_CHECK(kernels::overlap_wait_reduce(
+              ctx, op_.epoch_off, w, stage_local + static_cast<uint64_t>(r0 * N) * eb,
+              static_cast<uint64_t>(m_shard * N), world, at(c, static_cast<uint64_t>(r0 * N) * eb),
+              static_cast<uint64_t>((r1 - r0) * N), cfg.dtype, s));
+          op_.mark_end(x, s, tracing);
+        }
+      }
+    }
+  }
+  WEFT_CUDA_CHECK(cudaEventRecord(ev_join, cs));
+  WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_join, 0));
+}
+
+// gemm_rs decomposed, RsFold::kGather (2 ranks; the fork to cs is done): this rank's block of
+// C over all of K. The copy stream pushes this rank's rows of A for the peer's block and its B
+// (in g_cols pieces) into the peer's g_a / g_b once the peer has begun this call; the compute
+// stream computes C = A_own-rows · B (this rank's K-half), then per column piece j, once the
+// peer's data up to j is here, C[:, j] += the peer's rows of A · the peer's B[:, j] (cuBLAS in
+// place: its epilogue adds C). No SM kernel may run beside a GEMM (a running cuBLAS GEMM holds
+// every SM to its last wave; a kernel waiting for one could stall a CTA of the next): the
+// guard is a stream memory operation, each data flag a copy-engine copy of the sender's call
+// counter, and each wait for data (a kernel: it has the deadline that names a missing peer)
+// becomes runnable only when it can find an SM in the last wave of the GEMM before the one
+// that needs it: once this rank's push of piece j is out (the peer's arrives about then) and
+// (j > 0) piece j-1's GEMM is launched. Those pushes sit behind the guard, which has no
+// deadline; so a second wait for piece 0, on its own stream once the own K-half's GEMM is done
+// (its data is in by then: it passes at once), names a peer that never comes.
+void DecomposedGpu::gather_rs(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
+  const GemmOverlapConfig& cfg = op_.cfg;
+  const int rank = op_.rank;
+  const size_t eb = op_.eb;
+  const int64_t k_local = op_.k_local;
+  const int64_t m_shard = op_.m_shard;
+  const dev::DeviceCtx& ctx = op_.b.ctx();
+  const int p = 1 - rank;
+  const int64_t N = cfg.n;
+  const bool nk = cfg.b_layout == BLayout::kNK;
+  // (The epoch guard, memop_guard, is on cs already: the peer began this call, so it has read
+  // what this rank wrote into it last call. No deadline: a missing peer is named by the data
+  // waits below, which do not wait for this stream.)
+  // Out: this rank's rows of A for the peer's block, then B piece by piece, each followed by
+  // the peer's flag for it = this rank's call counter (the copy engine runs them in order).
+  const uint64_t a_bytes = static_cast<uint64_t>(m_shard * k_local) * eb;
+  size_t x = op_.mark(cs, TraceKind::kChunk, 0, 1, op_.engine_name(),
+                      fmt::format("A rows [{},{}) -> rank {}", p * m_shard, (p + 1) * m_shard, p), tracing);
+  WEFT_CUDA_CHECK(cudaMemcpyAsync(ctx.peer_base[p] + g_a, at(a, static_cast<uint64_t>(p) * a_bytes), a_bytes,
+                                  cudaMemcpyDefault, cs));
+  op_.mark_end(x, cs, tracing);
+  for (size_t j = 0; j < g_cols.size(); ++j) {
+    const auto [c0, c1] = g_cols[j];
+    x = op_.mark(cs, TraceKind::kChunk, static_cast<int64_t>(j + 1), 1, op_.engine_name(),
+                 fmt::format("B columns [{},{}) -> rank {}", c0, c1, p), tracing);
+    if (nk) {  // W[N, K_local]: rows c0..c1
+      const uint64_t row = static_cast<uint64_t>(k_local) * eb;
+      WEFT_CUDA_CHECK(cudaMemcpyAsync(ctx.peer_base[p] + g_b + static_cast<uint64_t>(c0) * row,
+                                      at(bp, static_cast<uint64_t>(c0) * row), static_cast<size_t>(c1 - c0) * row,
+                                      cudaMemcpyDefault, cs));
+    } else {  // B[K_local, N]: columns c0..c1 of every row
+      op_.copy2d(ctx.peer_base[p] + g_b + static_cast<uint64_t>(c0) * eb, static_cast<size_t>(N) * eb,
+                 at(bp, static_cast<uint64_t>(c0) * eb), static_cast<size_t>(N) * eb, static_cast<size_t>(c1 - c0) * eb,
+                 static_cast<size_t>(k_local), cs);
+    }
+    op_.mark_end(x, cs, tracing);
+    op_.put_count(p, g_flags.at(static_cast<uint32_t>(j)), cs);
+    WEFT_CUDA_CHECK(cudaEventRecord(ev_out[j], cs));
+  }
+  const int64_t r0 = rank * m_shard;
+  x = op_.mark(s, TraceKind::kTile, 0, 0, "compute stream", fmt::format("gemm rows [{},{}) (own K)", r0, r0 + m_shard),
+               tracing);
+  op_.gemm(s, at(a, static_cast<uint64_t>(r0 * k_local) * eb), bp, c, m_shard, k_local, 0, N, GemmOpContext::Blas::kLt);
+  op_.mark_end(x, s, tracing);
+  WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[0], s));  // the own K-half is done
+  WEFT_CUDA_CHECK(cudaStreamWaitEvent(cb, ev_piece[0], 0));
+  op_.wait_list(cb, {{p, g_flags.at(0), 1}});
+  WEFT_CUDA_CHECK(cudaEventRecord(ev_backup, cb));
+  const char* pa = ctx.peer_base[rank] + g_a;
+  const char* pb = ctx.peer_base[rank] + g_b;
+  for (size_t j = 0; j < g_cols.size(); ++j) {
+    const auto [c0, c1] = g_cols[j];
+    WEFT_CUDA_CHECK(cudaStreamWaitEvent(cw, ev_out[j], 0));
+    if (j > 0) WEFT_CUDA_CHECK(cudaStreamWaitEvent(cw, ev_piece[j], 0));  // piece j-1's GEMM launched
+    op_.wait_list(cw, {{p, g_flags.at(static_cast<uint32_t>(j)), 1}});
+    WEFT_CUDA_CHECK(cudaEventRecord(ev_recv[j], cw));
+    WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_recv[j], 0));
+    if (j + 1 < g_cols.size()) WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[j + 1], s));
+    x = op_.mark(s, TraceKind::kTile, static_cast<int64_t>(j + 1), 0, "compute stream",
+                 fmt::format("gemm rows [{},{}) cols [{},{}) += rank {}'s K", r0, r0 + m_shard, c0, c1, p), tracing);
+    op_.gemm(s, pa, pb, c, m_shard, k_local, c0, c1 - c0, GemmOpContext::Blas::kLt, c);
+    op_.mark_end(x, s, tracing);
+  }
+  WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_backup, 0));
+}
+
+}  // namespace weft::ops::detail
