@@ -363,6 +363,7 @@ void DecomposedGpu::gpu_decomposed(const void* a, const void* bp, void* c, cudaS
             ceil_div(ceil_div(m_shard, static_cast<int64_t>(pieces.size())), kernels::kGemmTileM), 1, 16));
         kernels::GemmHooks h = rs_fold_hooks;
         h.ctx = ctx;
+        h.op = dev::op_tag("gemm_rs");  // named by a timeout
         // Waits before each tile's main loop (not wait_at_epilogue): the peers' pieces were
         // computed before this GEMM and have mostly landed, and the first source half then
         // loads early under the main loop (waits at the epilogue measured slower:

@@ -179,6 +179,7 @@ kernels::GemmHooks gemm_hooks(const FusedArgs& A, const State& st, uint64_t sig_
   auto from = [pos_begin](auto* table) { return table ? table + pos_begin : table; };
   kernels::GemmHooks h;
   h.ctx = A.ctx;
+  h.op = A.op == Op::kAgGemm ? dev::op_tag("ag_gemm") : dev::op_tag("gemm_rs");  // named by a timeout
   h.order = from(st.order);
   h.wait_begin = from(st.wait_begin);
   h.wait_idx = st.wait_idx;
