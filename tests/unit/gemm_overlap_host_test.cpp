@@ -28,6 +28,7 @@
 #include "weft/device/dtype.hpp"
 #include "weft/ops/gemm_overlap.hpp"
 #include "ops/gemm_overlap/fused.hpp"
+#include "ops/gemm_overlap/plan.hpp"
 #include "weft/ops/trace.hpp"
 #include "weft/runtime/backend.hpp"
 
@@ -270,6 +271,44 @@ TEST(GemmOverlapHostAuto, BrokenTuningCacheEntriesAreIgnored) {
     WEFT_CHECK(op.auto_choice().source.find("tuning cache") == std::string::npos, op.auto_choice().source);
   }));
   std::filesystem::remove(path);
+}
+
+// The tables the GPU methods upload (fused: 128 x 128 tiles, SM transfers; decomposed
+// ag_gemm: a tile per chunk of rows, copy-engine transfers) come from the same plan functions
+// (fused_plan_params, decomposed_plan_params + build_op_plan) that this test hands to the host
+// executor: CI runs exactly the GPU methods' protocol, exact, for worlds 2-4 and 2 calls.
+TEST(GemmOverlapHostGpuTables, TheGpuMethodsTablesRunExactlyOnTheHost) {
+  for (int w : {2, 3, 4}) {
+    SCOPED_TRACE(fmt::format("world {}", w));
+    expect_all_ok(run_host_ranks(w, [] {
+      auto b = make_backend();
+      const int rank = b->rank(), world = b->size();
+      // Row blocks of 128 with a partial last one per shard, two column blocks (the last partial).
+      for (const Shape& sh : {Shape{GemmOp::kAgGemm, 300 * world, 24, 200}, Shape{GemmOp::kGemmRs, 260 * world,
+                                                                                    16 * world, 200}}) {
+        const GemmOverlapConfig cfg = config(sh, dev::DType::kBF16, BLayout::kNK, 3);
+        GemmOverlap op(*b, cfg);  // for the shapes, inputs and reference
+        std::vector<std::pair<std::string, detail::OpPlanParams>> plans = {
+            {"fused", detail::fused_plan_params(cfg, world, op.a_cols(), op.chunks())}};
+        if (sh.op == GemmOp::kAgGemm)
+          plans.push_back(
+              {"decomposed", detail::decomposed_plan_params(cfg, world, op.a_cols(), op.chunks(), op.a_rows())});
+        for (const auto& [name, params] : plans) {
+          detail::HostGemmExec exec(*b, detail::build_op_plan(params), cfg.dtype, cfg.b_layout, op.a_cols(), 1, 1,
+                                    fmt::format("gpu-tables.{}.{}", to_string(cfg.op), name));
+          Inputs in(static_cast<size_t>(op.a_rows() * op.a_cols()), static_cast<size_t>(op.b_rows() * op.b_cols()));
+          Buf out(static_cast<size_t>(op.c_rows() * op.c_cols()));
+          for (int64_t e = 1; e <= 2; ++e) {
+            fill(op, in, rank, e);
+            std::fill(out.v.begin(), out.v.end(), uint16_t{0x7FC1});
+            exec.run(in.a.p(), in.b.p(), out.p(), nullptr);
+            check_overlap_output(op, out.p(), rank, world, e, /*sparse=*/false,
+                                 fmt::format("{}'s GPU {} tables on the host, world {}", to_string(cfg.op), name, world));
+          }
+        }
+      }
+    }));
+  }
 }
 
 // A hand-made Chrome trace: comm [0,10) and [30,40), compute [5,35): 10 of 20 us hidden.

@@ -39,19 +39,7 @@ void DecomposedGpu::setup() {
   pieces = plan::split_range(0, rows, chunks);
   if (cfg.op == GemmOp::kAgGemm) {
     // decomposed: the all-gather plan's tables, one GEMM per chunk of rows (all of N).
-    detail::OpPlanParams p;
-    p.op = cfg.op;
-    p.world = world;
-    p.m = cfg.m;
-    p.n = cfg.n;
-    p.k_local = k_local;
-    p.chunks = chunks;
-    p.algo = cfg.algo;
-    p.engine = plan::Engine::kCopyEngine;
-    p.elem_bytes = static_cast<int>(eb);
-    p.tile_rows = ceil_div(m_shard, chunks);
-    p.tile_cols = cfg.n;
-    ag = detail::build_op_plan(p);
+    ag = detail::build_op_plan(detail::decomposed_plan_params(cfg, world, k_local, chunks, m_shard));
     for (const auto& d : ag.lowered.ranks[static_cast<size_t>(rank)].transfers)
       WEFT_REQUIRE(static_cast<plan::Kind>(d.kind) != plan::Kind::kReduce,
                    fmt::format("ag_gemm decomposed: plan {} has a reduce transfer", ag.plan.name));

@@ -27,19 +27,7 @@ void FusedGpu::setup(uint64_t rs_stage) {
   const int chunks = op_.chunks;
   SymmetricHeap& heap = op_.b.heap();
   const std::string tag = fmt::format("{}.{}x{}x{}", to_string(cfg.op), cfg.m, cfg.k, cfg.n);
-  detail::OpPlanParams p;
-  p.op = cfg.op;
-  p.world = world;
-  p.m = cfg.m;
-  p.n = cfg.n;
-  p.k_local = k_local;
-  p.chunks = chunks;
-  p.algo = cfg.algo;
-  p.engine = plan::Engine::kSm;
-  p.elem_bytes = static_cast<int>(eb);
-  p.tile_rows = cfg.tile_rows ? cfg.tile_rows : 128;
-  p.tile_cols = cfg.tile_cols ? cfg.tile_cols : 128;
-  fp = detail::build_op_plan(p);
+  fp = detail::build_op_plan(detail::fused_plan_params(cfg, world, k_local, chunks));
   for (const plan::Tensor& x : fp.plan.tensors)
     f_tensor_off.push_back(
         heap.alloc_bytes(static_cast<size_t>(x.rows * x.cols * x.elem_bytes), tag + ".fused." + x.name));

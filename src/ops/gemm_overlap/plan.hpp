@@ -27,6 +27,14 @@ struct OpPlanParams {
   int transfer_workers = 1, tile_workers = 1;  // verified with these resident workers
 };
 
+// The plans the GPU methods build their tables from, defined once so that the host tests run
+// exactly those tables through the host executor: the fused kernel's (128 x 128 output tiles
+// unless the config says otherwise, SM transfers) and decomposed ag_gemm's (one tile per chunk
+// of rows, all of N; copy-engine transfers). k_local, m_shard: the op's per-rank K and rows.
+OpPlanParams fused_plan_params(const GemmOverlapConfig& cfg, int world, int64_t k_local, int chunks);
+OpPlanParams decomposed_plan_params(const GemmOverlapConfig& cfg, int world, int64_t k_local, int chunks,
+                                    int64_t m_shard);
+
 struct OpPlan {
   GemmOp op = GemmOp::kAgGemm;
   plan::CommPlan plan;
