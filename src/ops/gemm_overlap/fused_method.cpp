@@ -21,7 +21,6 @@ void FusedGpu::setup(uint64_t rs_stage) {
   const GemmOverlapConfig& cfg = op_.cfg;
   const int world = op_.world;
   const int rank = op_.rank;
-  const size_t eb = op_.eb;
   const int64_t k_local = op_.k_local;
   const int64_t m_shard = op_.m_shard;
   const int chunks = op_.chunks;
