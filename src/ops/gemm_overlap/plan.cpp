@@ -50,7 +50,9 @@ void order_by_demand(plan::TileSchedule& s, const plan::CommPlan& p) {
     });
 }
 
-OpPlanParams fused_plan_params(const GemmOverlapConfig& cfg, int world, int64_t k_local, int chunks) {
+namespace {
+// The op's shape, splits and element size; the caller sets the engine and the tiles.
+OpPlanParams op_plan_params(const GemmOverlapConfig& cfg, int world, int64_t k_local, int chunks) {
   OpPlanParams p;
   p.op = cfg.op;
   p.world = world;
@@ -59,8 +61,14 @@ OpPlanParams fused_plan_params(const GemmOverlapConfig& cfg, int world, int64_t 
   p.k_local = k_local;
   p.chunks = chunks;
   p.algo = cfg.algo;
-  p.engine = plan::Engine::kSm;
   p.elem_bytes = static_cast<int>(dev::dtype_size(cfg.dtype));
+  return p;
+}
+}  // namespace
+
+OpPlanParams fused_plan_params(const GemmOverlapConfig& cfg, int world, int64_t k_local, int chunks) {
+  OpPlanParams p = op_plan_params(cfg, world, k_local, chunks);
+  p.engine = plan::Engine::kSm;
   p.tile_rows = cfg.tile_rows ? cfg.tile_rows : 128;
   p.tile_cols = cfg.tile_cols ? cfg.tile_cols : 128;
   return p;
@@ -68,16 +76,8 @@ OpPlanParams fused_plan_params(const GemmOverlapConfig& cfg, int world, int64_t 
 
 OpPlanParams decomposed_plan_params(const GemmOverlapConfig& cfg, int world, int64_t k_local, int chunks,
                                     int64_t m_shard) {
-  OpPlanParams p;
-  p.op = cfg.op;
-  p.world = world;
-  p.m = cfg.m;
-  p.n = cfg.n;
-  p.k_local = k_local;
-  p.chunks = chunks;
-  p.algo = cfg.algo;
+  OpPlanParams p = op_plan_params(cfg, world, k_local, chunks);
   p.engine = plan::Engine::kCopyEngine;
-  p.elem_bytes = static_cast<int>(dev::dtype_size(cfg.dtype));
   p.tile_rows = (m_shard + chunks - 1) / chunks;
   p.tile_cols = cfg.n;
   return p;
