@@ -884,17 +884,20 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   const bool pairs = kp.tiles_m >= 2 && (kp.tiles_m % 2 == 0 || kp.tiles_m >= 9);
   kp.cluster = a.cluster_m == 0 ? (pairs ? 2 : 1) : a.cluster_m;
   // Experiments: WEFT_GEMM_CLUSTER=1|2 overrides the automatic choice (not a table's).
-  if (const int64_t env = tunable_value(tunables::kGemmCluster); env > 0 && a.cluster_m == 0)
-    kp.cluster = static_cast<int>(env);
+  // The experiment switches are read once per process: this runs on every launch.
+  static const int64_t env_cluster = tunable_value(tunables::kGemmCluster);
+  static const int64_t env_k_block = tunable_value(tunables::kGemmKBlock);
+  static const int64_t env_group_m = tunable_value(tunables::kGemmGroupM);
+  if (env_cluster > 0 && a.cluster_m == 0) kp.cluster = static_cast<int>(env_cluster);
   if (!sm90 && !h.order) kp.cluster = 1;  // the portable kernel has no clusters (tables keep their layout)
   kp.k_block = a.k_block == 32 ? 32 : 64;
-  if (a.k_block == 0 && tunable_value(tunables::kGemmKBlock) == 32) kp.k_block = 32;
+  if (a.k_block == 0 && env_k_block == 32) kp.k_block = 32;
   if (kp.k_block == 32) kp.cluster = kp.cluster == 2 && h.order ? -1 : 1;
   if (kp.cluster < 0) return refuse("k_block 32 runs single CTAs: the order table was built for CTA pairs");
   kp.num_positions = gemm_positions(a.m, a.n, kp.cluster);
   kp.group_m = a.group_m > 0 ? a.group_m : 16;
   // Experiments: WEFT_GEMM_GROUP_M=g overrides the closed-form raster's group (not a table's).
-  if (const int64_t env = tunable_value(tunables::kGemmGroupM); env > 0 && !h.order) kp.group_m = static_cast<int>(env);
+  if (env_group_m > 0 && !h.order) kp.group_m = static_cast<int>(env_group_m);
   kp.direct_c = direct_c;
   for (int d = 0; d < kGemmMaxDests; ++d) {
     kp.c[d] = args.c[d];

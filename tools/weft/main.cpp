@@ -123,7 +123,7 @@ bool is_overlap_bench(const std::string& what) { return what == "ag_gemm" || wha
 int cmd_bench_overlap(const std::string& what, bool quick, const std::string& out_dir,
                       const std::vector<std::string>& shapes, int chunks, const std::string& trace_dir, bool tune,
                       const std::string& data, bool sequential, bool eager) {
-  if (!std::getenv(tunables::kGpuHeapMiB.env)) setenv(tunables::kGpuHeapMiB.env, "8192", 1);
+  if (!env_var(tunables::kGpuHeapMiB.env)) setenv(tunables::kGpuHeapMiB.env, "8192", 1);
   auto b = make_backend();
   bench::OverlapBenchOptions opt;
   opt.op = what;
@@ -186,7 +186,7 @@ int cmd_bench(const std::string& what, bool quick, const std::string& out_dir, c
                fmt::format("weft bench {}: expected devapi, collectives or all", what));
   // The collectives keep per-shape staging up to 256 MiB x world: give them room unless
   // the user chose a heap size.
-  if (what != "devapi" && !std::getenv(tunables::kGpuHeapMiB.env)) setenv(tunables::kGpuHeapMiB.env, "8192", 1);
+  if (what != "devapi" && !env_var(tunables::kGpuHeapMiB.env)) setenv(tunables::kGpuHeapMiB.env, "8192", 1);
   auto b = make_backend();
   std::function<void(const std::string&)> progress;
   const auto t0 = std::chrono::steady_clock::now();
