@@ -27,14 +27,15 @@ inline float overlap_b(int64_t k, int64_t j, int64_t e, int owner, bool sparse) 
   return static_cast<float>((k * 5 + j * 3 + e + owner * 2) % 5 - 2);
 }
 
-// This rank's A_r (a_rows x a_cols) and B (b_rows x b_cols, in the op's layout) for call e.
+// This rank's A_r (a_rows x a_cols) and B (b_rows x b_cols, in the op's layout) for call e
+// of m rows (0: the op's M).
 inline void fill_overlap_inputs(const ops::GemmOverlap& op, int rank, int64_t e, bool sparse, uint16_t* a,
-                                uint16_t* b) {
+                                uint16_t* b, int64_t m = 0) {
   const auto& c = op.config();
   const int64_t kl = op.a_cols();
-  for (int64_t i = 0; i < op.a_rows(); ++i)
+  for (int64_t i = 0; i < op.a_rows(m); ++i)
     for (int64_t k = 0; k < kl; ++k) {
-      const int64_t g = c.op == ops::GemmOp::kAgGemm ? rank * op.a_rows() + i : i;
+      const int64_t g = c.op == ops::GemmOp::kAgGemm ? rank * op.a_rows(m) + i : i;
       const int64_t kg = c.op == ops::GemmOp::kAgGemm ? k : rank * kl + k;
       a[i * kl + k] = dev::to_bits16(overlap_a(g, kg, e), c.dtype);
     }
@@ -51,15 +52,15 @@ inline void fill_overlap_inputs(const ops::GemmOverlap& op, int rank, int64_t e,
 }
 
 // C against the plain reference C = A * B over the global K (gemm_rs: this rank's rows of
-// it), bit for bit; the first mismatches in the message.
+// it), bit for bit, for a call of m rows (0: the op's M); the first mismatches in the message.
 inline void check_overlap_output(const ops::GemmOverlap& op, const uint16_t* got, int rank, int world, int64_t e,
-                                 bool sparse, const std::string& what) {
+                                 bool sparse, const std::string& what, int64_t m = 0) {
   const auto& c = op.config();
-  const int64_t row0 = c.op == ops::GemmOp::kGemmRs ? rank * (c.m / world) : 0;
+  const int64_t row0 = c.op == ops::GemmOp::kGemmRs ? rank * ((m ? m : c.m) / world) : 0;
   const int owner = c.op == ops::GemmOp::kAgGemm ? rank : 0;
   int bad = 0;
   std::string first;
-  for (int64_t i = 0; i < op.c_rows(); ++i)
+  for (int64_t i = 0; i < op.c_rows(m); ++i)
     for (int64_t j = 0; j < c.n; ++j) {
       float want = 0;
       const int64_t k0 = sparse ? (4 - j % 4) % 4 : 0, step = sparse ? 4 : 1;  // sparse: B's nonzeros only

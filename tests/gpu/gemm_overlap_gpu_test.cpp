@@ -272,6 +272,96 @@ TEST(GemmOverlapGpuGraph, ReplaysStayExact) {
   }
 }
 
+// One op object, every M up to its maximum (issue 21): calls of several Ms -- the prepared
+// ones on every method, an unprepared one (the baseline) -- captured into ONE CUDA graph from
+// their first call (nothing eager before), back to back, each on its own output, then the
+// graph replayed with fresh inputs: every output exact every replay. The Ms share the op's
+// buffers, so a rank running ahead into the next M's call must still wait for its peers to
+// finish the last (the epoch guard of every call). gemm_ar: M = 1, 7, 64, 4096.
+TEST(GemmOverlapGpuGraph, OneObjectServesEveryMInOneGraph) {
+  if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
+  expect_all_ok(run_gpu(gpus(), [] {
+    auto b = make_backend();
+    const int w = b->size(), rank = b->rank();
+    cudaStream_t s;
+    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    struct Case {
+      Shape shape;
+      std::vector<int64_t> buckets, calls;
+    };
+    const std::vector<Case> cases = {
+        {{GemmOp::kGemmAr, 4096, 64 * w, 136}, {1, 7, 64}, {1, 4096, 7, 64, 100}},
+        {{GemmOp::kAgGemm, 256 * w, 128, 264}, {w, 64 * w}, {w, 256 * w, 64 * w, 8 * w}},
+        {{GemmOp::kGemmRs, 256 * w, 128 * w, 264}, {w, 64 * w}, {64 * w, w, 256 * w, 8 * w}},
+    };
+    int checks = 0;
+    for (const Case& cs : cases) {
+      GemmOverlapConfig cfg = config(cs.shape, dev::DType::kBF16, BLayout::kNK, 2);
+      cfg.m_buckets = cs.buckets;
+      GemmOverlap op(*b, cfg);
+      std::vector<GemmMethod> methods{GemmMethod::kBaseline, GemmMethod::kDecomposed, GemmMethod::kAuto};
+      const auto avail = op.available_methods();
+      if (std::find(avail.begin(), avail.end(), GemmMethod::kFused) != avail.end())
+        methods.push_back(GemmMethod::kFused);
+      const std::vector<int64_t> prepared = op.prepared_m();
+      struct Call {
+        int64_t m;
+        GemmMethod method;
+        std::unique_ptr<DevBuf> a, c;
+      };
+      std::vector<Call> calls;
+      for (int64_t m : cs.calls)
+        for (GemmMethod method : methods) {
+          // An unprepared M: the baseline and auto (which picks it) only.
+          if (std::find(prepared.begin(), prepared.end(), m) == prepared.end() && method != GemmMethod::kBaseline &&
+              method != GemmMethod::kAuto)
+            continue;
+          calls.push_back({m, method, std::make_unique<DevBuf>(static_cast<size_t>(op.a_rows(m) * op.a_cols()) * 2),
+                           std::make_unique<DevBuf>(static_cast<size_t>(op.c_rows(m) * op.c_cols()) * 2)});
+        }
+      DevBuf wt(static_cast<size_t>(op.b_rows() * op.b_cols()) * 2);
+      auto load = [&](int64_t e) {
+        for (Call& c : calls) {
+          std::vector<uint16_t> a(static_cast<size_t>(op.a_rows(c.m) * op.a_cols()));
+          std::vector<uint16_t> bb(static_cast<size_t>(op.b_rows() * op.b_cols()));
+          fill_overlap_inputs(op, rank, e, /*sparse=*/true, a.data(), bb.data(), c.m);
+          WEFT_CUDA_CHECK(cudaMemcpy(c.a->p, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
+          WEFT_CUDA_CHECK(cudaMemcpy(wt.p, bb.data(), bb.size() * 2, cudaMemcpyHostToDevice));
+          WEFT_CUDA_CHECK(cudaMemset(c.c->p, 0xFF, c.c->bytes));
+        }
+        WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+      };
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      WEFT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      for (Call& c : calls) op.run(c.a->p, wt.p, c.c->p, {.method = c.method, .m = c.m, .stream = s});
+      WEFT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+      WEFT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int64_t e = 1; e <= 4; ++e) {
+        load(e);
+        b->barrier();
+        WEFT_CUDA_CHECK(cudaGraphLaunch(exec, s));
+        WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
+        b->synchronize();
+        for (Call& c : calls) {
+          std::vector<uint16_t> out(static_cast<size_t>(op.c_rows(c.m) * op.c_cols()));
+          WEFT_CUDA_CHECK(cudaMemcpy(out.data(), c.c->p, c.c->bytes, cudaMemcpyDeviceToHost));
+          check_overlap_output(op, out.data(), rank, w, e, /*sparse=*/true,
+                               fmt::format("graph {} M = {} of {} {} replay {}", to_string(cfg.op), c.m, cfg.m,
+                                           to_string(c.method), e),
+                               c.m);
+          ++checks;
+        }
+        b->barrier();
+      }
+      WEFT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      WEFT_CUDA_CHECK(cudaGraphDestroy(graph));
+    }
+    if (rank == 0) std::printf("[gpu] every M in one graph: %d ranks, %d exact outputs\n", w, checks);
+    WEFT_CUDA_CHECK(cudaStreamDestroy(s));
+  }));
+}
+
 // Calls enqueued back to back, nothing in between, each on its own inputs and output: a rank
 // may run ahead into the next call while its peer still reads what the last one delivered
 // (staging slots, gathered rows), so every guard between calls is exercised -- the copy-engine

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -309,6 +310,81 @@ TEST(GemmOverlapHostGpuTables, TheGpuMethodsTablesRunExactlyOnTheHost) {
       }
     }));
   }
+}
+
+// One op object, every M up to its maximum (issue 21): gemm_ar with M = 1, 7, 64, 4096 from
+// one object, prepared Ms on every method and an unprepared one (100) on the baseline, the
+// calls interleaved and each exact; ag_gemm and gemm_rs (Ms that are multiples of the world).
+TEST(GemmOverlapHostEveryM, OneObjectServesEveryM) {
+  for (int w : {1, 2, 3}) {
+    SCOPED_TRACE(fmt::format("world {}", w));
+    expect_all_ok(run_host_ranks(w, [] {
+      auto b = make_backend();
+      const int rank = b->rank(), world = b->size();
+      struct Case {
+        Shape shape;
+        std::vector<int64_t> buckets, calls;
+      };
+      const std::vector<Case> cases = {
+          {{GemmOp::kGemmAr, 4096, 8 * world, 5}, {1, 7, 64}, {1, 4096, 7, 64, 100, 1, 7}},
+          {{GemmOp::kAgGemm, 96 * world, 24, 13}, {world, 8 * world}, {world, 96 * world, 8 * world, 5 * world}},
+          {{GemmOp::kGemmRs, 96 * world, 16 * world, 13}, {world, 8 * world}, {8 * world, world, 3 * world, 96 * world}},
+      };
+      const std::vector<GemmMethod> all{GemmMethod::kBaseline, GemmMethod::kDecomposed, GemmMethod::kFused,
+                                        GemmMethod::kAuto};
+      for (const Case& cs : cases) {
+        GemmOverlapConfig cfg = config(cs.shape, dev::DType::kBF16, BLayout::kNK, 2);
+        cfg.m_buckets = cs.buckets;
+        GemmOverlap op(*b, cfg);
+        std::vector<int64_t> want = cs.buckets;
+        want.push_back(cfg.m);
+        std::sort(want.begin(), want.end());
+        WEFT_CHECK(op.prepared_m() == want, "prepared_m() is not the buckets and M");
+        Inputs in(static_cast<size_t>(op.a_rows() * op.a_cols()), static_cast<size_t>(op.b_rows() * op.b_cols()));
+        Buf out(static_cast<size_t>(op.c_rows() * op.c_cols()));
+        int64_t e = 0;
+        for (int64_t m : cs.calls) {
+          const bool prepared = std::find(want.begin(), want.end(), m) != want.end();
+          WEFT_CHECK(prepared || op.auto_choice(m).method == GemmMethod::kBaseline,
+                     fmt::format("auto for the unprepared M = {} is not the baseline", m));
+          for (GemmMethod method : all) {
+            ++e;
+            fill_overlap_inputs(op, rank, e, /*sparse=*/false, in.a.p(), in.b.p(), m);
+            std::fill(out.v.begin(), out.v.end(), uint16_t{0x7FC1});
+            op.run(in.a.p(), in.b.p(), out.p(), {.method = method, .m = m});
+            check_overlap_output(op, out.p(), rank, world, e, /*sparse=*/false,
+                                 fmt::format("{} {} M = {} of {} world {}", to_string(cfg.op), to_string(method), m,
+                                             cfg.m, world),
+                                 m);
+            // Rows past the call's C stay untouched.
+            for (size_t i = static_cast<size_t>(op.c_rows(m) * op.c_cols()); i < static_cast<size_t>(op.c_rows() * op.c_cols()); ++i)
+              WEFT_CHECK(out.p()[i] == 0x7FC1, fmt::format("{} M = {} wrote past its C", to_string(method), m));
+          }
+        }
+      }
+    }));
+  }
+}
+
+TEST(GemmOverlapHostEveryM, BadMsAreRefusedClearly) {
+  expect_all_ok(run_host_ranks(2, [] {
+    auto b = make_backend();
+    GemmOverlapConfig cfg = config({GemmOp::kAgGemm, 32, 24, 13});
+    cfg.m_buckets = {7};
+    const std::string odd = message_of([&] { GemmOverlap op(*b, cfg); });
+    WEFT_CHECK(odd.find("m_buckets: M = 7 does not divide among 2 ranks") != std::string::npos, odd);
+    cfg.m_buckets = {64};
+    const std::string big = message_of([&] { GemmOverlap op(*b, cfg); });
+    WEFT_CHECK(big.find("m_buckets: M = 64 is outside 1 .. 32") != std::string::npos, big);
+    cfg.m_buckets = {8};
+    GemmOverlap op(*b, cfg);
+    Inputs in(static_cast<size_t>(op.a_rows() * op.a_cols()), static_cast<size_t>(op.b_rows() * op.b_cols()));
+    Buf out(static_cast<size_t>(op.c_rows() * op.c_cols()));
+    for (int64_t m : {int64_t{0} - 2, int64_t{33}, int64_t{5}}) {
+      const std::string msg = message_of([&] { op.run(in.a.p(), in.b.p(), out.p(), {.m = m}); });
+      WEFT_CHECK(msg.find(fmt::format("this call's M = {}", m)) != std::string::npos, msg);
+    }
+  }));
 }
 
 // A hand-made Chrome trace: comm [0,10) and [30,40), compute [5,35): 10 of 20 us hidden.

@@ -42,6 +42,9 @@ class Collectives {
   // (one-shot in 128-byte lines of 120 data bytes: NVLink's whole warp stores, as NCCL's LL128).
   void all_reduce(const void* in, void* out, uint64_t count, dev::DType t, Method m = Method::kAuto,
                   void* stream = nullptr);
+  // Collective: allocates the state an all_reduce of `count` elements by `m` will use, so
+  // that its first call can be captured into a CUDA graph (the baseline needs none).
+  void prepare_all_reduce(uint64_t count, dev::DType t, Method m = Method::kAuto);
   // Symmetric out (heap offset) [world][count] receives every rank's count elements.
   // all-gather, reduce-scatter, all-to-all: methods direct and ll; auto picks ll for small calls.
   void all_gather(const void* in, uint64_t out_off, uint64_t count, dev::DType t, Method m = Method::kAuto,

@@ -18,8 +18,9 @@
 // Construction and run() are collective: every rank makes the same calls, in the same order,
 // with the same configuration and methods. The op's symmetric state (gathered A, staging,
 // signals, epoch counters) is allocated from the backend's heap at construction and reused;
-// signals are never reset, so calls can be replayed in CUDA graphs (make one eager call of
-// every method first: gemm_ar's decomposed method allocates its all-reduce state then).
+// signals are never reset, so calls can be replayed in CUDA graphs, from the first call of
+// every prepared M and method. One op serves every M up to config.m (docs/gemm_overlap.md,
+// "One op object for every M").
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -56,7 +57,16 @@ inline BLayout parse_b_layout(const std::string& s) { return parse_in(kBLayoutNa
 
 struct GemmOverlapConfig {
   GemmOp op = GemmOp::kAgGemm;
-  int64_t m = 0, n = 0, k = 0;  // global shape (see above)
+  // Global shape (see above). M is the largest a call may have: one op serves every M from 1
+  // to it (N and K fixed; GemmRunOptions::m), with no allocation or set-up per call.
+  int64_t m = 0, n = 0, k = 0;
+  // Further Ms (each <= m; ag_gemm, gemm_rs: multiples of the world size) prepared at
+  // construction beside m: each gets its own tables, chunk count, cuBLAS choices and `auto`
+  // decision, sharing m's buffers, so every method runs it and it is CUDA-graph capturable
+  // from its first call. A call of an M not prepared runs the baseline (NCCL + cuBLAS: any M,
+  // also capturable); `auto` picks it, and decomposed or fused fall back to it (reported once
+  // on stderr). Decode: the batch sizes captured into graphs.
+  std::vector<int64_t> m_buckets;
   dev::DType dtype = dev::DType::kBF16;
   BLayout b_layout = BLayout::kNK;
   // Chunks per peer shard for `decomposed` (and the plan's splits). 0: the cost model picks.
@@ -77,6 +87,9 @@ struct GemmOverlapConfig {
 
 struct GemmRunOptions {
   GemmMethod method = GemmMethod::kAuto;
+  // Rows M of this call (0: config.m): A_r, C as in the shapes above with this M; 1 <= M <=
+  // config.m, ag_gemm and gemm_rs: a multiple of the world size.
+  int64_t m = 0;
   // Record every chunk's and tile's start and end into trace() (host clock on the host
   // backend; CUDA events on GPUs, which synchronises the stream at the end of the call:
   // not for graph capture). Each traced call replaces the previous call's events.
@@ -104,7 +117,7 @@ class GemmOverlap {
   GemmOverlap& operator=(const GemmOverlap&) = delete;
 
   // One call. a, b, c are this rank's (device pointers on nccl, host pointers on host), each
-  // 16-byte aligned, of the shapes above; c must not overlap a or b. Returns with the work
+  // 16-byte aligned, of the shapes above for opt.m; c must not overlap a or b. Returns with the work
   // enqueued on `stream` (GPU) or done (host). Throws InvalidArgument for null or misaligned
   // pointers, and Error("fused method not built yet") for `fused` on GPUs while the fused
   // kernel is the stub.
@@ -126,19 +139,23 @@ class GemmOverlap {
 
   // Methods this build and backend can run (fused only when fused_available() on GPUs).
   std::vector<GemmMethod> available_methods() const;
-  const AutoChoice& auto_choice() const;
+  const AutoChoice& auto_choice() const;  // of config.m
+  AutoChoice auto_choice(int64_t m) const;  // of a call of M rows
+  // The Ms every method runs (config.m and m_buckets), ascending.
+  std::vector<int64_t> prepared_m() const;
   // Stores a measured choice for this shape in the tuning cache (rank 0 writes; collective
   // only in that every rank should pass the same values). No-op without a cache path.
   void store_tuning(GemmMethod method, int chunks, double us) const;
 
   const GemmOverlapConfig& config() const;
   int chunks() const;  // chunks decomposed runs with (resolved from 0)
-  // Per-rank shapes: A_r rows x cols, the B rows x cols as stored, C rows x cols.
-  int64_t a_rows() const;
+  // Per-rank shapes: A_r rows x cols, the B rows x cols as stored, C rows x cols; rows of a
+  // call of M rows (0: config.m).
+  int64_t a_rows(int64_t m = 0) const;
   int64_t a_cols() const;
   int64_t b_rows() const;
   int64_t b_cols() const;
-  int64_t c_rows() const;
+  int64_t c_rows(int64_t m = 0) const;
   int64_t c_cols() const;
   // The tuning-cache key of this shape: op|device|world|MxKxN|dtype|layout.
   std::string tuning_key() const;
@@ -146,10 +163,11 @@ class GemmOverlap {
   // Events of the last traced call on this rank.
   const std::vector<TraceEvent>& trace() const;
 
-  struct Impl;
+  struct Impl;   // one prepared M
+  struct State;  // every prepared M
 
  private:
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<State> state_;
 };
 
 }  // namespace weft::ops

@@ -42,6 +42,17 @@ struct Collectives::Impl {
   }
 };
 
+namespace {
+coll::Algo all_reduce_algo(Method m) {
+  Collectives::Impl::check_method(
+      m, {Method::kOneShot, Method::kTwoShot, Method::kLowLatency, Method::kLowLatency128}, "all_reduce");
+  return m == Method::kOneShot         ? coll::Algo::kAllReduceOneShot
+         : m == Method::kTwoShot       ? coll::Algo::kAllReduceTwoShot
+         : m == Method::kLowLatency128 ? coll::Algo::kAllReduceLL128
+                                       : coll::Algo::kAllReduceLL;
+}
+}  // namespace
+
 Collectives::Collectives(Backend& b) : impl_(std::make_unique<Impl>(b)) {}
 Collectives::~Collectives() = default;
 
@@ -90,11 +101,15 @@ void Collectives::all_reduce(const void* in, void* out, uint64_t count, dev::DTy
       m, {Method::kBaseline, Method::kOneShot, Method::kTwoShot, Method::kLowLatency, Method::kLowLatency128},
       "all_reduce");
   if (m == Method::kBaseline) return I.baseline.run(coll::Algo::kAllReduceOneShot, in, out, count, t, stream);
-  const auto algo = m == Method::kOneShot         ? coll::Algo::kAllReduceOneShot
-                    : m == Method::kTwoShot       ? coll::Algo::kAllReduceTwoShot
-                    : m == Method::kLowLatency128 ? coll::Algo::kAllReduceLL128
-                                                  : coll::Algo::kAllReduceLL;
-  I.run_algo(algo, count, t, stream, in, out, 0);
+  I.run_algo(all_reduce_algo(m), count, t, stream, in, out, 0);
+}
+
+void Collectives::prepare_all_reduce(uint64_t count, dev::DType t, Method m) {
+  if (count == 0) return;
+  Impl& I = *impl_;
+  if (m == Method::kAuto) m = auto_all_reduce(count * dev::dtype_size(t));
+  if (m == Method::kBaseline) return;
+  I.algos.args(all_reduce_algo(m), count, t, nullptr);
 }
 
 void Collectives::all_gather(const void* in, uint64_t out_off, uint64_t count, dev::DType t, Method m, void* stream) {

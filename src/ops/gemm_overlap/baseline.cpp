@@ -1,5 +1,7 @@
 // `baseline`: the library calls one after the other, no overlap -- NCCL's collective and one
-// cuBLAS GEMM on GPUs, the reference collectives and a CPU GEMM on the host backend.
+// cuBLAS GEMM on GPUs, the reference collectives and a CPU GEMM on the host backend. Any M up
+// to the op's (the calls of an M the op did not prepare run here): nothing in it depends on M
+// but the counts.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -19,7 +21,7 @@ int64_t now_ns() {
 }
 }  // namespace
 
-void BaselineHost::run(const void* a, const void* bp, void* c, void* /*stream*/, bool tracing) {
+void BaselineHost::run(int64_t m, const void* a, const void* bp, void* c, void* /*stream*/, bool tracing) {
   const GemmOverlapConfig& cfg = op_.cfg;
   const int rank = op_.rank;
   const size_t eb = op_.eb;
@@ -28,28 +30,28 @@ void BaselineHost::run(const void* a, const void* bp, void* c, void* /*stream*/,
   TraceEvent g{rank, TraceKind::kTile, 0, 0, "compute", "gemm", 0, 0};
   TraceEvent x{rank, TraceKind::kChunk, 0, 1, "communication", "", 0, 0};
   if (cfg.op == GemmOp::kAgGemm) {
-    op_.host_scratch.resize(static_cast<size_t>(cfg.m * k_local) * eb);
+    op_.host_scratch.resize(static_cast<size_t>(m * k_local) * eb);
     x.name = "all_gather (reference)";
     x.start_ns = now_ns();
-    op_.coll.baseline_all_gather(a, op_.host_scratch.data(), static_cast<uint64_t>(op_.a_rows * k_local), t);
+    op_.coll.baseline_all_gather(a, op_.host_scratch.data(), static_cast<uint64_t>(m / op_.world * k_local), t);
     x.end_ns = g.start_ns = now_ns();
-    detail::host_gemm(t, cfg.b_layout, op_.host_scratch.data(), bp, c, k_local, cfg.n, 0, cfg.m, 0, cfg.n);
+    detail::host_gemm(t, cfg.b_layout, op_.host_scratch.data(), bp, c, k_local, cfg.n, 0, m, 0, cfg.n);
     g.end_ns = now_ns();
   } else {
     void* partial = c;
     if (cfg.op == GemmOp::kGemmRs) {
-      op_.host_scratch.resize(static_cast<size_t>(cfg.m * cfg.n) * eb);
+      op_.host_scratch.resize(static_cast<size_t>(m * cfg.n) * eb);
       partial = op_.host_scratch.data();
     }
     g.start_ns = now_ns();
-    detail::host_gemm(t, cfg.b_layout, a, bp, partial, k_local, cfg.n, 0, cfg.m, 0, cfg.n);
+    detail::host_gemm(t, cfg.b_layout, a, bp, partial, k_local, cfg.n, 0, m, 0, cfg.n);
     g.end_ns = x.start_ns = now_ns();
     if (cfg.op == GemmOp::kGemmRs) {
       x.name = "reduce_scatter (reference)";
-      op_.coll.reduce_scatter(partial, c, static_cast<uint64_t>(op_.c_rows * cfg.n), t, Method::kBaseline);
+      op_.coll.reduce_scatter(partial, c, static_cast<uint64_t>(m / op_.world * cfg.n), t, Method::kBaseline);
     } else {
       x.name = "all_reduce (reference)";
-      op_.coll.all_reduce(c, c, static_cast<uint64_t>(cfg.m * cfg.n), t, Method::kBaseline);
+      op_.coll.all_reduce(c, c, static_cast<uint64_t>(m * cfg.n), t, Method::kBaseline);
     }
     x.end_ns = now_ns();
   }
@@ -64,37 +66,37 @@ namespace {
 ncclDataType_t nccl_type(dev::DType t) { return t == dev::DType::kF16 ? ncclFloat16 : ncclBfloat16; }
 }  // namespace
 
-void BaselineGpu::run(const void* a, const void* bp, void* c, void* stream, bool tracing) {
+void BaselineGpu::run(int64_t m, const void* a, const void* bp, void* c, void* stream, bool tracing) {
   const auto s = static_cast<cudaStream_t>(stream);
   op_.begin(s, tracing);
-  gpu_baseline(a, bp, c, s, tracing);
+  gpu_baseline(m, a, bp, c, s, tracing);
   if (tracing) op_.collect(s);
 }
 
-void BaselineGpu::gpu_baseline(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
+void BaselineGpu::gpu_baseline(int64_t m, const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
   const GemmOverlapConfig& cfg = op_.cfg;
   const int64_t k_local = op_.k_local;
   auto comm = static_cast<ncclComm_t>(op_.b.nccl_comm());
   const ncclDataType_t nt = nccl_type(cfg.dtype);
   if (cfg.op == GemmOp::kAgGemm) {
     size_t x = op_.mark(s, TraceKind::kChunk, 0, 1, "nccl", "ncclAllGather", tracing);
-    WEFT_NCCL_CHECK(ncclAllGather(a, op_.scratch, static_cast<size_t>(op_.a_rows * k_local), nt, comm, s));
+    WEFT_NCCL_CHECK(ncclAllGather(a, op_.scratch, static_cast<size_t>(m / op_.world * k_local), nt, comm, s));
     op_.mark_end(x, s, tracing);
     x = op_.mark(s, TraceKind::kTile, 0, 0, "compute stream", "cublas gemm", tracing);
-    op_.gemm(s, op_.scratch, bp, c, cfg.m, k_local, 0, cfg.n);
+    op_.gemm(s, op_.scratch, bp, c, m, k_local, 0, cfg.n);
     op_.mark_end(x, s, tracing);
     return;
   }
   void* partial = cfg.op == GemmOp::kGemmRs ? op_.scratch : c;
   size_t x = op_.mark(s, TraceKind::kTile, 0, 0, "compute stream", "cublas gemm", tracing);
-  op_.gemm(s, a, bp, partial, cfg.m, k_local, 0, cfg.n);
+  op_.gemm(s, a, bp, partial, m, k_local, 0, cfg.n);
   op_.mark_end(x, s, tracing);
   x = op_.mark(s, TraceKind::kChunk, 0, 1, "nccl", cfg.op == GemmOp::kGemmRs ? "ncclReduceScatter" : "ncclAllReduce",
                tracing);
   if (cfg.op == GemmOp::kGemmRs)
-    WEFT_NCCL_CHECK(ncclReduceScatter(partial, c, static_cast<size_t>(op_.c_rows * cfg.n), nt, ncclSum, comm, s));
+    WEFT_NCCL_CHECK(ncclReduceScatter(partial, c, static_cast<size_t>(m / op_.world * cfg.n), nt, ncclSum, comm, s));
   else
-    WEFT_NCCL_CHECK(ncclAllReduce(c, c, static_cast<size_t>(cfg.m * cfg.n), nt, ncclSum, comm, s));
+    WEFT_NCCL_CHECK(ncclAllReduce(c, c, static_cast<size_t>(m * cfg.n), nt, ncclSum, comm, s));
   op_.mark_end(x, s, tracing);
 }
 #endif

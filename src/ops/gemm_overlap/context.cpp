@@ -20,10 +20,25 @@ GemmOpContext::~GemmOpContext() {
     cudaEventDestroy(e.end);
   }
   if (ev_base) cudaEventDestroy(ev_base);
+#endif
+}
+
+#ifdef WEFT_HAVE_CUDA
+GemmShared::~GemmShared() {
+  lt.reset();
   if (handle) cublasDestroy(handle);
   if (workspace) cudaFree(workspace);
   if (scratch) cudaFree(scratch);
+}
 #endif
+
+uint64_t GemmOpContext::data_buffer(size_t bytes, const std::string& what) {
+  GemmShared::Buffer& buf = shared->data[what];
+  if (buf.bytes < bytes || buf.bytes == 0) {  // first, or larger than the one made (not shared then)
+    buf.offset = b.heap().alloc_bytes(bytes, fmt::format("{}.{}x{}.{}", to_string(cfg.op), cfg.k, cfg.n, what));
+    buf.bytes = bytes;
+  }
+  return buf.offset;
 }
 
 #ifdef WEFT_HAVE_CUDA
@@ -33,16 +48,27 @@ void GemmOpContext::init_gpu() {
   WEFT_CUDA_CHECK(kernels::gemm_preload());
   WEFT_CUDA_CHECK(kernels::overlap_preload());
   WEFT_CUDA_CHECK(kernels::runtime_preload());
-  WEFT_CUBLAS_CHECK(cublasCreate(&handle));
-  const size_t ws = 32ull << 20;  // set explicitly: cuBLAS in CUDA graphs needs a user workspace
-  WEFT_CUDA_CHECK(cudaMalloc(&workspace, ws));
-  WEFT_CUBLAS_CHECK(cublasSetWorkspace(handle, workspace, ws));
-  WEFT_CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
-  lt = std::make_unique<detail::LtGemm>(workspace, ws, handle);
+  GemmShared& sh = *shared;
+  if (!sh.handle) {  // the first context (the largest M)
+    WEFT_CUBLAS_CHECK(cublasCreate(&sh.handle));
+    const size_t ws = 32ull << 20;  // set explicitly: cuBLAS in CUDA graphs needs a user workspace
+    WEFT_CUDA_CHECK(cudaMalloc(&sh.workspace, ws));
+    WEFT_CUBLAS_CHECK(cublasSetWorkspace(sh.handle, sh.workspace, ws));
+    WEFT_CUBLAS_CHECK(cublasSetMathMode(sh.handle, CUBLAS_DEFAULT_MATH));
+    sh.lt = std::make_unique<detail::LtGemm>(sh.workspace, ws, sh.handle);
+  }
+  handle = sh.handle;
+  workspace = sh.workspace;
+  lt = sh.lt.get();
   const size_t scratch_bytes = cfg.op == GemmOp::kAgGemm   ? static_cast<size_t>(cfg.m * k_local) * eb
                                : cfg.op == GemmOp::kGemmRs ? static_cast<size_t>(cfg.m * cfg.n) * eb
                                                            : 0;
-  if (scratch_bytes) WEFT_CUDA_CHECK(cudaMalloc(&scratch, scratch_bytes));
+  if (scratch_bytes > sh.scratch_bytes) {
+    WEFT_CHECK(!sh.scratch, "gemm_overlap: a prepared M needs more scratch than the largest");
+    WEFT_CUDA_CHECK(cudaMalloc(&sh.scratch, scratch_bytes));
+    sh.scratch_bytes = scratch_bytes;
+  }
+  scratch = sh.scratch;
   WEFT_CUDA_CHECK(cudaEventCreate(&ev_base));
   SymmetricHeap& heap = b.heap();
   const std::string tag = fmt::format("{}.{}x{}x{}", to_string(cfg.op), cfg.m, cfg.k, cfg.n);

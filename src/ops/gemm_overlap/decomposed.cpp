@@ -49,7 +49,7 @@ void DecomposedGpu::setup() {
       ag_tensor_off.push_back(
           static_cast<int>(t) == ag.input
               ? 0
-              : heap.alloc_bytes(static_cast<size_t>(x.rows * x.cols * x.elem_bytes), tag + ".decomposed." + x.name));
+              : op_.data_buffer(static_cast<size_t>(x.rows * x.cols * x.elem_bytes), "decomposed." + x.name));
     }
     ag_signals = heap.alloc_signals(static_cast<uint32_t>(ag.lowered.max_signals()), tag + ".decomposed.signals");
     // This rank's own rows are read in place by the GEMM and the plan's copy of them into
@@ -67,7 +67,7 @@ void DecomposedGpu::setup() {
     }
     ag_own_in_place = !forwards && !straddles;
   } else if (cfg.op == GemmOp::kGemmRs) {
-    rs_stage = heap.alloc_bytes(static_cast<size_t>(world) * m_shard * cfg.n * eb, tag + ".decomposed.staging");
+    rs_stage = op_.data_buffer(static_cast<size_t>(world) * m_shard * cfg.n * eb, "decomposed.staging");
     rs_signals = heap.alloc_signals(static_cast<uint32_t>(world * chunks), tag + ".decomposed.signals");
     ev_piece.resize(static_cast<size_t>(std::max(1, world - 1) * chunks));
     if (rs_fold == RsFold::kLt || rs_fold == RsFold::kGather) {
@@ -83,8 +83,8 @@ void DecomposedGpu::setup() {
       WEFT_CUDA_CHECK(cudaMemcpy(one, &v, sizeof v, cudaMemcpyHostToDevice));
     }
     if (rs_fold == RsFold::kGather) {
-      g_a = heap.alloc_bytes(static_cast<size_t>(m_shard * k_local) * eb, tag + ".gather.a");
-      g_b = heap.alloc_bytes(static_cast<size_t>(op_.b_rows * op_.b_cols) * eb, tag + ".gather.b");
+      g_a = op_.data_buffer(static_cast<size_t>(m_shard * k_local) * eb, "gather.a");
+      g_b = op_.data_buffer(static_cast<size_t>(op_.b_rows * op_.b_cols) * eb, "gather.b");
       g_flags = heap.alloc_signals(static_cast<uint32_t>(chunks), tag + ".gather.flags");
       // Column pieces on 128-column boundaries where N allows (whole tiles of cuBLAS's).
       for (const auto& [c0, c1] : plan::split_range(0, cfg.n, chunks)) {
@@ -132,6 +132,11 @@ void DecomposedGpu::setup() {
     }
   } else {
     ev_piece.resize(pieces.size());
+    // Each chunk's all-reduce state now, not at the first call: every prepared M is then
+    // capturable from its first call.
+    if (world > 1)
+      for (const auto& [r0, r1] : pieces)
+        op_.coll.prepare_all_reduce(static_cast<uint64_t>((r1 - r0) * cfg.n), cfg.dtype, Method::kAuto);
   }
   for (auto& e : ev_piece) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
@@ -153,7 +158,8 @@ void DecomposedGpu::release() {
   if (ev_guard) cudaEventDestroy(ev_guard);
 }
 
-void DecomposedGpu::run(const void* a, const void* bp, void* c, void* stream, bool tracing) {
+void DecomposedGpu::run(int64_t m, const void* a, const void* bp, void* c, void* stream, bool tracing) {
+  WEFT_CHECK(m == op_.cfg.m, "decomposed runs its prepared M only");
   const auto s = static_cast<cudaStream_t>(stream);
   op_.begin(s, tracing);
   gpu_decomposed(a, bp, c, s, tracing);

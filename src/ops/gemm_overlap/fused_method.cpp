@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "gemm_overlap_impl.hpp"
+#include "weft/core/error.hpp"
 
 namespace weft::ops::detail {
 
@@ -29,7 +30,7 @@ void FusedGpu::setup(uint64_t rs_stage) {
   fp = detail::build_op_plan(detail::fused_plan_params(cfg, world, k_local, chunks));
   for (const plan::Tensor& x : fp.plan.tensors)
     f_tensor_off.push_back(
-        heap.alloc_bytes(static_cast<size_t>(x.rows * x.cols * x.elem_bytes), tag + ".fused." + x.name));
+        op_.data_buffer(static_cast<size_t>(x.rows * x.cols * x.elem_bytes), "fused." + x.name));
   f_signals = heap.alloc_signals(static_cast<uint32_t>(fp.lowered.max_signals()), tag + ".fused.signals");
   // The plan's tile counters, plus what the GPU fused gemm_rs keeps beside them: its piece
   // counters, (2 world - 1) x pieces per rank's block, pieces <= the block's 128-row blocks.
@@ -109,7 +110,8 @@ void FusedGpu::release() {
   if (f_trace_count) cudaFree(f_trace_count);
 }
 
-void FusedGpu::run(const void* a, const void* bp, void* c, void* stream, bool tracing) {
+void FusedGpu::run(int64_t m, const void* a, const void* bp, void* c, void* stream, bool tracing) {
+  WEFT_CHECK(m == op_.cfg.m, "fused runs its prepared M only");
   gpu_fused(a, bp, c, static_cast<cudaStream_t>(stream), tracing);
 }
 

@@ -3,8 +3,12 @@
 #include "weft/ops/gemm_overlap.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <set>
 
 #include "../common/tuning_cache.hpp"
 #include "fused.hpp"
@@ -47,7 +51,8 @@ struct GemmOverlap::Impl : detail::GemmOpContext {
   // fused only where fused_gpu.
   std::unique_ptr<detail::GemmMethodImpl> baseline_method, decomposed_method, fused_method;
 
-  Impl(Backend& backend, const GemmOverlapConfig& c) : GemmOpContext(backend, c) {}
+  Impl(Backend& backend, const GemmOverlapConfig& c, std::shared_ptr<detail::GemmShared> sh)
+      : GemmOpContext(backend, c, std::move(sh)) {}
 
   void validate();
   // The tuning-cache key of this shape: op|device|world|MxKxN|dtype|layout.
@@ -65,7 +70,25 @@ struct GemmOverlap::Impl : detail::GemmOpContext {
   void setup_gpu();
 #endif
   // One call of method m (resolved) on the method's object; stream: a cudaStream_t on GPUs.
-  void dispatch(GemmMethod m, const void* a, const void* bp, void* c, void* stream, bool tracing);
+  void dispatch(GemmMethod method, int64_t m, const void* a, const void* bp, void* c, void* stream, bool tracing);
+};
+
+// Every M the op prepared, the largest (config.m) first: one context and its method objects
+// each, sharing GemmShared. A call of another M runs the first one's baseline.
+struct GemmOverlap::State {
+  std::vector<std::unique_ptr<Impl>> shapes;
+  Impl* traced = nullptr;               // the context of the last traced call
+  std::set<std::pair<int64_t, int>> told;  // (M, method) whose fall-back to the baseline was reported
+
+  Impl& root() const { return *shapes.front(); }
+  Impl* prepared(int64_t m) const {
+    for (const auto& p : shapes)
+      if (p->cfg.m == m) return p.get();
+    return nullptr;
+  }
+  ~State() {
+    while (!shapes.empty()) shapes.pop_back();  // the largest, which made the shared state, last
+  }
 };
 
 void GemmOverlap::Impl::validate() {
@@ -204,9 +227,10 @@ void GemmOverlap::Impl::check_ptr(const void* p, const char* what, uint64_t byte
                fmt::format("{}: {} pointer {} is not 16-byte aligned ({} bytes)", to_string(cfg.op), what, p, bytes));
 }
 
-void GemmOverlap::Impl::dispatch(GemmMethod m, const void* a, const void* bp, void* c, void* stream, bool tracing) {
+void GemmOverlap::Impl::dispatch(GemmMethod which, int64_t m, const void* a, const void* bp, void* c, void* stream,
+                                 bool tracing) {
   detail::GemmMethodImpl* method = nullptr;
-  switch (m) {
+  switch (which) {
     case GemmMethod::kBaseline:
       method = baseline_method.get();
       break;
@@ -223,7 +247,7 @@ void GemmOverlap::Impl::dispatch(GemmMethod m, const void* a, const void* bp, vo
     throw Error(fmt::format("{}: the fused method on GPUs {}", to_string(cfg.op),
                             fused::fused_available() ? "runs ag_gemm and gemm_rs only (docs/gemm_overlap.md)"
                                                      : "needs an sm_90 GPU (weft's GEMM)"));
-  method->run(a, bp, c, stream, tracing);
+  method->run(m, a, bp, c, stream, tracing);
 }
 
 #ifdef WEFT_HAVE_CUDA
@@ -246,45 +270,80 @@ namespace {
 // What every rank of one op must agree on: the ranks would otherwise allocate, plan and move
 // different things (caught later, if at all, as a symmetric allocation mismatch or a hang).
 std::string describe(const GemmOverlapConfig& c) {
-  return fmt::format("{} M x K x N = {} x {} x {} {} {}{}{}{}", to_string(c.op), c.m, c.k, c.n, dev::dtype_name(c.dtype),
-                     to_string(c.b_layout), c.chunks ? fmt::format(" chunks {}", c.chunks) : std::string(),
+  return fmt::format("{} M x K x N = {} x {} x {} {} {}{}{}{}{}", to_string(c.op), c.m, c.k, c.n,
+                     dev::dtype_name(c.dtype), to_string(c.b_layout),
+                     c.m_buckets.empty() ? std::string() : fmt::format(" M buckets {}", fmt::join(c.m_buckets, ",")),
+                     c.chunks ? fmt::format(" chunks {}", c.chunks) : std::string(),
                      c.algo.empty() ? std::string() : fmt::format(" algo {}", c.algo),
                      c.tile_rows || c.tile_cols ? fmt::format(" host tile {} x {}", c.tile_rows, c.tile_cols)
                                                 : std::string());
 }
+
+// Rows a call of M may have: 1..max, and (ag_gemm, gemm_rs) a multiple of the world size.
+void check_m(const GemmOverlapConfig& c, int world, int64_t m, const char* what) {
+  WEFT_REQUIRE(m >= 1 && m <= c.m, fmt::format("{}: {} M = {} is outside 1 .. {} (the M the op was made for)",
+                                               to_string(c.op), what, m, c.m));
+  if (c.op != GemmOp::kGemmAr)
+    WEFT_REQUIRE(m % world == 0, fmt::format("{}: {} M = {} does not divide among {} ranks ({}; pad M to a multiple "
+                                             "of {})",
+                                             to_string(c.op), what, m, world,
+                                             c.op == GemmOp::kAgGemm ? "each rank holds M/world rows of A"
+                                                                     : "each rank receives M/world rows of C",
+                                             world));
+}
 }  // namespace
 
-GemmOverlap::GemmOverlap(Backend& backend, const GemmOverlapConfig& config)
-    : impl_(std::make_unique<Impl>(backend, config)) {
-  Impl& I = *impl_;
-  I.op.agree("the configuration", describe(config));
-  I.validate();
+GemmOverlap::GemmOverlap(Backend& backend, const GemmOverlapConfig& config) : state_(std::make_unique<State>()) {
+  State& S = *state_;
+  auto shared = std::make_shared<detail::GemmShared>();
+  // One context per prepared M, the largest (config.m) first: it makes what the others share.
+  auto prepare = [&](int64_t m) {
+    GemmOverlapConfig c = config;
+    c.m = m;
+    c.m_buckets.clear();
+    S.shapes.push_back(std::make_unique<Impl>(backend, c, shared));
+    Impl& I = *S.shapes.back();
+    if (S.shapes.size() == 1) I.op.agree("the configuration", describe(config));
+    I.validate();
 #ifdef WEFT_HAVE_CUDA
-  if (backend.kind() == BackendKind::kNccl) {
-    I.fused_gpu =
-        fused::fused_available() && fused::fused_supports(static_cast<fused::Op>(static_cast<int32_t>(config.op)));
-    I.sm_copies = tunable_text(tunables::kOverlapEngine) == "sm";
-  }
+    if (backend.kind() == BackendKind::kNccl) {
+      I.fused_gpu = fused::fused_available() && fused::fused_supports(static_cast<fused::Op>(static_cast<int32_t>(c.op)));
+      I.sm_copies = tunable_text(tunables::kOverlapEngine) == "sm";
+    }
 #endif
-  I.decide(I.available());
-  if (backend.kind() == BackendKind::kHost) {
-    I.setup_host();
-  } else {
+    I.decide(I.available());
+    if (backend.kind() == BackendKind::kHost) {
+      I.setup_host();
+    } else {
 #ifdef WEFT_HAVE_CUDA
-    I.setup_gpu();
+      I.setup_gpu();
 #else
-    throw_error(__FILE__, __LINE__, "the nccl backend needs a CUDA build");
+      throw_error(__FILE__, __LINE__, "the nccl backend needs a CUDA build");
 #endif
+    }
+  };
+  prepare(config.m);
+  std::vector<int64_t> ms;
+  for (int64_t m : config.m_buckets) {
+    check_m(config, backend.size(), m, "m_buckets:");
+    if (m != config.m && std::find(ms.begin(), ms.end(), m) == ms.end()) ms.push_back(m);
   }
+  std::sort(ms.begin(), ms.end(), std::greater<>());
+  for (const int64_t m : ms) prepare(m);
 }
 
 GemmOverlap::~GemmOverlap() = default;
 
 void GemmOverlap::run(const void* a, const void* b, void* c, const GemmRunOptions& opt) {
-  Impl& I = *impl_;
-  const uint64_t a_bytes = static_cast<uint64_t>(I.a_rows * I.a_cols) * I.eb;
+  State& S = *state_;
+  Impl& R = S.root();
+  const int64_t m = opt.m ? opt.m : R.cfg.m;
+  check_m(R.cfg, R.world, m, "this call's");
+  Impl* prepared = S.prepared(m);
+  Impl& I = prepared ? *prepared : R;
+  const uint64_t a_bytes = static_cast<uint64_t>(a_rows(m) * I.a_cols) * I.eb;
   const uint64_t b_bytes = static_cast<uint64_t>(I.b_rows * I.b_cols) * I.eb;
-  const uint64_t c_bytes = static_cast<uint64_t>(I.c_rows * I.c_cols) * I.eb;
+  const uint64_t c_bytes = static_cast<uint64_t>(c_rows(m) * I.c_cols) * I.eb;
   I.check_ptr(a, "A", a_bytes);
   I.check_ptr(b, "B", b_bytes);
   I.check_ptr(c, "C", c_bytes);
@@ -294,13 +353,24 @@ void GemmOverlap::run(const void* a, const void* b, void* c, const GemmRunOption
   };
   WEFT_REQUIRE(!overlaps(c, c_bytes, a, a_bytes) && !overlaps(c, c_bytes, b, b_bytes),
                fmt::format("{}: C overlaps A or B (C is written while they are read)", to_string(I.cfg.op)));
-  const GemmMethod m = I.resolve(opt.method);
-  if (opt.trace) I.trace.clear();
-  I.dispatch(m, a, b, c, opt.stream, opt.trace);
+  GemmMethod method = GemmMethod::kBaseline;
+  if (prepared) {
+    method = I.resolve(opt.method);
+  } else if (opt.method != GemmMethod::kAuto && opt.method != GemmMethod::kBaseline &&
+             S.told.insert({m, static_cast<int>(opt.method)}).second && I.rank == 0) {
+    std::fprintf(stderr, "weft: %s: M = %lld was not prepared (prepared: %s): the baseline runs it, not %s\n",
+                 to_string(I.cfg.op), static_cast<long long>(m), fmt::format("{}", fmt::join(prepared_m(), ", ")).c_str(),
+                 to_string(opt.method));
+  }
+  if (opt.trace) {
+    I.trace.clear();
+    S.traced = &I;
+  }
+  I.dispatch(method, m, a, b, c, opt.stream, opt.trace);
 }
 
 void GemmOverlap::run_gemm_only(const void* a, const void* b, void* c, void* stream, GemmAlone which) {
-  Impl& I = *impl_;
+  Impl& I = state_->root();
   I.check_ptr(a, "A", 0);
   I.check_ptr(b, "B", 0);
   I.check_ptr(c, "C", 0);
@@ -336,7 +406,8 @@ void GemmOverlap::run_gemm_only(const void* a, const void* b, void* c, void* str
 
 bool GemmOverlap::times_every_gemm() const {
 #ifdef WEFT_HAVE_CUDA
-  return impl_->lt && impl_->lt->tuning() == detail::LtGemm::Tune::kAll;
+  const Impl& I = state_->root();
+  return I.lt && I.lt->tuning() == detail::LtGemm::Tune::kAll;
 #else
   return false;
 #endif
@@ -344,27 +415,54 @@ bool GemmOverlap::times_every_gemm() const {
 
 std::vector<std::string> GemmOverlap::gemm_choices() const {
 #ifdef WEFT_HAVE_CUDA
-  if (impl_->lt) return impl_->lt->report();
+  if (state_->root().lt) return state_->root().lt->report();
 #endif
   return {};
 }
 
-std::vector<GemmMethod> GemmOverlap::available_methods() const { return impl_->available(); }
-const AutoChoice& GemmOverlap::auto_choice() const { return impl_->autoc; }
-const GemmOverlapConfig& GemmOverlap::config() const { return impl_->cfg; }
-int GemmOverlap::chunks() const { return impl_->chunks; }
-int64_t GemmOverlap::a_rows() const { return impl_->a_rows; }
-int64_t GemmOverlap::a_cols() const { return impl_->a_cols; }
-int64_t GemmOverlap::b_rows() const { return impl_->b_rows; }
-int64_t GemmOverlap::b_cols() const { return impl_->b_cols; }
-int64_t GemmOverlap::c_rows() const { return impl_->c_rows; }
-int64_t GemmOverlap::c_cols() const { return impl_->c_cols; }
-const std::vector<TraceEvent>& GemmOverlap::trace() const { return impl_->trace; }
+std::vector<GemmMethod> GemmOverlap::available_methods() const { return state_->root().available(); }
+const AutoChoice& GemmOverlap::auto_choice() const { return state_->root().autoc; }
 
-std::string GemmOverlap::tuning_key() const { return impl_->tuning_key(); }
+AutoChoice GemmOverlap::auto_choice(int64_t m) const {
+  const Impl& R = state_->root();
+  check_m(R.cfg, R.world, m, "auto_choice:");
+  if (const Impl* p = state_->prepared(m)) return p->autoc;
+  AutoChoice a;
+  a.method = GemmMethod::kBaseline;
+  a.chunks = 1;
+  a.source = "not a prepared M (m_buckets): the baseline";
+  return a;
+}
+
+std::vector<int64_t> GemmOverlap::prepared_m() const {
+  std::vector<int64_t> ms;
+  for (const auto& p : state_->shapes) ms.push_back(p->cfg.m);
+  std::sort(ms.begin(), ms.end());
+  return ms;
+}
+
+const GemmOverlapConfig& GemmOverlap::config() const { return state_->root().cfg; }
+int GemmOverlap::chunks() const { return state_->root().chunks; }
+int64_t GemmOverlap::a_rows(int64_t m) const {
+  const Impl& R = state_->root();
+  return m == 0 ? R.a_rows : R.cfg.op == GemmOp::kAgGemm ? m / R.world : m;
+}
+int64_t GemmOverlap::a_cols() const { return state_->root().a_cols; }
+int64_t GemmOverlap::b_rows() const { return state_->root().b_rows; }
+int64_t GemmOverlap::b_cols() const { return state_->root().b_cols; }
+int64_t GemmOverlap::c_rows(int64_t m) const {
+  const Impl& R = state_->root();
+  return m == 0 ? R.c_rows : R.cfg.op == GemmOp::kGemmRs ? m / R.world : m;
+}
+int64_t GemmOverlap::c_cols() const { return state_->root().c_cols; }
+const std::vector<TraceEvent>& GemmOverlap::trace() const {
+  return state_->traced ? state_->traced->trace : state_->root().trace;
+}
+
+std::string GemmOverlap::tuning_key() const { return state_->root().tuning_key(); }
 
 void GemmOverlap::store_tuning(GemmMethod method, int chunks, double us) const {
-  const Impl& I = *impl_;
+  const Impl& I = state_->root();
   if (I.rank != 0 || I.cache.empty()) return;
   WEFT_REQUIRE(method != GemmMethod::kAuto, "store_tuning: store a concrete method, not auto");
   detail::store_tuned_choice(I.cache, tuning_key(), {to_string(method), chunks}, us);

@@ -18,6 +18,7 @@
 // capture.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -50,11 +51,13 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // One method of the op. The op has checked a, b, c (shapes, alignment, overlap) and resolved
 // `auto`. GPU: enqueue one call on `stream` (a cudaStream_t); host: run it (stream unused).
-// `tracing`: append this call's events to GemmOpContext::trace (cleared by the op).
+// `m`: the call's M. Every method runs its context's M (cfg.m: the tables it built); the
+// baseline runs any M up to it (an M the op did not prepare). `tracing`: append this call's
+// events to GemmOpContext::trace (cleared by the op).
 class GemmMethodImpl {
  public:
   virtual ~GemmMethodImpl() = default;
-  virtual void run(const void* a, const void* b, void* c, void* stream, bool tracing) = 0;
+  virtual void run(int64_t m, const void* a, const void* b, void* c, void* stream, bool tracing) = 0;
 };
 
 #ifdef WEFT_HAVE_CUDA
@@ -90,12 +93,37 @@ struct TableBlob {
 };
 #endif
 
+// What the prepared Ms of one op share (GemmOverlap: one context per prepared M, the largest
+// first): the symmetric data buffers (gathered A, staging, outboxes), each sized by the
+// largest M that asked for it and used from its start by the others -- a call of any M begins
+// with its epoch guard (every peer has begun this call, so it has finished reading its
+// buffers for the previous one, whatever that call's M), so sharing them needs no more
+// synchronisation. Signals, counters, barriers and epoch words are never shared: their
+// thresholds count one M's calls. On GPUs also cuBLAS (handle, workspace, LtGemm: its
+// choices are per problem) and the scratch.
+struct GemmShared {
+  struct Buffer {
+    uint64_t offset = 0;
+    size_t bytes = 0;
+  };
+  std::map<std::string, Buffer> data;
+#ifdef WEFT_HAVE_CUDA
+  cublasHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::unique_ptr<LtGemm> lt;
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
+  ~GemmShared();
+#endif
+};
+
 // What the op's methods share: the op (GemmOverlap::Impl) is one, and hands itself to every
 // method object it makes. The op fills the shapes (validate) and the decisions (decide)
 // before any method is made; init_gpu() then sets up the GPU part, before the methods' own.
+// One context per prepared M; `shared` is what they have in common (GemmShared).
 struct GemmOpContext {
-  GemmOpContext(Backend& backend, const GemmOverlapConfig& c)
-      : b(backend), cfg(c), op(backend, to_string(c.op)), coll(backend) {}
+  GemmOpContext(Backend& backend, const GemmOverlapConfig& c, std::shared_ptr<GemmShared> sh)
+      : b(backend), cfg(c), op(backend, to_string(c.op)), coll(backend), shared(std::move(sh)) {}
   ~GemmOpContext();
   GemmOpContext(const GemmOpContext&) = delete;
   GemmOpContext& operator=(const GemmOpContext&) = delete;
@@ -117,13 +145,20 @@ struct GemmOpContext {
   RsFold rs_fold = RsFold::kNone;
   // host backend: baseline's gathered A or partial product; the GEMM alone's output
   std::vector<unsigned char> host_scratch;
+  std::shared_ptr<GemmShared> shared;
+
+  // Collective: a symmetric data buffer of at least `bytes` named `what` ("decomposed.staging"),
+  // shared with the op's other prepared Ms (GemmShared): the one already made under that name
+  // where it is large enough, else a new one (which later, smaller Ms then share).
+  uint64_t data_buffer(size_t bytes, const std::string& what);
 
 #ifdef WEFT_HAVE_CUDA
+  // shared->handle, ->lt, ->workspace, ->scratch (made by the first context: the largest M)
   cublasHandle_t handle = nullptr;
-  std::unique_ptr<LtGemm> lt;  // every cuBLAS GEMM of the op (gemm())
+  LtGemm* lt = nullptr;  // every cuBLAS GEMM of the op (gemm())
   void* workspace = nullptr;
   // [M x K_local] (ag_gemm: baseline's gathered A) or [M x N] (gemm_rs: the partial products
-  // of baseline and decomposed); the GEMM alone's A or C. None for gemm_ar.
+  // of baseline and decomposed) of the largest M; the GEMM alone's A or C. None for gemm_ar.
   void* scratch = nullptr;
   uint64_t epoch_off = 0;        // the call counter (decomposed: bumped per call; wait thresholds scale by it)
   dev::BarrierHandle barrier{};  // tracing's line-up (begin), decomposed's epoch guard
@@ -183,7 +218,7 @@ struct GemmOpContext {
 class BaselineHost final : public GemmMethodImpl {
  public:
   explicit BaselineHost(GemmOpContext& op) : op_(op) {}
-  void run(const void* a, const void* bp, void* c, void* stream, bool tracing) override;
+  void run(int64_t m, const void* a, const void* bp, void* c, void* stream, bool tracing) override;
 
  private:
   GemmOpContext& op_;
@@ -194,7 +229,7 @@ class BaselineHost final : public GemmMethodImpl {
 class HostPlanMethod final : public GemmMethodImpl {
  public:
   HostPlanMethod(GemmOpContext& op, bool decomposed);
-  void run(const void* a, const void* bp, void* c, void* stream, bool tracing) override;
+  void run(int64_t m, const void* a, const void* bp, void* c, void* stream, bool tracing) override;
 
  private:
   GemmOpContext& op_;
@@ -207,10 +242,10 @@ class HostPlanMethod final : public GemmMethodImpl {
 class BaselineGpu final : public GemmMethodImpl {
  public:
   explicit BaselineGpu(GemmOpContext& op) : op_(op) {}
-  void run(const void* a, const void* bp, void* c, void* stream, bool tracing) override;
+  void run(int64_t m, const void* a, const void* bp, void* c, void* stream, bool tracing) override;
 
  private:
-  void gpu_baseline(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
+  void gpu_baseline(int64_t m, const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   GemmOpContext& op_;
 };
 // `decomposed` on GPUs (decomposed.cpp): per-chunk cuBLAS GEMMs on the caller's stream
@@ -225,7 +260,7 @@ class DecomposedGpu final : public GemmMethodImpl {
   ~DecomposedGpu() override;
   DecomposedGpu(const DecomposedGpu&) = delete;
   DecomposedGpu& operator=(const DecomposedGpu&) = delete;
-  void run(const void* a, const void* bp, void* c, void* stream, bool tracing) override;
+  void run(int64_t m, const void* a, const void* bp, void* c, void* stream, bool tracing) override;
   // gemm_rs: the heap offset of the staging slots [world][m_shard x N] (0 for other ops); the
   // fused method lands the peers' pieces there too.
   uint64_t staging() const { return rs_stage; }
@@ -291,7 +326,7 @@ class FusedGpu final : public GemmMethodImpl {
   ~FusedGpu() override;
   FusedGpu(const FusedGpu&) = delete;
   FusedGpu& operator=(const FusedGpu&) = delete;
-  void run(const void* a, const void* bp, void* c, void* stream, bool tracing) override;
+  void run(int64_t m, const void* a, const void* bp, void* c, void* stream, bool tracing) override;
 
  private:
   void setup(uint64_t rs_stage);  // the constructor's work

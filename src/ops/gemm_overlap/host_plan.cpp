@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "gemm_overlap_impl.hpp"
+#include "weft/core/error.hpp"
 
 namespace weft::ops::detail {
 
@@ -30,7 +31,8 @@ HostPlanMethod::HostPlanMethod(GemmOpContext& op, bool decomposed) : op_(op) {
       fmt::format("{}.{}.{}x{}x{}", to_string(cfg.op), decomposed ? "decomposed" : "fused", cfg.m, cfg.k, cfg.n));
 }
 
-void HostPlanMethod::run(const void* a, const void* bp, void* c, void* /*stream*/, bool tracing) {
+void HostPlanMethod::run(int64_t m, const void* a, const void* bp, void* c, void* /*stream*/, bool tracing) {
+  WEFT_CHECK(m == op_.cfg.m, "the plan executor runs its prepared M only");
   exec_->run(a, bp, c, tracing ? &op_.trace : nullptr);
 }
 
