@@ -59,7 +59,6 @@ struct TensorDesc {
 
 // A transfer that reads rows of the GEMM's output waits for the tiles that write them:
 // counters[src_rank * tiles_m + counter] on the executing rank >= epoch * threshold.
-using TransferTileWait = plan::CounterWait;  // counter: the row block
 
 // One record per tile or transfer (globaltimer ns).
 struct TraceRecord {
@@ -89,7 +88,7 @@ struct FusedArgs {
   int32_t num_transfers;
   const plan::WaitEntry* transfer_waits;
   const int32_t* tt_begin;  // num_transfers + 1 offsets into transfer_tile_waits
-  const TransferTileWait* transfer_tile_waits;
+  const plan::CounterWait* transfer_tile_waits;  // counter: the row block
   const int32_t* notify_begin;  // tiles_m + 1 offsets into notify_ranks
   const int32_t* notify_ranks;
   const int32_t* signal_producer;  // per lowered signal: the rank that bumps it (-1: several)

@@ -75,7 +75,7 @@ void FusedGpu::setup(uint64_t rs_stage) {
   A.num_transfers = static_cast<int32_t>(lr.transfers.size());
   A.transfer_waits = reinterpret_cast<const plan::WaitEntry*>(dp(3));
   A.tt_begin = reinterpret_cast<const int32_t*>(dp(4));
-  A.transfer_tile_waits = reinterpret_cast<const fused::TransferTileWait*>(dp(5));
+  A.transfer_tile_waits = reinterpret_cast<const plan::CounterWait*>(dp(5));
   A.notify_begin = reinterpret_cast<const int32_t*>(dp(6));
   A.notify_ranks = reinterpret_cast<const int32_t*>(dp(7));
   A.signal_producer = reinterpret_cast<const int32_t*>(dp(8));

@@ -65,7 +65,6 @@ struct GemmOverlap::Impl : detail::GemmOpContext {
   void setup_host();
   std::vector<GemmMethod> available() const;
   GemmMethod resolve(GemmMethod m) const;
-  void check_ptr(const void* p, const char* what, uint64_t bytes) const;
 #ifdef WEFT_HAVE_CUDA
   void setup_gpu();
 #endif
@@ -221,12 +220,6 @@ void GemmOverlap::Impl::setup_host() {
 
 GemmMethod GemmOverlap::Impl::resolve(GemmMethod m) const { return m == GemmMethod::kAuto ? autoc.method : m; }
 
-void GemmOverlap::Impl::check_ptr(const void* p, const char* what, uint64_t bytes) const {
-  WEFT_REQUIRE(p != nullptr, fmt::format("{}: {} is a null pointer", to_string(cfg.op), what));
-  WEFT_REQUIRE(reinterpret_cast<uintptr_t>(p) % 16 == 0,
-               fmt::format("{}: {} pointer {} is not 16-byte aligned ({} bytes)", to_string(cfg.op), what, p, bytes));
-}
-
 void GemmOverlap::Impl::dispatch(GemmMethod which, int64_t m, const void* a, const void* bp, void* c, void* stream,
                                  bool tracing) {
   detail::GemmMethodImpl* method = nullptr;
@@ -344,9 +337,9 @@ void GemmOverlap::run(const void* a, const void* b, void* c, const GemmRunOption
   const uint64_t a_bytes = static_cast<uint64_t>(a_rows(m) * I.a_cols) * I.eb;
   const uint64_t b_bytes = static_cast<uint64_t>(I.b_rows * I.b_cols) * I.eb;
   const uint64_t c_bytes = static_cast<uint64_t>(c_rows(m) * I.c_cols) * I.eb;
-  I.check_ptr(a, "A", a_bytes);
-  I.check_ptr(b, "B", b_bytes);
-  I.check_ptr(c, "C", c_bytes);
+  I.op.check_ptr(a, 16, "A");
+  I.op.check_ptr(b, 16, "B");
+  I.op.check_ptr(c, 16, "C");
   auto overlaps = [](const void* x, uint64_t nx, const void* y, uint64_t ny) {
     const auto p = reinterpret_cast<uintptr_t>(x), q = reinterpret_cast<uintptr_t>(y);
     return p < q + ny && q < p + nx;
@@ -371,9 +364,9 @@ void GemmOverlap::run(const void* a, const void* b, void* c, const GemmRunOption
 
 void GemmOverlap::run_gemm_only(const void* a, const void* b, void* c, void* stream, GemmAlone which) {
   Impl& I = state_->root();
-  I.check_ptr(a, "A", 0);
-  I.check_ptr(b, "B", 0);
-  I.check_ptr(c, "C", 0);
+  I.op.check_ptr(a, 16, "A");
+  I.op.check_ptr(b, 16, "B");
+  I.op.check_ptr(c, 16, "C");
   if (I.b.kind() == BackendKind::kHost) {
     const int64_t rows = I.cfg.m;
     if (I.cfg.op == GemmOp::kAgGemm) {
