@@ -19,10 +19,30 @@ struct SignalSlab {
   WEFT_HD uint64_t at(uint32_t i) const { return offset + 8ull * i; }
 };
 
+#if defined(__CUDA_ARCH__)
+// The GPU side of a failed wait: claims the error slot, prints (kPrint), traps. Out of line
+// where it prints (a printf is a call anyway): the spin loops that may reach it stay small.
+template <bool kPrint>
+__device__ __noinline__ void report_failed_wait(const DeviceCtx& c, ErrorSlot s) {
+  if (c.error && atomicCAS(&c.error->claimed, 0u, 1u) == 0u) {
+    *c.error = s;
+    __threadfence_system();
+  }
+  if (s.kind == static_cast<uint32_t>(WaitKind::kCapacity))
+    printf("weft: rank %d: all_to_all_v refused: rank %d would receive %llu elements, the output holds %llu\n", c.rank,
+           s.peer, (unsigned long long)s.observed, (unsigned long long)s.expected);
+  else
+    printf("weft: rank %d block %u thread %u timed out waiting for %s from rank %d: signal @%llu >= %llu, saw %llu\n",
+           c.rank, s.block, s.thread, s.kind == static_cast<uint32_t>(WaitKind::kBarrier) ? "barrier" : "signal",
+           s.peer, (unsigned long long)s.signal_off, (unsigned long long)s.expected, (unsigned long long)s.observed);
+  __trap();
+}
+#endif
+
 // Records the failed wait and stops: a trap on the GPU (the host reads the slot after the
-// launch fails), an exception on the host. kPrint = false leaves out the GPU's printf: any
-// call in a kernel makes ptxas serialise that kernel's every WGMMA (C7510), so WGMMA kernels
-// (weft's GEMM) report through the slot alone.
+// launch fails), an exception on the host. kPrint = false leaves out the GPU's printf and
+// keeps the report inline: any call in a kernel makes ptxas serialise that kernel's every
+// WGMMA (C7510), so WGMMA kernels (weft's GEMM) report through the slot alone.
 // `op` (an op_tag) and `chunk` name what the wait was for, where the caller knows it.
 template <bool kPrint = true>
 WEFT_HD void fail_wait(const DeviceCtx& c, WaitKind kind, int peer, uint64_t off, uint64_t expected, uint64_t observed,
@@ -31,20 +51,15 @@ WEFT_HD void fail_wait(const DeviceCtx& c, WaitKind kind, int peer, uint64_t off
 #if defined(__CUDA_ARCH__)
   s.block = blockIdx.x;
   s.thread = threadIdx.x;
-  if (c.error && atomicCAS(&c.error->claimed, 0u, 1u) == 0u) {
-    *c.error = s;
-    __threadfence_system();
-  }
   if constexpr (kPrint) {
-    if (kind == WaitKind::kCapacity)
-      printf("weft: rank %d: all_to_all_v refused: rank %d would receive %llu elements, the output holds %llu\n",
-             c.rank, peer, (unsigned long long)observed, (unsigned long long)expected);
-    else
-      printf("weft: rank %d block %u thread %u timed out waiting for %s from rank %d: signal @%llu >= %llu, saw %llu\n",
-             c.rank, s.block, s.thread, kind == WaitKind::kBarrier ? "barrier" : "signal", peer,
-             (unsigned long long)off, (unsigned long long)expected, (unsigned long long)observed);
+    report_failed_wait<true>(c, s);
+  } else {
+    if (c.error && atomicCAS(&c.error->claimed, 0u, 1u) == 0u) {
+      *c.error = s;
+      __threadfence_system();
+    }
+    __trap();
   }
-  __trap();
 #else
   if (c.error && __atomic_exchange_n(&c.error->claimed, 1u, __ATOMIC_ACQ_REL) == 0u) *c.error = s;
   raise_timeout(s, c.timeout_ns);

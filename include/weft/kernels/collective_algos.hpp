@@ -355,6 +355,7 @@ WEFT_HD bool ll_try(const uint64_t* line, uint32_t flag, uint64_t& data) {
 // Spins until the line carries `flag` (under the deadline); returns its data.
 WEFT_HD uint64_t ll_wait(const dev::DeviceCtx& c, const uint64_t* line, uint32_t flag, int from_peer, uint64_t off) {
   uint64_t data;
+  if (ll_try(line, flag, data)) return data;  // landed already: no clock read on the common path
   const uint64_t t0 = dev::now_ns();
   uint32_t spins = 0;
   while (!ll_try(line, flag, data)) {
@@ -611,11 +612,12 @@ WEFT_HD void all_reduce_ll128(Coop g, const dev::DeviceCtx& c, const Args& a, in
       } else {
         const uint64_t off = line_off(p, line);
         const uint64_t* src = c.local<const uint64_t>(off) + 2 * t;
-        const uint64_t t_start = dev::now_ns();
+        uint64_t t_start = 0;  // read at the first miss: no clock read where the line has landed
         for (uint32_t spins = 0;;) {
           if (act) ll128_load(src, v0, v1);
           const bool here = !act || t != 7 || v1 == e;
           if (__all_sync(0xffffffffu, __shfl_sync(0xffffffffu, here, lane | 7))) break;
+          if (spins == 0) t_start = dev::now_ns();
           dev::spin_pause(++spins);
           if ((spins & 63u) == 0u && dev::now_ns() - t_start > c.timeout_ns && t == 7 && !here)
             dev::fail_wait(c, dev::WaitKind::kSignal, p, off + 120, e, v1, dev::now_ns() - t_start);
