@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,37 @@
 #include "weft/core/error.hpp"
 
 namespace weft::plan {
+
+namespace {
+
+// CallCosts' keys in JSON, each with its field.
+constexpr std::pair<const char*, double CallCosts::*> kCallCostKeys[] = {
+    {"gemm_launch_us", &CallCosts::gemm_launch_us},
+    {"copy_us", &CallCosts::copy_us},
+    {"wait_us", &CallCosts::wait_us},
+    {"collective_us", &CallCosts::collective_us},
+    {"collective_world_exp", &CallCosts::collective_world_exp},
+    {"ag_piece_us", &CallCosts::ag_piece_us},
+    {"rs_piece_us", &CallCosts::rs_piece_us},
+    {"fused_gemm_efficiency", &CallCosts::fused_gemm_efficiency},
+    {"fused_us", &CallCosts::fused_us},
+    {"sm_all_reduce_efficiency", &CallCosts::sm_all_reduce_efficiency},
+    {"sm_all_reduce_us", &CallCosts::sm_all_reduce_us},
+};
+
+double* call_cost_field(CallCosts& c, std::string_view name) {
+  for (const auto& [key, field] : kCallCostKeys)
+    if (name == key) return &(c.*field);
+  return nullptr;
+}
+
+std::string call_cost_keys() {
+  std::string out;
+  for (const auto& [key, field] : kCallCostKeys) out += (out.empty() ? "" : ", ") + std::string(key);
+  return out;
+}
+
+}  // namespace
 
 DeviceConstants device_constants_from_json(std::string_view text, std::string_view source) {
   nlohmann::json j;
@@ -46,6 +78,21 @@ DeviceConstants device_constants_from_json(std::string_view text, std::string_vi
   d.cta_link_gbps = number("cta_link_gbps");
   d.cta_copy_gbps = number("cta_copy_gbps");
   d.cta_reduce_gbps = number("cta_reduce_gbps");
+  if (j.contains("call_costs")) {
+    const auto& c = j["call_costs"];
+    if (!c.is_object()) throw InvalidArgument(fmt::format("{}: 'call_costs' is not an object", source));
+    for (const auto& [name, v] : c.items()) {
+      double* field = call_cost_field(d.calls, name);
+      if (!field)
+        throw InvalidArgument(fmt::format("{}: call_costs.{}: unknown key ({})", source, name, call_cost_keys()));
+      // An efficiency divides a rate: > 0; a fixed cost or an exponent may be 0.
+      const bool positive = name.ends_with("_efficiency");
+      if (!v.is_number() || !(positive ? v.get<double>() > 0 : v.get<double>() >= 0))
+        throw InvalidArgument(
+            fmt::format("{}: call_costs.{} must be a number {} 0", source, name, positive ? ">" : ">="));
+      *field = v.get<double>();
+    }
+  }
   if (!j.contains("link_gbps") || !j["link_gbps"].is_object() || j["link_gbps"].empty())
     throw InvalidArgument(fmt::format("{}: missing key 'link_gbps' (an object: engine -> GB/s)", source));
   for (const auto& [name, v] : j["link_gbps"].items()) {
@@ -87,6 +134,9 @@ std::string device_constants_to_json(const DeviceConstants& d) {
   nlohmann::json links = nlohmann::json::object();
   for (const auto& [e, v] : d.link_gbps) links[std::string(to_string(e))] = v;
   j["link_gbps"] = links;
+  nlohmann::json calls = nlohmann::json::object();
+  for (const auto& [key, field] : kCallCostKeys) calls[key] = d.calls.*field;
+  j["call_costs"] = calls;
   return j.dump(2);
 }
 
@@ -108,6 +158,73 @@ DeviceConstants h200_constants() {
   d.cta_reduce_gbps = 40.73;
   return d;
 }
+
+// ---- the formulas ---------------------------------------------------------------------
+
+namespace {
+// A whole-GPU rate in bytes/us; SM-engine work on `ctas` > 0 CTAs runs at most ctas times the
+// per-CTA rate. Other engines (copy engine, NCCL, network) do not run on the op's CTAs.
+double rate(double whole_gbps, double per_cta_gbps, Engine e, int ctas) {
+  WEFT_REQUIRE(ctas >= 0, fmt::format("cost model: {} CTAs", ctas));
+  const bool on_ctas = ctas > 0 && per_cta_gbps > 0 && e == Engine::kSm;
+  return (on_ctas ? std::min(whole_gbps, ctas * per_cta_gbps) : whole_gbps) * 1e3;
+}
+}  // namespace
+
+double link_gbps(const DeviceConstants& d, Engine e) {
+  const auto bw = d.link_gbps.find(e);
+  WEFT_REQUIRE(bw != d.link_gbps.end(),
+               fmt::format("cost model: device '{}' has no bandwidth for engine {}", d.device, to_string(e)));
+  return bw->second;
+}
+
+double transfer_us(const DeviceConstants& d, Engine e, double bytes, int ctas) {
+  return bytes / rate(link_gbps(d, e), d.cta_link_gbps, e, ctas);
+}
+
+double local_copy_us(const DeviceConstants& d, Engine e, double bytes, int ctas) {
+  return 2 * bytes / rate(d.hbm_gbps, d.cta_copy_gbps, e, ctas);
+}
+
+double local_reduce_us(const DeviceConstants& d, Engine e, double bytes, int ctas) {
+  return 3 * bytes / rate(d.hbm_gbps, d.cta_reduce_gbps, e, ctas);
+}
+
+double reduce_rmw_us(const DeviceConstants& d, Engine e, double bytes, int ctas) {
+  return 2 * bytes / rate(d.hbm_gbps, d.cta_reduce_gbps, e, ctas);
+}
+
+double hbm_us(const DeviceConstants& d, double bytes) { return bytes / (d.hbm_gbps * 1e3); }
+
+double tile_us(const DeviceConstants& d, double rows, double cols, double k) {
+  // FLOP / (FLOP/us of one SM).
+  return 2 * rows * cols * k / (d.gemm_tflops * 1e6 / d.sm_count);
+}
+
+double gemm_us(const DeviceConstants& d, double rows, double cols, double k) {
+  return 2 * rows * cols * k / (d.gemm_tflops * 1e6) + d.calls.gemm_launch_us;
+}
+
+double copy_call_us(const DeviceConstants& d, double bytes) {
+  return transfer_us(d, Engine::kCopyEngine, bytes) + d.calls.copy_us;
+}
+
+double collective_us(const DeviceConstants& d, Collective c, int world, double bytes) {
+  if (world < 2) return 0;
+  const double w = world, f = (w - 1) / w;
+  const double bus = (c == Collective::kAllReduce ? 2 : 1) * f * bytes;
+  const double grow = std::pow(2 * f, d.calls.collective_world_exp);
+  return bus / (link_gbps(d, Engine::kNccl) * grow * 1e3) + d.calls.collective_us;
+}
+
+double sm_all_reduce_us(const DeviceConstants& d, int world, double bytes) {
+  if (world < 2) return 0;
+  const double f = (world - 1.0) / world;
+  return 2 * f * bytes / (link_gbps(d, Engine::kCopyEngine) * d.calls.sm_all_reduce_efficiency * 1e3) +
+         d.calls.sm_all_reduce_us;
+}
+
+// ---- the event simulation ---------------------------------------------------------------
 
 namespace {
 
@@ -148,12 +265,6 @@ Prediction simulate(const CommPlan& plan, const TileSchedule& s, const Lowered& 
   constexpr int kEngines = 5;
   // Resource ids: rank * (kEngines + 1) + engine; the last slot of each rank is its HBM.
   auto resource_of = [&](int rank, int engine) { return rank * (kEngines + 1) + engine; };
-  // Bandwidths in bytes/us. SM-engine work runs on opt.ctas CTAs: at most that many times the
-  // per-CTA rate. Other engines (copy engine, NCCL, network) do not run on the op's CTAs.
-  auto capped = [&](double whole_gbps, double per_cta_gbps, int engine) {
-    const bool on_ctas = opt.ctas > 0 && per_cta_gbps > 0 && engine == static_cast<int>(Engine::kSm);
-    return (on_ctas ? std::min(whole_gbps, opt.ctas * per_cta_gbps) : whole_gbps) * 1e3;
-  };
   // Everything starts after the launch (and, with an entry barrier, after the peers' entry flags).
   const double t0 = dev.launch_us + (opt.entry_barrier ? dev.signal_latency_us : 0.0);
   std::vector<double> resource_free(static_cast<size_t>(W) * (kEngines + 1), t0);
@@ -171,21 +282,18 @@ Prediction simulate(const CommPlan& plan, const TileSchedule& s, const Lowered& 
       const double bytes = static_cast<double>(d.rows) * static_cast<double>(d.cols) *
                            plan.tensors[static_cast<size_t>(d.src_tensor)].elem_bytes;
       const bool reduce = d.kind == static_cast<int32_t>(Kind::kReduce);
-      const double copy_bw = capped(dev.hbm_gbps, dev.cta_copy_gbps, d.engine);
-      const double reduce_bw = capped(dev.hbm_gbps, dev.cta_reduce_gbps, d.engine);
+      const auto engine = static_cast<Engine>(d.engine);
       Item it{r, false, static_cast<int>(k), {}, 0, 0};
       if (d.src_rank == d.dst_rank) {
-        // Copy: read + write; reduce (dst += src): read both, write dst.
-        it.dur_us = reduce ? 3 * bytes / reduce_bw : 2 * bytes / copy_bw;
+        it.dur_us = reduce ? local_reduce_us(dev, engine, bytes, opt.ctas) : local_copy_us(dev, engine, bytes, opt.ctas);
         it.resource = resource_of(r, kEngines);
       } else {
-        const auto bw = dev.link_gbps.find(static_cast<Engine>(d.engine));
-        WEFT_REQUIRE(bw != dev.link_gbps.end(),
+        WEFT_REQUIRE(dev.link_gbps.count(engine),
                      fmt::format("simulate: chunk {} uses engine {}, which device '{}' has no bandwidth for", d.chunk,
-                                 to_string(static_cast<Engine>(d.engine)), dev.device));
-        it.dur_us = bytes / capped(bw->second, dev.cta_link_gbps, d.engine);
+                                 to_string(engine), dev.device));
+        it.dur_us = transfer_us(dev, engine, bytes, opt.ctas);
         // A remote reduce also reads and writes its destination; both stream at once.
-        if (reduce) it.dur_us = std::max(it.dur_us, 2 * bytes / reduce_bw);
+        if (reduce) it.dur_us = std::max(it.dur_us, reduce_rmw_us(dev, engine, bytes, opt.ctas));
         it.resource = resource_of(r, d.engine);
         it.writes_remote = d.dst_rank != r;
       }
@@ -201,14 +309,11 @@ Prediction simulate(const CommPlan& plan, const TileSchedule& s, const Lowered& 
     }
     Pool& tiles = pools[static_cast<size_t>(W + r)];
     tiles.workers = opt.tile_workers > 0 ? opt.tile_workers : dev.sm_count;
-    // One worker is one SM at its share of the GEMM rate: FLOP / (FLOP/us per SM).
-    const double flops_per_us_per_sm = dev.gemm_tflops * 1e6 / dev.sm_count;
     for (size_t k = 0; k < lr.tiles.size(); ++k) {
       const TileEntry& e = lr.tiles[k];
       const double rows = static_cast<double>(std::min(s.tile_rows, s.rows - int64_t{e.m} * s.tile_rows));
       const double cols = static_cast<double>(std::min(s.tile_cols, s.cols - int64_t{e.n} * s.tile_cols));
-      Item it{r, true, static_cast<int>(k), {}, 2 * rows * cols * static_cast<double>(opt.gemm_k) / flops_per_us_per_sm,
-              -1};
+      Item it{r, true, static_cast<int>(k), {}, tile_us(dev, rows, cols, static_cast<double>(opt.gemm_k)), -1};
       for (int j = 0; j < e.wait_count; ++j) {
         const WaitEntry& w = lr.tile_waits[static_cast<size_t>(e.wait_begin + j)];
         it.waits.emplace_back(w.signal, w.threshold);

@@ -91,6 +91,23 @@ TEST(Cli, PlanFromAFileWithAMissingChunkIsRejected) {
   run(std::string("rm -rf ") + dir);
 }
 
+// `weft plan --op`: the GEMM op's methods as auto predicts them (ops::predict_overlap, the same
+// model and constants as the plan simulation); the choices are GemmOverlapModel's pinned ones.
+TEST(Cli, PlanPredictsAGemmOpAsAutoDoes) {
+  const std::string c = std::string(" --constants ") + WEFT_SOURCE_TREE + "/bench/constants/h200x2.json";
+  auto r = run(kWeft + " plan --op gemm_rs --m 2048 --k 4096 --n 4096 --world 8" + c);
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("gemm_rs 2048x4096x4096 (M x K x N, bf16) on 8 ranks"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("auto: baseline"), std::string::npos) << r.out;
+  r = run(kWeft + " plan --op gemm_rs --m 8192 --k 14336 --n 8192 --world 2" + c);
+  EXPECT_NE(r.out.find("(1 chunks, fold: gather)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("auto: decomposed"), std::string::npos) << r.out;
+  r = run(kWeft + " plan --op ag_gemm --m 4096 --k 8192 --n 8192 --world 2 --chunks 4" + c);
+  EXPECT_NE(r.out.find("(4 chunks)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fused"), std::string::npos) << r.out;
+  EXPECT_NE(run(kWeft + " plan --op ag_gemm --world 2").status, 0);  // no shape
+}
+
 TEST(Cli, SimulatePredictsALargerCluster) {
   auto r = run(kWeft + " simulate --collective all_reduce --algo ring --nodes 4 --gpus 8 --bytes 16777216");
   EXPECT_EQ(r.status, 0) << r.out;

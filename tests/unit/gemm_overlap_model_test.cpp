@@ -1,5 +1,5 @@
-// The cost model of GemmOverlap's auto (include/weft/ops/gemm_overlap_model.hpp) against the
-// choices measured on H200s: at each point pinned here the model picks the method that was
+// GemmOverlap's auto (include/weft/ops/gemm_overlap_model.hpp: the plan cost model's formulas
+// stepped through each method) against the choices measured on H200s: at each point pinned here the model picks the method that was
 // fastest (or within 2% of it) in the measured runs on 2, 4 and 8 GPUs that docs/gemm_overlap.md
 // lists (the model's check against them). A recalibration that breaks one of these must say why
 // there.
@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 namespace weft::ops {
@@ -116,6 +117,47 @@ TEST(GemmOverlapModel, FixedChunksAndNoFused) {
   EXPECT_EQ(predict_overlap({GemmOp::kGemmRs, 2, 4096, 8192, 8192, 2}, d, RsFold::kLt).fused_us, 0);
   // One rank: nothing to overlap, the GEMM alone (baseline).
   EXPECT_EQ(predict_overlap({GemmOp::kGemmRs, 1, 4096, 8192, 8192, 2}, d, RsFold::kNone).choice, GemmMethod::kBaseline);
+}
+
+// No formulas of its own: every term is the plan cost model's (include/weft/plan/cost.hpp),
+// so a constant changed there moves the ops' predictions by exactly its share.
+TEST(GemmOverlapModel, UsesThePlanCostModelsFormulas) {
+  const auto d = h200x2();
+  using plan::Collective;
+  const double m = 4096, n = 8192, k = 8192, eb = 2;
+  // Baseline: NCCL's collective and the library GEMM, as the plan cost model times them.
+  EXPECT_DOUBLE_EQ(predict_overlap({GemmOp::kAgGemm, 2, 4096, 8192, 8192, 2}, d, RsFold::kNone).baseline_us,
+                   plan::collective_us(d, Collective::kAllGather, 2, m * k * eb) + plan::gemm_us(d, m, n, k));
+  EXPECT_DOUBLE_EQ(predict_overlap({GemmOp::kGemmRs, 4, 4096, 8192, 8192, 2}, d, RsFold::kNone).baseline_us,
+                   plan::gemm_us(d, m, n, k / 4) + plan::collective_us(d, Collective::kReduceScatter, 4, m * n * eb));
+  EXPECT_DOUBLE_EQ(predict_overlap({GemmOp::kGemmAr, 8, 4096, 8192, 8192, 2}, d, RsFold::kNone).baseline_us,
+                   plan::gemm_us(d, m, n, k / 8) + plan::collective_us(d, Collective::kAllReduce, 8, m * n * eb));
+  // Decomposed ag_gemm, 2 ranks, one chunk: the own shard's GEMM, then the peer's shard once its
+  // copy and signal are in (or after the own GEMM, whichever is later), its GEMM and the
+  // per-piece cost.
+  const double own = plan::gemm_us(d, m / 2, n, k);
+  const double arrive = plan::copy_call_us(d, m / 2 * k * eb) + d.signal_latency_us + d.calls.wait_us;
+  EXPECT_DOUBLE_EQ(predict_overlap({GemmOp::kAgGemm, 2, 4096, 8192, 8192, 2}, d, RsFold::kNone, 1).decomposed_us,
+                   std::max(own, arrive) + own + d.calls.ag_piece_us);
+  // A fixed cost changed in the device constants moves every prediction that pays it.
+  plan::DeviceConstants slow = d;
+  slow.calls.collective_us += 5;
+  slow.calls.gemm_launch_us += 1;
+  for (GemmOp op : {GemmOp::kAgGemm, GemmOp::kGemmRs, GemmOp::kGemmAr}) {
+    const OverlapModelInput in{op, 4, 4096, 8192, 8192, 2};
+    EXPECT_DOUBLE_EQ(predict_overlap(in, slow, RsFold::kNone).baseline_us,
+                     predict_overlap(in, d, RsFold::kNone).baseline_us + 6)
+        << to_string(op);
+  }
+  // So does a bandwidth: the copy engine's (decomposed's copies; the simulation's copy-engine
+  // transfers read the same constant).
+  slow = d;
+  slow.link_gbps[plan::Engine::kCopyEngine] /= 20;  // the peer's shard now arrives after the own GEMM
+  const OverlapModelInput ag{GemmOp::kAgGemm, 2, 4096, 8192, 8192, 2};
+  EXPECT_GT(predict_overlap(ag, slow, RsFold::kNone, 1).decomposed_us,
+            predict_overlap(ag, d, RsFold::kNone, 1).decomposed_us);
+  EXPECT_DOUBLE_EQ(plan::transfer_us(slow, plan::Engine::kCopyEngine, 1e6),
+                   20 * plan::transfer_us(d, plan::Engine::kCopyEngine, 1e6));
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
-// The cost model: device constants from JSON and the event simulation, checked against
-// values worked out by hand from the model's formulas.
+// The cost model: device constants from JSON, the formulas and the event simulation, checked
+// against values worked out by hand.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -39,7 +40,8 @@ DeviceConstants toy() {
   return d;
 }
 
-// A complete constants file with `key` replaced by `value` (or dropped when value is empty).
+// A complete constants file with `key` replaced by `value` (or dropped when value is empty;
+// added when it is not one of the required keys).
 std::string constants_with(const std::string& key, const std::string& value) {
   const std::pair<std::string, std::string> keys[] = {
       {"device", "\"x\""},      {"gemm_tflops", "1"},         {"hbm_gbps", "1"},
@@ -47,11 +49,14 @@ std::string constants_with(const std::string& key, const std::string& value) {
       {"write_ack_us", "1"},    {"cta_link_gbps", "1"},       {"cta_copy_gbps", "1"},
       {"cta_reduce_gbps", "1"}, {"link_gbps", R"({"sm": 1})"}};
   std::string text = "{";
+  bool replaced = false;
   for (const auto& [k, v] : keys) {
+    replaced |= k == key;
     const std::string& val = k == key ? value : v;
     if (val.empty()) continue;
     text += (text.size() > 1 ? ", \"" : "\"") + k + "\": " + val;
   }
+  if (!replaced && !key.empty()) text += ", \"" + key + "\": " + value;  // an optional key
   return text + "}";
 }
 
@@ -103,6 +108,67 @@ TEST(PlanCost, LoaderRejectsMissingOrBadNewKeys) {
   EXPECT_EQ(json_error(constants_with("cta_link_gbps", "0")), "dev.json: 'cta_link_gbps' is 0 (need > 0)");
   EXPECT_EQ(json_error(constants_with("cta_copy_gbps", "-43")), "dev.json: 'cta_copy_gbps' is -43 (need > 0)");
   EXPECT_EQ(json_error(constants_with("cta_reduce_gbps", "0")), "dev.json: 'cta_reduce_gbps' is 0 (need > 0)");
+}
+
+TEST(PlanCost, CallCostsAreOptionalInJson) {
+  // Left out: the defaults (the H200 fit). Given: any subset, each key checked.
+  EXPECT_EQ(device_constants_from_json(constants_with("", "")).calls, CallCosts{});
+  const DeviceConstants d =
+      device_constants_from_json(constants_with("call_costs", R"({"gemm_launch_us": 3, "collective_world_exp": 0})"));
+  EXPECT_EQ(d.calls.gemm_launch_us, 3);
+  EXPECT_EQ(d.calls.collective_world_exp, 0);
+  EXPECT_EQ(d.calls.copy_us, CallCosts{}.copy_us);
+  EXPECT_EQ(json_error(constants_with("call_costs", "1")), "dev.json: 'call_costs' is not an object");
+  EXPECT_EQ(json_error(constants_with("call_costs", R"({"copy_us": -1})")),
+            "dev.json: call_costs.copy_us must be a number >= 0");
+  EXPECT_EQ(json_error(constants_with("call_costs", R"({"fused_gemm_efficiency": 0})")),
+            "dev.json: call_costs.fused_gemm_efficiency must be a number > 0");
+  EXPECT_EQ(json_error(constants_with("call_costs", R"({"launch_us": 1})")).rfind(
+                "dev.json: call_costs.launch_us: unknown key (gemm_launch_us, copy_us, ", 0),
+            0u);
+  // Written out and read back with every key.
+  DeviceConstants w = toy();
+  w.cta_link_gbps = w.cta_copy_gbps = w.cta_reduce_gbps = 1;
+  w.calls.rs_piece_us = 1.25;
+  w.calls.sm_all_reduce_efficiency = 0.5;
+  EXPECT_EQ(device_constants_from_json(device_constants_to_json(w)).calls, w.calls);
+}
+
+// The formulas the simulation and the ops' predictions (ops::predict_overlap) share.
+TEST(PlanCost, FormulasWorkedOutByHand) {
+  DeviceConstants d = toy();  // 1e8 FLOP/us, 10 SMs, HBM 1e6 B/us, sm link 1e5 B/us
+  d.link_gbps[Engine::kCopyEngine] = 200;  // 2e5 B/us
+  d.link_gbps[Engine::kNccl] = 50;         // 5e4 B/us
+  d.cta_link_gbps = 10;
+  d.calls = CallCosts{};
+  d.calls.gemm_launch_us = 4;
+  d.calls.copy_us = 2;
+  d.calls.collective_us = 12;
+  d.calls.collective_world_exp = 0.5;
+  d.calls.sm_all_reduce_efficiency = 0.5;
+  d.calls.sm_all_reduce_us = 8;
+  EXPECT_NEAR(link_gbps(d, Engine::kNccl), 50, 0);
+  EXPECT_THROW(link_gbps(d, Engine::kNet), weft::InvalidArgument);
+  EXPECT_NEAR(transfer_us(d, Engine::kSm, 1e5), 1.0, 1e-12);
+  EXPECT_NEAR(transfer_us(d, Engine::kSm, 1e5, 2), 5.0, 1e-12);          // 2 CTAs: 2e4 B/us
+  EXPECT_NEAR(transfer_us(d, Engine::kCopyEngine, 1e5, 2), 0.5, 1e-12);  // not on the CTAs
+  EXPECT_NEAR(local_copy_us(d, Engine::kSm, 1e6), 2.0, 1e-12);
+  EXPECT_NEAR(local_reduce_us(d, Engine::kSm, 1e6), 3.0, 1e-12);
+  EXPECT_NEAR(hbm_us(d, 1e6), 1.0, 1e-12);
+  // 2*100*100*1000 = 2e7 FLOP: 0.2 us on the GPU (+ 4 us launch), 2 us on one SM.
+  EXPECT_NEAR(tile_us(d, 100, 100, 1000), 2.0, 1e-12);
+  EXPECT_NEAR(gemm_us(d, 100, 100, 1000), 4.2, 1e-12);
+  EXPECT_NEAR(copy_call_us(d, 2e5), 3.0, 1e-12);
+  // NCCL on 4 ranks: bus bytes 3/4 of 1e6 (twice for an all-reduce) at 5e4 B/us x (1.5)^0.5.
+  const double grow = std::sqrt(1.5);
+  EXPECT_NEAR(collective_us(d, Collective::kAllGather, 4, 1e6), 0.75e6 / (5e4 * grow) + 12, 1e-9);
+  EXPECT_NEAR(collective_us(d, Collective::kReduceScatter, 4, 1e6), 0.75e6 / (5e4 * grow) + 12, 1e-9);
+  EXPECT_NEAR(collective_us(d, Collective::kAllReduce, 4, 1e6), 1.5e6 / (5e4 * grow) + 12, 1e-9);
+  EXPECT_NEAR(collective_us(d, Collective::kAllReduce, 2, 1e6), 1e6 / 5e4 + 12, 1e-9);  // 2(W-1)/W = 1
+  EXPECT_EQ(collective_us(d, Collective::kAllReduce, 1, 1e6), 0);
+  // weft's all-reduce beside a GEMM: 2 * 1/2 * 1e6 B at half the copy engine's 2e5 B/us, + 8.
+  EXPECT_NEAR(sm_all_reduce_us(d, 2, 1e6), 10.0 + 8, 1e-9);
+  EXPECT_EQ(sm_all_reduce_us(d, 1, 1e6), 0);
 }
 
 TEST(PlanCost, AllGatherGemmTimesWorkedOutByHand) {
@@ -279,6 +345,7 @@ TEST(PlanCost, CompiledConstantsEqualTheJsonFile) {
   EXPECT_EQ(built.cta_link_gbps, file.cta_link_gbps);
   EXPECT_EQ(built.cta_copy_gbps, file.cta_copy_gbps);
   EXPECT_EQ(built.cta_reduce_gbps, file.cta_reduce_gbps);
+  EXPECT_EQ(built.calls, file.calls);
   // Every field above: the JSON writer names them all.
   EXPECT_EQ(device_constants_to_json(built), device_constants_to_json(file));
 }

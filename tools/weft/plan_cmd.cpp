@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "weft/core/error.hpp"
+#include "weft/ops/gemm_overlap_model.hpp"
 #include "weft/plan/cost.hpp"
 #include "weft/plan/schedule.hpp"
 #include "weft/plan/templates.hpp"
@@ -34,6 +35,10 @@ struct PlanOptions {
   std::string constants;                       // empty: bench/constants/h200x2.json here or in the source tree
   std::string trace;                           // Chrome-trace JSON of the simulated timeline
   bool print = false;
+  // plan --op: the GEMM op's methods as auto predicts them (global M x K x N, like the bench)
+  std::string gemm_op;
+  int64_t m = 0, k = 0, n = 0;
+  int chunks = 0;  // 0: the model's best
   // simulate
   int nodes = 1, gpus = 2;
   double link_gbps = 0, net_gbps = 50;
@@ -115,7 +120,30 @@ void write_trace(const std::string& path, const plan::Prediction& pr) {
   std::cout << "wrote " << path << " (open in Perfetto; tools/plot_timeline.py draws a PNG)\n";
 }
 
+// The GEMM op's methods predicted by the model GemmOverlap's auto uses (ops::predict_overlap,
+// on the same formulas and constants as the plan simulation), with the fold and chunk count
+// auto would take where weft's sm_90a GEMM and stream memory operations are available.
+int run_gemm_op(const PlanOptions& o) {
+  WEFT_REQUIRE(o.m > 0 && o.k > 0 && o.n > 0, "--op needs --m, --k and --n (the global GEMM shape)");
+  const ops::OverlapModelInput in{ops::parse_gemm_op(o.gemm_op), o.world, o.m, o.n, o.k, 2};
+  const plan::DeviceConstants dev = constants(o);
+  const ops::RsFold fold = ops::default_rs_fold(in, dev, /*weft_fold_ok=*/true);
+  const ops::OverlapPrediction p = ops::predict_overlap(in, dev, fold, o.chunks);
+  static constexpr const char* kFolds[] = {"reduce pass", "weft", "lt", "gather"};
+  std::cout << fmt::format("{} {}x{}x{} (M x K x N, bf16) on {} ranks, predicted on {}:\n", o.gemm_op, o.m, o.k, o.n,
+                           o.world, dev.device);
+  std::cout << fmt::format("  baseline   {:10.1f} us\n", p.baseline_us);
+  std::cout << fmt::format("  decomposed {:10.1f} us ({} chunks{})\n", p.decomposed_us, p.chunks,
+                           in.op == ops::GemmOp::kGemmRs && o.world > 1
+                               ? fmt::format(", fold: {}", kFolds[static_cast<int>(fold)])
+                               : std::string());
+  if (p.fused_us > 0) std::cout << fmt::format("  fused      {:10.1f} us\n", p.fused_us);
+  std::cout << fmt::format("auto: {}\n", ops::to_string(p.choice));
+  return 0;
+}
+
 int run_plan(const PlanOptions& o) {
+  if (!o.gemm_op.empty()) return run_gemm_op(o);
   const plan::CommPlan p = build_plan(o, o.world, o.rows);
   if (o.print) std::cout << plan::print_plan(p);
   plan::VerifyOptions vo;
@@ -216,6 +244,13 @@ std::function<int()> add_plan_commands(CLI::App& app) {
   plan->add_option("--world", o->world, "ranks");
   plan->add_option("--file", o->file, "a hand-written plan (docs/plan.md) instead of a template");
   plan->add_flag("--print", o->print, "print the plan in the text format");
+  plan->add_option("--op", o->gemm_op,
+                   "ag_gemm, gemm_rs or gemm_ar: predict the op's methods as auto does (with --m, --k, --n, "
+                   "--world; no plan is built)");
+  plan->add_option("--m", o->m, "--op: global M");
+  plan->add_option("--k", o->k, "--op: global K");
+  plan->add_option("--n", o->n, "--op: global N");
+  plan->add_option("--chunks", o->chunks, "--op: decomposed's chunk count (0: the model's best)");
   auto* sim = app.add_subcommand("simulate", "Predict a collective on a cluster of nodes x GPUs");
   add_common(sim, *o);
   sim->add_option("--nodes", o->nodes, "nodes");

@@ -1,11 +1,12 @@
-// The cost model behind GemmOverlap's `auto` (docs/gemm_overlap.md, "auto"): per method a
-// predicted time for one call of ag_gemm / gemm_rs / gemm_ar on `world` GPUs of one node, from
-// the device constants (bench/constants/*.json, plan::DeviceConstants). Deliberately small and
-// written out: one GEMM at the measured rate plus a launch; copies at the copy engine's
-// bandwidth; NCCL at 0.66x of it, growing with the world as 2(W-1)/W to the power 0.44; a flag
-// latency per chunk and a fixed cost per peer piece; the decomposed pipelines are stepped
-// through piece by piece. Calibrated against 2-, 4- and 8-GPU runs on H200s
-// (bench/results/model-20261122/: its Python copy, model_check.py, must match this file).
+// GemmOverlap's `auto` (docs/gemm_overlap.md, "auto"): per method a predicted time for one call
+// of ag_gemm / gemm_rs / gemm_ar on `world` GPUs of one node. No formulas of its own: every
+// term (a library GEMM, a copy-engine copy, an NCCL collective, weft's all-reduce, a reduce
+// pass through HBM, the calls' fixed costs) is the plan cost model's (include/weft/plan/cost.hpp,
+// the one model, which `weft plan` and `weft simulate` run too), from the device constants
+// (bench/constants/*.json, plan::DeviceConstants). Baseline: the NCCL collective and the GEMM,
+// one after the other; decomposed: its pipeline stepped through piece by piece; fused ag_gemm:
+// the GEMM with its communication hidden. Calibrated against 2-, 4- and 8-GPU runs on H200s
+// (docs/gemm_overlap.md; tests/unit/gemm_overlap_model_test.cpp pins the choices).
 #pragma once
 #include <cstdint>
 
