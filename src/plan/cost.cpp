@@ -311,7 +311,8 @@ Prediction simulate(const CommPlan& plan, const TileSchedule& s, const Lowered& 
     tiles.workers = opt.tile_workers > 0 ? opt.tile_workers : dev.sm_count;
     for (size_t k = 0; k < lr.tiles.size(); ++k) {
       const TileEntry& e = lr.tiles[k];
-      const double rows = static_cast<double>(std::min(s.tile_rows, s.rows - int64_t{e.m} * s.tile_rows));
+      const auto [r0, r1] = s.block_rows(e.m);
+      const double rows = static_cast<double>(r1 - r0);
       const double cols = static_cast<double>(std::min(s.tile_cols, s.cols - int64_t{e.n} * s.tile_cols));
       Item it{r, true, static_cast<int>(k), {}, tile_us(dev, rows, cols, static_cast<double>(opt.gemm_k)), -1};
       for (int j = 0; j < e.wait_count; ++j) {

@@ -139,7 +139,8 @@ void HostExecutor::check_tables() {
                            schedule_.world, lowered_.ranks.size()));
   const int sched_tensor = plan_.tensor_id(schedule_.tensor);
   WEFT_REQUIRE(sched_tensor >= 0 && schedule_.rows == plan_.tensors[static_cast<size_t>(sched_tensor)].rows &&
-                   schedule_.cols >= 1 && schedule_.tile_rows >= 1 && schedule_.tile_cols >= 1,
+                   schedule_.cols >= 1 && schedule_.tile_rows >= 1 && schedule_.tile_cols >= 1 &&
+                   schedule_.band_rows >= 0,
                fmt::format("{}: the schedule's tensor '{}' ({} rows, {}x{} tiles of {}x{}) does not fit the plan", who,
                            schedule_.tensor, schedule_.rows, schedule_.rows, schedule_.cols, schedule_.tile_rows,
                            schedule_.tile_cols));
@@ -326,7 +327,7 @@ void HostExecutor::run_tile(const dev::DeviceCtx& c, const TileEntry& t, int64_t
   if (team.rank() == 0) wait_signals(c, lr.tile_waits, t.wait_begin, t.wait_count, epoch);
   team.sync();
   const TileSchedule& s = schedule_;
-  const int64_t r0 = int64_t{t.m} * s.tile_rows, r1 = std::min(s.rows, r0 + s.tile_rows);
+  const auto [r0, r1] = s.block_rows(t.m);
   const int64_t c0 = int64_t{t.n} * s.tile_cols, c1 = std::min(s.cols, c0 + s.tile_cols);
   const auto [a, b] = share(r0, r1, team.rank(), team.size());
   if (a < b) fn(t, a, b, c0, c1);

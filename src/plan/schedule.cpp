@@ -29,10 +29,7 @@ std::unordered_map<int64_t, Where> index_chunks(const CommPlan& p) {
   return ix;
 }
 
-std::pair<int64_t, int64_t> block_rows(const TileSchedule& s, int m) {
-  const int64_t a = int64_t{m} * s.tile_rows;
-  return {a, std::min(s.rows, a + s.tile_rows)};
-}
+std::pair<int64_t, int64_t> block_rows(const TileSchedule& s, int m) { return s.block_rows(m); }
 
 // Chunks that write rows of tensor t on rank r, and the rows they write.
 std::vector<const Transfer*> writers(const CommPlan& p, int t, int r) {
@@ -46,15 +43,46 @@ std::vector<const Transfer*> writers(const CommPlan& p, int t, int r) {
 std::string tile_name(const Tile& t, int r) { return fmt::format("tile ({},{}) on rank {}", t.m, t.n, r); }
 
 void check_geometry(const TileSchedule& s) {
-  WEFT_REQUIRE(s.rows >= 1 && s.cols >= 1 && s.tile_rows >= 1 && s.tile_cols >= 1,
-               fmt::format("tile schedule: grid {}x{} in tiles {}x{} (need positive)", s.rows, s.cols, s.tile_rows,
-                           s.tile_cols));
+  WEFT_REQUIRE(s.rows >= 1 && s.cols >= 1 && s.tile_rows >= 1 && s.tile_cols >= 1 && s.band_rows >= 0,
+               fmt::format("tile schedule: grid {}x{} in tiles {}x{}, bands of {} rows (need positive; bands >= 0)",
+                           s.rows, s.cols, s.tile_rows, s.tile_cols, s.band_rows));
+}
+
+// Bands that change nothing (one band, or bands that are whole row blocks) are stored as 0,
+// so equal grids compare equal and keep their closed form.
+int64_t effective_band(int64_t band_rows, int64_t rows, int64_t tile_rows) {
+  return band_rows <= 0 || band_rows >= rows || band_rows % tile_rows == 0 ? 0 : band_rows;
 }
 
 }  // namespace
 
+int TileSchedule::tiles_m() const {
+  if (tile_rows < 1) return 0;
+  if (band_rows <= 0) return static_cast<int>((rows + tile_rows - 1) / tile_rows);
+  const int64_t per_band = (band_rows + tile_rows - 1) / tile_rows;
+  const int64_t rest = rows % band_rows;
+  return static_cast<int>(rows / band_rows * per_band + (rest + tile_rows - 1) / tile_rows);
+}
+
+std::pair<int64_t, int64_t> TileSchedule::block_rows(int m) const {
+  if (band_rows <= 0) {
+    const int64_t a = int64_t{m} * tile_rows;
+    return {a, std::min(rows, a + tile_rows)};
+  }
+  const int64_t per_band = (band_rows + tile_rows - 1) / tile_rows;
+  const int64_t band0 = m / per_band * band_rows;
+  const int64_t a = band0 + m % per_band * tile_rows;
+  return {a, std::min({rows, band0 + band_rows, a + tile_rows})};
+}
+
+int TileSchedule::block_of(int64_t row) const {
+  if (band_rows <= 0) return static_cast<int>(row / tile_rows);
+  const int64_t per_band = (band_rows + tile_rows - 1) / tile_rows;
+  return static_cast<int>(row / band_rows * per_band + row % band_rows / tile_rows);
+}
+
 TileSchedule gemm_schedule(const CommPlan& plan, const std::string& tensor, int64_t cols, int64_t tile_rows,
-                           int64_t tile_cols) {
+                           int64_t tile_cols, int64_t band_rows) {
   const int t = plan.tensor_id(tensor);
   WEFT_REQUIRE(t >= 0, fmt::format("tile schedule: plan {} has no tensor '{}'", plan.name, tensor));
   TileSchedule s;
@@ -64,7 +92,9 @@ TileSchedule gemm_schedule(const CommPlan& plan, const std::string& tensor, int6
   s.cols = cols;
   s.tile_rows = tile_rows;
   s.tile_cols = tile_cols;
+  s.band_rows = band_rows;
   check_geometry(s);
+  s.band_rows = effective_band(band_rows, s.rows, tile_rows);
   s.order.resize(static_cast<size_t>(plan.world));
   for (auto& o : s.order)
     for (int m = 0; m < s.tiles_m(); ++m)
@@ -201,8 +231,9 @@ VerifyResult verify_schedule(const CommPlan& plan, const TileSchedule& s, const 
   if (s.world != plan.world || s.order.size() != static_cast<size_t>(plan.world) ||
       plan.queues.size() != static_cast<size_t>(plan.world))
     add(fmt::format("the schedule is for {} ranks, plan {} for {}", s.order.size(), plan.name, plan.world));
-  if (s.rows < 1 || s.cols < 1 || s.tile_rows < 1 || s.tile_cols < 1)
-    add(fmt::format("grid {}x{} in tiles {}x{} (need positive)", s.rows, s.cols, s.tile_rows, s.tile_cols));
+  if (s.rows < 1 || s.cols < 1 || s.tile_rows < 1 || s.tile_cols < 1 || s.band_rows < 0)
+    add(fmt::format("grid {}x{} in tiles {}x{}, bands of {} rows (need positive; bands >= 0)", s.rows, s.cols,
+                    s.tile_rows, s.tile_cols, s.band_rows));
   else if (t >= 0 && plan.tensors[static_cast<size_t>(t)].rows != s.rows)
     add(fmt::format("the schedule has {} rows, tensor '{}' {}", s.rows, s.tensor,
                     plan.tensors[static_cast<size_t>(t)].rows));
@@ -334,6 +365,7 @@ std::pair<int, int> ClosedForm::waits_of(int m, int64_t rows) const {
 namespace {
 
 std::optional<ClosedForm> find_closed_form(const TileSchedule& s, const Lowered& L, const CommPlan& plan, int t) {
+  if (s.band_rows != 0) return std::nullopt;  // the formula has uniform row blocks
   ClosedForm f;
   f.tiles_m = s.tiles_m();
   f.tiles_n = s.tiles_n();
@@ -402,8 +434,8 @@ void lower_dependencies(const CommPlan& plan, const TileSchedule& s, int t, Lowe
     lr.counter_wait_begin.push_back(0);
     for (const TransferDesc& d : lr.transfers) {
       if (s.tiles_write && d.src_tensor == t && d.rows > 0) {
-        const int m0 = static_cast<int>(d.src_row / s.tile_rows);
-        const int m1 = std::min(static_cast<int>((d.src_row + d.rows - 1) / s.tile_rows), s.tiles_m() - 1);
+        const int m0 = s.block_of(d.src_row);
+        const int m1 = std::min(s.block_of(d.src_row + d.rows - 1), s.tiles_m() - 1);
         std::set<int> cs;
         for (int m = m0; m <= m1; ++m)
           for (int c : covering[static_cast<size_t>(d.src_rank)][static_cast<size_t>(m)]) cs.insert(c);

@@ -136,7 +136,8 @@ CommPlan all_gather(AllGatherAlgo algo, int world, int64_t rows, int64_t cols, T
 
 CommPlan reduce_scatter(ReduceScatterAlgo algo, int world, int64_t rows, int64_t cols, TemplateOptions opt) {
   check_shape("reduce_scatter", world, rows, cols, opt);
-  PlanBuilder b(algo == ReduceScatterAlgo::kDirect ? "reduce_scatter.direct" : "reduce_scatter.ring", world);
+  const char* names[] = {"reduce_scatter.direct", "reduce_scatter.ring", "reduce_scatter.staged"};
+  PlanBuilder b(names[static_cast<int>(algo)], world);
   const int in = b.add_tensor(make_tensor("in", int64_t{world} * rows, cols, Role::kInput, opt));
   const int out = b.add_tensor(make_tensor("out", rows, cols, Role::kOutput, opt, /*sum=*/true));
   Emitter emit{b, opt.engine};
@@ -146,6 +147,40 @@ CommPlan reduce_scatter(ReduceScatterAlgo algo, int world, int64_t rows, int64_t
   if (algo == ReduceScatterAlgo::kDirect) {
     for (int r = 0; r < world; ++r) pull_reduce_chain(emit, world, r, in, shard(r), out, rows_of(0, rows, cols), local);
     return split_chunks(b.finish(), opt.splits);
+  }
+
+  if (algo == ReduceScatterAlgo::kStaged) {
+    // Built in pieces here (not by split_chunks): the owner's reduce of piece j waits for
+    // piece j of every slot, and its queue runs piece by piece.
+    const int stage = b.add_tensor(make_tensor("stage", int64_t{world} * rows, cols, Role::kScratch, opt));
+    const auto pieces = split_range(0, rows, opt.splits);
+    auto piece = [&](int64_t base, size_t j) {
+      return rows_of(base + pieces[j].first, base + pieces[j].second, cols);
+    };
+    // into[p][q * pieces + j]: the chunk that lands q's piece j in p's slot q.
+    std::vector<std::vector<int64_t>> into(static_cast<size_t>(world),
+                                           std::vector<int64_t>(static_cast<size_t>(world) * pieces.size(), -1));
+    for (int q = 0; q < world; ++q)
+      for (int d = 0; d < world; ++d) {  // d == 0 last: the own slot, by a local copy
+        const int p = d == world - 1 ? q : mod(q + d + 1, world);
+        for (size_t j = 0; j < pieces.size(); ++j)
+          into[static_cast<size_t>(p)][static_cast<size_t>(q) * pieces.size() + j] =
+              p == q ? emit(q, Kind::kCopy, {q, in, piece(q * rows, j)}, {q, stage, piece(q * rows, j)}, {}, q, local)
+                     : emit(q, Kind::kPush, {q, in, piece(p * rows, j)}, {p, stage, piece(q * rows, j)}, {}, p);
+      }
+    // The sums are an SM's work (a copy engine does not add): the owner's chain on kSm.
+    for (int r = 0; r < world; ++r)
+      for (size_t j = 0; j < pieces.size(); ++j) {
+        const auto& slot = into[static_cast<size_t>(r)];
+        int64_t prev = emit(r, Kind::kCopy, {r, stage, piece(r * rows, j)}, {r, out, piece(0, j)},
+                            {slot[static_cast<size_t>(r) * pieces.size() + j]}, r, Engine::kSm);
+        for (int d = 1; d < world; ++d) {
+          const int q = mod(r + d, world);
+          prev = emit(r, Kind::kReduce, {r, stage, piece(q * rows, j)}, {r, out, piece(0, j)},
+                      {prev, slot[static_cast<size_t>(q) * pieces.size() + j]}, r, Engine::kSm);
+        }
+      }
+    return b.finish();
   }
 
   const int acc = b.add_tensor(make_tensor("acc", int64_t{world} * rows, cols, Role::kScratch, opt));

@@ -65,7 +65,7 @@ std::vector<Shape> shapes_for(int w) {
 
 std::vector<std::string> algos_for(GemmOp op) {
   if (op == GemmOp::kAgGemm) return {"direct", "ring", "bidir"};
-  if (op == GemmOp::kGemmRs) return {"direct", "ring"};
+  if (op == GemmOp::kGemmRs) return {"direct", "ring", "staged"};
   return {"two-shot", "one-shot", "ring"};
 }
 
@@ -160,7 +160,7 @@ TEST(GemmOverlapHostErrors, ShapesAndPointersAreRefusedClearly) {
     expect(config({GemmOp::kAgGemm, 12, 16, 0}), "every dimension must be at least 1");
     expect(config({GemmOp::kAgGemm, 12, 16, 8}, dev::DType::kF32), "dtype f32 (GEMM ops take bf16 or f16 inputs)");
     expect(config({GemmOp::kGemmRs, 12, 48, 8}, dev::DType::kBF16, BLayout::kNK, 2, "bidir"),
-           "gemm_rs: unknown plan algo 'bidir' (expected direct, ring)");
+           "gemm_rs: unknown plan algo 'bidir' (expected direct, ring, staged)");
     expect(config({GemmOp::kAgGemm, 12, 16, 8}, dev::DType::kBF16, BLayout::kNK, -1), "-1 chunks");
 
     GemmOverlap op(*b, config({GemmOp::kAgGemm, 12, 16, 8}));
@@ -289,13 +289,30 @@ TEST(GemmOverlapHostGpuTables, TheGpuMethodsTablesRunExactlyOnTheHost) {
                                                                                     16 * world, 200}}) {
         const GemmOverlapConfig cfg = config(sh, dev::DType::kBF16, BLayout::kNK, 3);
         GemmOverlap op(*b, cfg);  // for the shapes, inputs and reference
-        std::vector<std::pair<std::string, detail::OpPlanParams>> plans = {
-            {"fused", detail::fused_plan_params(cfg, world, op.a_cols(), op.chunks())}};
-        if (sh.op == GemmOp::kAgGemm)
-          plans.push_back(
-              {"decomposed", detail::decomposed_plan_params(cfg, world, op.a_cols(), op.chunks(), op.a_rows())});
+        // gemm_rs decomposed: m_shard is the shard's rows, C's (a_rows() is all of M there).
+        const int64_t m_shard = sh.op == GemmOp::kAgGemm ? op.a_rows() : op.c_rows();
+        const std::vector<std::pair<std::string, detail::OpPlanParams>> plans = {
+            {"fused", detail::fused_plan_params(cfg, world, op.a_cols(), op.chunks())},
+            {"decomposed", detail::decomposed_plan_params(cfg, world, op.a_cols(), op.chunks(), m_shard)}};
         for (const auto& [name, params] : plans) {
-          detail::HostGemmExec exec(*b, detail::build_op_plan(params), cfg.dtype, cfg.b_layout, op.a_cols(), 1, 1,
+          detail::OpPlan plan = detail::build_op_plan(params);
+          if (sh.op == GemmOp::kGemmRs && name == "decomposed") {
+            // What the GPU method reads of these tables (rs_decomposed_tables, at its setup)
+            // fits every rank's: the pieces (3 chunks: 87 + 87 + 86 rows of a 260-row shard,
+            // the tiles of its band), a push of each to each peer, the sums' waits.
+            for (int r = 0; r < world; ++r) {
+              const detail::RsDecomposedTables t = detail::rs_decomposed_tables(plan, r, m_shard);
+              WEFT_CHECK(t.pieces.size() == 3 && t.pieces[1].r0 == 87 && t.pieces[2].r1 == 260 &&
+                             t.pushes.size() == static_cast<size_t>(3 * (world - 1)) &&
+                             t.own_tiles_begin == 3 * (world - 1) && t.pushes.back().tiles_end == t.own_tiles_begin,
+                         fmt::format("rank {}: {} pieces, {} pushes, own tiles from {}", r, t.pieces.size(),
+                                     t.pushes.size(), t.own_tiles_begin));
+              for (const auto& pc : t.pieces)
+                WEFT_CHECK(pc.waits.size() == static_cast<size_t>(world - 1),
+                           fmt::format("rank {}: rows [{},{}) wait for {} pushes", r, pc.r0, pc.r1, pc.waits.size()));
+            }
+          }
+          detail::HostGemmExec exec(*b, std::move(plan), cfg.dtype, cfg.b_layout, op.a_cols(), 1, 1,
                                     fmt::format("gpu-tables.{}.{}", to_string(cfg.op), name));
           Inputs in(static_cast<size_t>(op.a_rows() * op.a_cols()), static_cast<size_t>(op.b_rows() * op.b_cols()));
           Buf out(static_cast<size_t>(op.c_rows() * op.c_cols()));

@@ -289,3 +289,51 @@ TEST(PlanLowering, TileWrittenRowsAndOutputs) {
   SCOPED_TRACE("all-reduce two-shot");
   check_tile_written_lowering(all_reduce(AllReduceAlgo::kTwoShot, 2, 8, 8), true);
 }
+
+// Bands (TileSchedule::band_rows): the staged reduce-scatter on 3 ranks, 5 rows per shard in
+// 2 pieces (3 + 2 rows). With bands of 5 rows the GEMM's row blocks are the pieces of each
+// shard, so each push waits for exactly its piece's tile; uniform blocks of 3 rows would
+// straddle the shards' edges.
+TEST(PlanSchedule, BandsKeepTilesInsideShards) {
+  const CommPlan p = reduce_scatter(ReduceScatterAlgo::kStaged, 3, 5, 4, {.splits = 2});
+  ASSERT_TRUE(verify(p, {.workers_per_rank = 1}).ok) << verify(p).text();
+  TileSchedule s = gemm_schedule(p, "in", 4, 3, 4, 5);
+  EXPECT_EQ(s.band_rows, 5);
+  ASSERT_EQ(s.tiles_m(), 6);
+  const std::vector<std::pair<int64_t, int64_t>> want{{0, 3}, {3, 5}, {5, 8}, {8, 10}, {10, 13}, {13, 15}};
+  for (int m = 0; m < 6; ++m) {
+    EXPECT_EQ(s.block_rows(m), want[static_cast<size_t>(m)]) << "row block " << m;
+    for (int64_t r = want[static_cast<size_t>(m)].first; r < want[static_cast<size_t>(m)].second; ++r)
+      EXPECT_EQ(s.block_of(r), m) << "row " << r;
+  }
+  EXPECT_EQ(gemm_schedule(p, "in", 4, 3, 4).tiles_m(), 5);
+  EXPECT_EQ(gemm_schedule(p, "in", 4, 3, 4).block_rows(1), std::make_pair(int64_t{3}, int64_t{6}));
+  // Bands that change nothing are stored as 0 (equal grids compare equal).
+  EXPECT_EQ(gemm_schedule(p, "in", 4, 5, 4, 5).band_rows, 0);
+  EXPECT_EQ(gemm_schedule(p, "in", 4, 3, 4, 15).band_rows, 0);
+  EXPECT_THROW(gemm_schedule(p, "in", 4, 3, 4, -1), weft::InvalidArgument);
+
+  s.tiles_write = true;
+  const VerifyResult v = verify_schedule(p, s, {.comm_workers = 1, .tile_workers = 1});
+  EXPECT_TRUE(v.ok) << v.text();
+  const Lowered L = lower(p, s);
+  EXPECT_FALSE(L.closed.has_value());
+  const int in = p.tensor_id("in");
+  for (int r = 0; r < 3; ++r) {
+    const LoweredRank& lr = L.ranks[static_cast<size_t>(r)];
+    int reads = 0;
+    for (size_t i = 0; i < lr.transfers.size(); ++i) {
+      const TransferDesc& d = lr.transfers[i];
+      if (d.src_tensor != in) continue;
+      ++reads;
+      ASSERT_EQ(lr.counter_wait_begin[i + 1] - lr.counter_wait_begin[i], 1) << "rank " << r << " chunk " << d.chunk;
+      const CounterWait& w = lr.counter_waits[static_cast<size_t>(lr.counter_wait_begin[i])];
+      EXPECT_EQ(w.rank, r);
+      EXPECT_EQ(s.block_rows(w.counter), std::make_pair(d.src_row, d.src_row + d.rows)) << "chunk " << d.chunk;
+    }
+    EXPECT_EQ(reads, 6);  // 2 pieces to each of the 2 peers and into the own slot
+  }
+  TileSchedule bad = s;
+  bad.band_rows = -1;
+  EXPECT_FALSE(verify_schedule(p, bad).ok);
+}

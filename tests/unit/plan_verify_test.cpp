@@ -39,6 +39,8 @@ std::vector<Case> all_templates() {
        [](int w, int64_t r, TemplateOptions o) { return reduce_scatter(ReduceScatterAlgo::kDirect, w, r, 3, o); }},
       {"rs.ring",
        [](int w, int64_t r, TemplateOptions o) { return reduce_scatter(ReduceScatterAlgo::kRing, w, r, 3, o); }},
+      {"rs.staged",
+       [](int w, int64_t r, TemplateOptions o) { return reduce_scatter(ReduceScatterAlgo::kStaged, w, r, 3, o); }},
       {"ar.one_shot",
        [](int w, int64_t r, TemplateOptions o) { return all_reduce(AllReduceAlgo::kOneShot, w, r, 3, o); }},
       {"ar.two_shot",
@@ -79,7 +81,7 @@ TEST(PlanTemplates, EveryTemplateVerifiesForWorldSizes1To8) {
           }
           ++checked;
         }
-  EXPECT_EQ(checked, 10 * 8 * 3 * 4);
+  EXPECT_EQ(checked, 11 * 8 * 3 * 4);
 }
 
 TEST(PlanTemplates, ChunkCountsAreExact) {

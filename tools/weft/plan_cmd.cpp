@@ -64,9 +64,10 @@ plan::CommPlan build_plan(const PlanOptions& o, int world, int64_t rows) {
     return plan::all_gather(algo, world, rows, o.cols, t);
   }
   if (o.collective == "reduce_scatter") {
-    auto algo = a == "direct" ? plan::ReduceScatterAlgo::kDirect
-                : a == "ring" ? plan::ReduceScatterAlgo::kRing
-                              : throw InvalidArgument("reduce_scatter --algo: direct or ring, not '" + a + "'");
+    auto algo = a == "direct"   ? plan::ReduceScatterAlgo::kDirect
+                : a == "ring"   ? plan::ReduceScatterAlgo::kRing
+                : a == "staged" ? plan::ReduceScatterAlgo::kStaged
+                                : throw InvalidArgument("reduce_scatter --algo: direct, ring or staged, not '" + a + "'");
     return plan::reduce_scatter(algo, world, rows, o.cols, t);
   }
   if (o.collective == "all_reduce") {
@@ -216,7 +217,7 @@ int run_simulate(PlanOptions o) {
 void add_common(CLI::App* c, PlanOptions& o) {
   c->add_option("--collective", o.collective, "all_gather, reduce_scatter, all_reduce, all_to_all");
   c->add_option("--algo", o.algo,
-                "direct, ring, bidir (all_gather); direct, ring (reduce_scatter); one-shot, "
+                "direct, ring, bidir (all_gather); direct, ring, staged (reduce_scatter); one-shot, "
                 "two-shot, ring (all_reduce)");
   c->add_option("--rows", o.rows, "rows per rank");
   c->add_option("--cols", o.cols, "columns (elements of 2 bytes)");

@@ -71,9 +71,10 @@ struct GemmOverlapConfig {
   BLayout b_layout = BLayout::kNK;
   // Chunks per peer shard for `decomposed` (and the plan's splits). 0: the cost model picks.
   int chunks = 0;
-  // Plan template: all-gather direct | ring | bidir; reduce-scatter direct | ring; all-reduce
-  // one-shot | two-shot | ring. Empty: direct, direct, two-shot. The host plan executor runs
-  // any of them; the GPU decomposed method uses the direct shapes (docs/gemm_overlap.md).
+  // Plan template: all-gather direct | ring | bidir; reduce-scatter direct | ring | staged;
+  // all-reduce one-shot | two-shot | ring. Empty: direct, direct, two-shot. The host plan
+  // executor runs any of them; decomposed gemm_rs runs the staged plan whatever this says
+  // (on both backends), the GPU decomposed method the direct shapes (docs/gemm_overlap.md).
   std::string algo;
   // Tile of the host `fused` executor (rows x cols of C); 0: 8 x 16.
   int64_t tile_rows = 0, tile_cols = 0;

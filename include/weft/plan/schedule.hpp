@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "weft/plan/plan.hpp"
@@ -42,6 +43,12 @@ struct TileSchedule {
   int64_t cols = 0;    // output columns (N); 1-D grids: any, tiles_n == 1
   int64_t tile_rows = 1;
   int64_t tile_cols = 1;
+  // Rows are cut into bands of band_rows (0: one band of all rows), and each band into row
+  // blocks of tile_rows, the band's last block shorter when tile_rows does not divide it: no
+  // tile straddles a band's edge. A reduce-scatter GEMM's bands are the owners' shards, so a
+  // tile's rows go to one owner and its tiles are the chunks the transfers move (the split
+  // of each shard by split_range). gemm_schedule stores 0 where the bands change nothing.
+  int64_t band_rows = 0;
   // order[r]: rank r's tiles, in the order its workers take them. Every tile once per rank.
   std::vector<std::vector<Tile>> order;
   // counters[c]: notifies counter c receives per epoch on every rank.
@@ -51,15 +58,19 @@ struct TileSchedule {
   // transfers that read those rows wait for the tiles' counters (LoweredRank::counter_waits).
   bool tiles_write = false;
 
-  int tiles_m() const { return static_cast<int>((rows + tile_rows - 1) / tile_rows); }
+  int tiles_m() const;
   int tiles_n() const { return static_cast<int>((cols + tile_cols - 1) / tile_cols); }
+  // Rows [r0, r1) of row block m (0 <= m < tiles_m()), and the row block holding `row`.
+  std::pair<int64_t, int64_t> block_rows(int m) const;
+  int block_of(int64_t row) const;
   bool operator==(const TileSchedule&) const = default;
 };
 
 // A GEMM output grid rows x cols in tiles of tile_rows x tile_cols, row-major order on every
 // rank, with waits attached from `plan` for `tensor`. Tile (m, n) notifies counter m.
+// band_rows > 0: row blocks restart at every multiple of band_rows (TileSchedule::band_rows).
 TileSchedule gemm_schedule(const CommPlan& plan, const std::string& tensor, int64_t cols, int64_t tile_rows,
-                           int64_t tile_cols);
+                           int64_t tile_cols, int64_t band_rows = 0);
 // A 1-D grid (GEMV-like): row blocks of tile_rows.
 TileSchedule row_schedule(const CommPlan& plan, const std::string& tensor, int64_t tile_rows);
 

@@ -5,7 +5,13 @@
 //   all-gather      in [rows x cols]          -> out [world*rows x cols]; out rows
 //                   [q*rows, (q+1)*rows) on every rank = in of rank q.
 //   reduce-scatter  in [world*rows x cols]    -> out [rows x cols]; out on rank r = sum over
-//                   ranks of in rows [r*rows, (r+1)*rows).
+//                   ranks of in rows [r*rows, (r+1)*rows). Staged adds a scratch tensor
+//                   stage [world*rows x cols]: rank q pushes its rows for owner p into p's
+//                   slot q (stage rows [q*rows, (q+1)*rows)), its own rows into its own slot
+//                   by a local copy; then each owner sums its slots into out, piece by piece
+//                   (a copy of its own slot, then a reduce of each peer's slot, chained).
+//                   Pushes go to the other ranks in rotated order (rank q: q+1, q+2, ...),
+//                   each in `splits` pieces; the GPU decomposed gemm_rs runs these tables.
 //   all-reduce      in [rows x cols]          -> out [rows x cols] = sum over ranks of in.
 //                   Two-shot and ring cut rows into `world` shards of ceil(rows/world) rows
 //                   (the last shards shorter or empty when rows does not divide).
@@ -25,7 +31,7 @@
 namespace weft::plan {
 
 enum class AllGatherAlgo { kDirect, kRing, kBidirectionalRing };
-enum class ReduceScatterAlgo { kDirect, kRing };
+enum class ReduceScatterAlgo { kDirect, kRing, kStaged };
 enum class AllReduceAlgo { kOneShot, kTwoShot, kRing };
 
 struct TemplateOptions {

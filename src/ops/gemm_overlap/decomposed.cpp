@@ -68,8 +68,17 @@ void DecomposedGpu::setup() {
     ag_own_in_place = !forwards && !straddles;
   } else if (cfg.op == GemmOp::kGemmRs) {
     rs_stage = op_.data_buffer(static_cast<size_t>(world) * m_shard * cfg.n * eb, "decomposed.staging");
-    rs_signals = heap.alloc_signals(static_cast<uint32_t>(world * chunks), tag + ".decomposed.signals");
-    ev_piece.resize(static_cast<size_t>(std::max(1, world - 1) * chunks));
+    // The staged reduce-scatter's tables (decomposed_plan_params, shared with the host's
+    // decomposed method and tests): its pushes, tiles, signals and the owner's sums. (The
+    // gathered-inputs fold, a different algorithm, is hand-written: gather_rs.)
+    rs = detail::build_op_plan(detail::decomposed_plan_params(cfg, world, k_local, chunks, m_shard));
+    rs_tables = detail::rs_decomposed_tables(rs, rank, m_shard);
+    const plan::Tensor& st = rs.plan.tensors[static_cast<size_t>(rs.plan.tensor_id("stage"))];
+    WEFT_CHECK(st.rows == world * m_shard && st.cols == cfg.n,
+               fmt::format("gemm_rs decomposed: plan {}'s staging is {}x{}", rs.plan.name, st.rows, st.cols));
+    rs_signals = heap.alloc_signals(static_cast<uint32_t>(rs.lowered.max_signals()), tag + ".decomposed.signals");
+    // One per push of the plan (a record after its GEMMs); gather_rs: one per column piece.
+    ev_piece.resize(std::max(rs_tables.pushes.size(), static_cast<size_t>(chunks)));
     if (rs_fold == RsFold::kLt || rs_fold == RsFold::kGather) {
       ev_recv.resize(static_cast<size_t>(chunks));
       for (auto& e : ev_recv) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -98,20 +107,19 @@ void DecomposedGpu::setup() {
       for (auto& e : ev_out) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
     if (rs_fold == RsFold::kWeft) {  // (never with SM copies: choose_rs_fold)
-      // Per M-block of the own block: wait for piece j of every peer q (signal q * chunks + j
-      // >= the call count) for each piece j its rows overlap.
+      // Per M-block of the own block: for each piece its rows overlap, the waits of the plan's
+      // sum of that piece (the peers' pushes of it; thresholds times the call count).
       std::vector<int32_t> begin{0}, idx, from;
       std::vector<uint64_t> val;
       for (int mb = 0; mb < kernels::gemm_tiles_m(static_cast<int>(m_shard)); ++mb) {
         const int64_t r0 = int64_t{mb} * kernels::kGemmTileM, r1 = std::min(m_shard, r0 + kernels::kGemmTileM);
-        for (size_t j = 0; j < pieces.size(); ++j)
-          if (pieces[j].first < r1 && pieces[j].second > r0)
-            for (int q = 0; q < world; ++q)
-              if (q != rank) {
-                idx.push_back(q * chunks + static_cast<int>(j));
-                val.push_back(1);
-                from.push_back(q);
-              }
+        for (const auto& pc : rs_tables.pieces)
+          if (pc.r0 < r1 && pc.r1 > r0)
+            for (size_t k = 0; k < pc.waits.size(); ++k) {
+              idx.push_back(pc.waits[k].signal);
+              val.push_back(static_cast<uint64_t>(pc.waits[k].threshold));
+              from.push_back(pc.producers[k]);
+            }
         begin.push_back(static_cast<int32_t>(idx.size()));
       }
       TableBlob blob;
@@ -185,6 +193,14 @@ void DecomposedGpu::memop_guard(cudaStream_t s) {
   }
 }
 
+std::vector<std::tuple<int, uint64_t, int64_t>> DecomposedGpu::piece_waits(size_t j) const {
+  const detail::RsDecomposedTables::Piece& pc = rs_tables.pieces[j];
+  std::vector<std::tuple<int, uint64_t, int64_t>> waits;
+  for (size_t k = 0; k < pc.waits.size(); ++k)
+    waits.emplace_back(pc.producers[k], rs_signals.at(static_cast<uint32_t>(pc.waits[k].signal)), pc.waits[k].threshold);
+  return waits;
+}
+
 void DecomposedGpu::gpu_decomposed(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
   const GemmOverlapConfig& cfg = op_.cfg;
   const int world = op_.world;
@@ -192,7 +208,6 @@ void DecomposedGpu::gpu_decomposed(const void* a, const void* bp, void* c, cudaS
   const size_t eb = op_.eb;
   const int64_t k_local = op_.k_local;
   const int64_t m_shard = op_.m_shard;
-  const int chunks = op_.chunks;
   const RsFold rs_fold = op_.rs_fold;
   const dev::DeviceCtx& ctx = op_.b.ctx();
   const int64_t N = cfg.n;
@@ -296,56 +311,69 @@ void DecomposedGpu::gpu_decomposed(const void* a, const void* bp, void* c, cudaS
     } else if (rs_fold == RsFold::kGather) {
       gather_rs(a, bp, c, s, tracing);
     } else {
-      // gemm_rs: partial products for the other ranks first (rotated by rank), each chunk
-      // copied into its owner's staging slot `rank` as soon as it is computed. Then this
-      // rank's own block: RsFold::kWeft, one launch of weft's GEMM that waits per M-block for
-      // the peers' pieces and adds them in its epilogue, straight into C; RsFold::kLt (2
-      // ranks), per piece a wait for the peer's piece, then cuBLASLt's D = A B + that piece
-      // into C; else the own block into its own slot, then the owner sums the slots (a reduce
-      // pass).
+      // gemm_rs: the staged plan's tables (rs_decomposed_tables): the pushes in issue order,
+      // each after the GEMM tiles its counter waits name (partial rows for the owner, in the
+      // op's scratch: the plan's "in"), copied into the owner's staging slot `rank` and
+      // signalled. The plan rotates owners by rank and computes the other ranks' rows first.
+      // Then this rank's own block, whose sum consumes the plan's reduce entries (their waits):
+      // RsFold::kWeft, one launch of weft's GEMM that waits per M-block for the peers' pieces
+      // and adds them in its epilogue, straight into C; RsFold::kLt (2 ranks), per piece a wait
+      // for the peer's piece, then cuBLASLt's D = A B + that piece into C; else the own block
+      // into its own slot (the plan's local copy of it left out), then the owner sums the
+      // slots (a reduce pass).
+      const plan::LoweredRank& lr = rs.lowered.ranks[static_cast<size_t>(rank)];
+      const plan::TileSchedule& sch = rs.schedule;
       char* stage_local = ctx.peer_base[rank] + rs_stage;
       const uint64_t slot_bytes = static_cast<uint64_t>(m_shard * N) * eb;
-      size_t ev = 0;
-      for (int d = 1; d < world; ++d) {
-        const int p = (rank + d) % world;
-        for (size_t j = 0; j < pieces.size(); ++j, ++ev) {
-          const auto [r0, r1] = pieces[j];
-          const int64_t g0 = p * m_shard + r0;
-          const uint64_t sig_off = rs_signals.at(static_cast<uint32_t>(rank * chunks + static_cast<int>(j)));
-          char* owner_slot = ctx.peer_base[p] + rs_stage + slot_bytes * static_cast<uint64_t>(rank) +
-                             static_cast<uint64_t>(r0 * N) * eb;
-          size_t x = op_.mark(s, TraceKind::kTile, static_cast<int64_t>(ev), 0, "compute stream",
-                              fmt::format("gemm rows [{},{}) for rank {}", g0, g0 + (r1 - r0), p), tracing);
-          op_.gemm(s, at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp,
-                   at(op_.scratch, static_cast<uint64_t>(g0 * N) * eb), r1 - r0, k_local, 0, N,
-                   GemmOpContext::Blas::kLt);
-          op_.mark_end(x, s, tracing);
-          WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[ev], s));
-          WEFT_CUDA_CHECK(cudaStreamWaitEvent(cs, ev_piece[ev], 0));
-          x = op_.mark(cs, TraceKind::kChunk, static_cast<int64_t>(ev), 1, op_.engine_name(),
-                       fmt::format("partial rows [{},{}) -> rank {}", g0, g0 + (r1 - r0), p), tracing);
-          const size_t bytes = static_cast<size_t>((r1 - r0) * N) * eb;
-          op_.copy2d(owner_slot, bytes, at(op_.scratch, static_cast<uint64_t>(g0 * N) * eb), bytes, bytes, 1, cs);
-          op_.mark_end(x, cs, tracing);
-          // The signal by the copy engine where it takes peer pointers: no SM needed while a
-          // GEMM holds them all (the peer's folded GEMM -- always so for weft's fold, whose
-          // GEMM waits for it holding every SM; this rank's own block, before the reduce pass).
-          if (rs_fold == RsFold::kWeft || !op_.sm_copies)
-            op_.put_count(p, sig_off, cs);
-          else
-            op_.signal(p, sig_off, 1, cs);
-          if (rs_fold == RsFold::kLt) {
-            // The wait for the peer's piece j on this stream, after this rank's own piece j
-            // went out (the peer's is due about then: a short spin), the compute stream
-            // joining it by an event: between the compute stream's cuBLAS GEMMs only the
-            // launch gap stays, not a wait kernel (docs/gemm_overlap.md, cuBLASLt fold). (The
-            // reduce pass meets its waits inside the reduce kernel, below.)
-            op_.wait_list(cs, {{p, rs_signals.at(static_cast<uint32_t>(p * chunks + static_cast<int>(j))), 1}});
-            WEFT_CUDA_CHECK(cudaEventRecord(ev_recv[j], cs));
+      // pushes_left[j]: this rank's pushes of piece j still to go (kLt waits after the last).
+      std::vector<int> pushes_left(rs_tables.pieces.size(), 0);
+      for (const auto& x : rs_tables.pushes) ++pushes_left[static_cast<size_t>(x.piece)];
+      int32_t tile = 0;
+      for (size_t i = 0; i < rs_tables.pushes.size(); ++i) {
+        const detail::RsDecomposedTables::Push& x = rs_tables.pushes[i];
+        const plan::TransferDesc& d = lr.transfers[static_cast<size_t>(x.transfer)];
+        const int p = d.dst_rank;
+        if (tile < x.tiles_end) {
+          for (; tile < x.tiles_end; ++tile) {
+            const auto [g0, g1] = sch.block_rows(lr.tiles[static_cast<size_t>(tile)].m);
+            size_t mk = op_.mark(s, TraceKind::kTile, tile, 0, "compute stream",
+                                 fmt::format("gemm rows [{},{}) for rank {}", g0, g1, g0 / m_shard), tracing);
+            op_.gemm(s, at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp,
+                     at(op_.scratch, static_cast<uint64_t>(g0 * N) * eb), g1 - g0, k_local, 0, N,
+                     GemmOpContext::Blas::kLt);
+            op_.mark_end(mk, s, tracing);
           }
+          WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[i], s));
+          WEFT_CUDA_CHECK(cudaStreamWaitEvent(cs, ev_piece[i], 0));
+        }
+        size_t mk = op_.mark(cs, TraceKind::kChunk, d.chunk, 1, op_.engine_name(),
+                             fmt::format("partial rows [{},{}) -> rank {}", d.src_row, d.src_row + d.rows, p), tracing);
+        const size_t bytes = static_cast<size_t>(d.rows * N) * eb;  // whole rows: one block
+        op_.copy2d(ctx.peer_base[p] + rs_stage + static_cast<uint64_t>(d.dst_row * N) * eb, bytes,
+                   at(op_.scratch, static_cast<uint64_t>(d.src_row * N) * eb), bytes, bytes, 1, cs);
+        op_.mark_end(mk, cs, tracing);
+        // The signal by the copy engine where it takes peer pointers: no SM needed while a
+        // GEMM holds them all (the peer's folded GEMM -- always so for weft's fold, whose
+        // GEMM waits for it holding every SM; this rank's own block, before the reduce pass).
+        // A copy of the call count stands for the plan's +1 (its increment and total are 1:
+        // rs_decomposed_tables).
+        const uint64_t sig_off = rs_signals.at(static_cast<uint32_t>(d.signal));
+        if (rs_fold == RsFold::kWeft || !op_.sm_copies)
+          op_.put_count(p, sig_off, cs);
+        else
+          op_.signal(p, sig_off, static_cast<uint64_t>(d.increment), cs);
+        if (rs_fold == RsFold::kLt && --pushes_left[static_cast<size_t>(x.piece)] == 0) {
+          // The wait for the peers' piece j on this stream, after this rank's own piece j
+          // went out (the peer's is due about then: a short spin), the compute stream
+          // joining it by an event: between the compute stream's cuBLAS GEMMs only the
+          // launch gap stays, not a wait kernel (docs/gemm_overlap.md, cuBLASLt fold). (The
+          // reduce pass meets its waits inside the reduce kernel, below.)
+          op_.wait_list(cs, piece_waits(static_cast<size_t>(x.piece)));
+          WEFT_CUDA_CHECK(cudaEventRecord(ev_recv[static_cast<size_t>(x.piece)], cs));
         }
       }
       const int64_t g0 = rank * m_shard;
+      const int64_t own_id = rs_tables.own_tiles_begin;  // trace ids of the own block's work
       if (rs_fold == RsFold::kWeft) {
         kernels::GemmArgs ga = op_.weft_gemm_args(at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp, c, m_shard);
         for (int q = 0; q < world; ++q)
@@ -354,7 +382,7 @@ void DecomposedGpu::gpu_decomposed(const void* a, const void* bp, void* c, cudaS
         // Row blocks in piece order (a raster group per piece, <= 16 blocks), so the first
         // waves need the first pieces only.
         ga.group_m = static_cast<int>(std::clamp<int64_t>(
-            ceil_div(ceil_div(m_shard, static_cast<int64_t>(pieces.size())), kernels::kGemmTileM), 1, 16));
+            ceil_div(ceil_div(m_shard, static_cast<int64_t>(rs_tables.pieces.size())), kernels::kGemmTileM), 1, 16));
         kernels::GemmHooks h = rs_fold_hooks;
         h.ctx = ctx;
         h.op = dev::op_tag("gemm_rs");  // named by a timeout
@@ -365,16 +393,16 @@ void DecomposedGpu::gpu_decomposed(const void* a, const void* bp, void* c, cudaS
         // Not before this rank's epoch barrier has run: the peers' pushes wait for it, and
         // this GEMM, waiting for them, holds every SM.
         WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_guard, 0));
-        size_t x = op_.mark(s, TraceKind::kTile, static_cast<int64_t>(ev), 0, "compute stream",
+        size_t x = op_.mark(s, TraceKind::kTile, own_id, 0, "compute stream",
                             fmt::format("gemm rows [{},{}) (own) + peers' pieces", g0, g0 + m_shard), tracing);
         ops::gemm_gpu(ga, h, s);
         op_.mark_end(x, s, tracing);
       } else if (rs_fold == RsFold::kLt) {
         const int q = 1 - rank;  // the peer (2 ranks)
-        for (size_t j = 0; j < pieces.size(); ++j) {
-          const auto [r0, r1] = pieces[j];
+        for (size_t j = 0; j < rs_tables.pieces.size(); ++j) {
+          const int64_t r0 = rs_tables.pieces[j].r0, r1 = rs_tables.pieces[j].r1;
           WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_recv[j], 0));  // the peer's piece j is in
-          size_t x = op_.mark(s, TraceKind::kTile, static_cast<int64_t>(ev + j), 0, "compute stream",
+          size_t x = op_.mark(s, TraceKind::kTile, own_id + static_cast<int64_t>(j), 0, "compute stream",
                               fmt::format("gemm rows [{},{}) (own) + rank {}'s piece", g0 + r0, g0 + r1, q), tracing);
           op_.gemm(s, at(a, static_cast<uint64_t>((g0 + r0) * k_local) * eb), bp,
                    at(c, static_cast<uint64_t>(r0 * N) * eb), r1 - r0, k_local, 0, N, GemmOpContext::Blas::kLt,
@@ -382,25 +410,24 @@ void DecomposedGpu::gpu_decomposed(const void* a, const void* bp, void* c, cudaS
           op_.mark_end(x, s, tracing);
         }
       } else {
-        size_t x = op_.mark(s, TraceKind::kTile, static_cast<int64_t>(ev), 0, "compute stream",
+        size_t x = op_.mark(s, TraceKind::kTile, own_id, 0, "compute stream",
                             fmt::format("gemm rows [{},{}) (own)", g0, g0 + m_shard), tracing);
         op_.gemm(s, at(a, static_cast<uint64_t>(g0 * k_local) * eb), bp,
                  stage_local + slot_bytes * static_cast<uint64_t>(rank), m_shard, k_local, 0, N,
                  GemmOpContext::Blas::kLt);
         op_.mark_end(x, s, tracing);
-        for (size_t j = 0; j < pieces.size(); ++j) {
-          const auto [r0, r1] = pieces[j];
-          std::vector<std::tuple<int, uint64_t, int64_t>> waits;
-          for (int q = 0; q < world; ++q)
-            if (q != rank)
-              waits.emplace_back(q, rs_signals.at(static_cast<uint32_t>(q * chunks + static_cast<int>(j))), 1);
+        for (size_t j = 0; j < rs_tables.pieces.size(); ++j) {
+          const int64_t r0 = rs_tables.pieces[j].r0, r1 = rs_tables.pieces[j].r1;
+          const auto waits = piece_waits(j);
           // The waits inside the reduce kernel (one launch after the own block's GEMM, not a
           // wait kernel and then the reduce), unless there are more than one kernel's list.
           const bool in_kernel = waits.size() <= static_cast<size_t>(kernels::kOverlapListMax);
           if (!in_kernel) op_.wait_list(s, waits);
           const kernels::OverlapWaits w = in_kernel ? op_.overlap_waits(waits) : kernels::OverlapWaits{};
-          x = op_.mark(s, TraceKind::kTile, static_cast<int64_t>(ev + 1 + j), 0, "compute stream",
+          x = op_.mark(s, TraceKind::kTile, own_id + 1 + static_cast<int64_t>(j), 0, "compute stream",
                        fmt::format("reduce rows [{},{})", r0, r1), tracing);
+          // The plan's sum of piece j (its own slot, then every peer's: rs_decomposed_tables
+          // checked each slot comes once) as one kernel over the `world` slots.
           WEFT_CUDA_CHECK(kernels::overlap_wait_reduce(
               ctx, op_.epoch_off, w, stage_local + static_cast<uint64_t>(r0 * N) * eb,
               static_cast<uint64_t>(m_shard * N), world, at(c, static_cast<uint64_t>(r0 * N) * eb),

@@ -274,6 +274,8 @@ class DecomposedGpu final : public GemmMethodImpl {
   // began this call, wait until every peer did, reset those words. No deadline: the waits for
   // the peers' data must not sit behind it (they name a missing peer).
   void memop_guard(cudaStream_t s);
+  // The waits of the plan's sum of own piece j (the peers' pushes of it), for wait_list.
+  std::vector<std::tuple<int, uint64_t, int64_t>> piece_waits(size_t j) const;
 
   GemmOpContext& op_;
   cudaStream_t cs = nullptr;  // copy / communication stream
@@ -299,7 +301,10 @@ class DecomposedGpu final : public GemmMethodImpl {
   std::vector<uint64_t> ag_tensor_off;
   dev::SignalSlab ag_signals{};
   bool ag_own_in_place = false;  // own rows read in place, their local copy left out (constructor)
-  // gemm_rs: staging [world][m_shard x N] and one signal per (source, chunk)
+  // gemm_rs: the staged plan and what the GPU reads of its tables (plan.hpp), the staging
+  // [world][m_shard x N] (the plan's "stage") and the plan's signals (Lowered::max_signals)
+  OpPlan rs;
+  RsDecomposedTables rs_tables;
   uint64_t rs_stage = 0;
   dev::SignalSlab rs_signals{};
   // ... the epoch guard without an SM (rs_memop_guard: the gathered inputs always, the reduce

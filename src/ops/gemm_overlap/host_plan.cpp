@@ -11,21 +11,26 @@ HostPlanMethod::HostPlanMethod(GemmOpContext& op, bool decomposed) : op_(op) {
   const GemmOverlapConfig& cfg = op_.cfg;
   const int64_t shard_rows = cfg.op == GemmOp::kGemmAr ? ceil_div(cfg.m, op_.world) : cfg.m / op_.world;
   detail::OpPlanParams p;
-  p.op = cfg.op;
-  p.world = op_.world;
-  p.m = cfg.m;
-  p.n = cfg.n;
-  p.k_local = op_.k_local;
-  p.chunks = op_.chunks;
-  p.algo = cfg.algo;
-  p.elem_bytes = static_cast<int>(op_.eb);
-  // decomposed: one "GEMM" per chunk of rows (all of N), one transfer team (the copy
-  // stream) and one tile team (the compute stream); fused: small tiles, several teams.
-  p.engine = decomposed ? plan::Engine::kCopyEngine : plan::Engine::kSm;
-  p.tile_rows = decomposed ? ceil_div(shard_rows, op_.chunks) : (cfg.tile_rows ? cfg.tile_rows : 8);
-  p.tile_cols = decomposed ? cfg.n : (cfg.tile_cols ? cfg.tile_cols : 16);
-  p.transfer_workers = decomposed ? 1 : cfg.host_transfer_workers;
-  p.tile_workers = decomposed ? 1 : cfg.host_tile_workers;
+  if (decomposed) {
+    // The GPU decomposed method's plan (decomposed_plan_params: one "GEMM" per chunk of rows,
+    // all of N), with one transfer team (the copy stream) and one tile team (the compute stream).
+    p = detail::decomposed_plan_params(cfg, op_.world, op_.k_local, op_.chunks, shard_rows);
+  } else {
+    // fused: small tiles, several teams.
+    p.op = cfg.op;
+    p.world = op_.world;
+    p.m = cfg.m;
+    p.n = cfg.n;
+    p.k_local = op_.k_local;
+    p.chunks = op_.chunks;
+    p.algo = cfg.algo;
+    p.elem_bytes = static_cast<int>(op_.eb);
+    p.engine = plan::Engine::kSm;
+    p.tile_rows = cfg.tile_rows ? cfg.tile_rows : 8;
+    p.tile_cols = cfg.tile_cols ? cfg.tile_cols : 16;
+    p.transfer_workers = cfg.host_transfer_workers;
+    p.tile_workers = cfg.host_tile_workers;
+  }
   exec_ = std::make_unique<detail::HostGemmExec>(
       op_.b, detail::build_op_plan(p), cfg.dtype, cfg.b_layout, op_.k_local, p.transfer_workers, p.tile_workers,
       fmt::format("{}.{}.{}x{}x{}", to_string(cfg.op), decomposed ? "decomposed" : "fused", cfg.m, cfg.k, cfg.n));

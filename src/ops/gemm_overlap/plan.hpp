@@ -24,13 +24,17 @@ struct OpPlanParams {
   plan::Engine engine = plan::Engine::kSm;
   int elem_bytes = 2;
   int64_t tile_rows = 1, tile_cols = 1;
+  int64_t band_rows = 0;  // TileSchedule::band_rows (0: uniform row blocks)
   int transfer_workers = 1, tile_workers = 1;  // verified with these resident workers
 };
 
 // The plans the GPU methods build their tables from, defined once so that the host tests run
 // exactly those tables through the host executor: the fused kernel's (128 x 128 output tiles
-// unless the config says otherwise, SM transfers) and decomposed ag_gemm's (one tile per chunk
-// of rows, all of N; copy-engine transfers). k_local, m_shard: the op's per-rank K and rows.
+// unless the config says otherwise, SM transfers) and decomposed's (one tile per chunk of
+// rows, all of N; copy-engine transfers). Decomposed gemm_rs is the staged reduce-scatter
+// whatever config.algo says, its tiles the pieces of each owner's shard (band_rows = m_shard):
+// the host's decomposed method runs the same plan. k_local, m_shard: the op's per-rank K and
+// rows (gemm_ar: the shard rows of its plan).
 OpPlanParams fused_plan_params(const GemmOverlapConfig& cfg, int world, int64_t k_local, int chunks);
 OpPlanParams decomposed_plan_params(const GemmOverlapConfig& cfg, int world, int64_t k_local, int chunks,
                                     int64_t m_shard);
@@ -57,6 +61,35 @@ OpPlan build_op_plan(const OpPlanParams& p);
 // Stable sort of each rank's tiles by the earliest transfer (any rank's) that reads their rows
 // of the schedule's tensor on that rank: (longest dependency chain before it, queue position).
 void order_by_demand(plan::TileSchedule& s, const plan::CommPlan& plan);
+
+// What the GPU decomposed gemm_rs (RsFold kNone, kWeft, kLt) reads from one rank's lowered
+// tables of the staged plan (decomposed_plan_params), checked here once at setup:
+//  - pushes: the transfers that move a piece of this rank's partial product ("in", the
+//    op's scratch) into an owner's staging slot, in issue order; before push i the compute
+//    stream runs the tiles [pushes[i-1].tiles_end, pushes[i].tiles_end) of LoweredRank::tiles
+//    (those its counter waits name, in table order);
+//  - own_tiles: tiles [own_tiles_begin, tiles.size()) are this rank's own shard, in row order;
+//    the GPU writes them straight into its own staging slot or folds them (the plan's local
+//    copy of them is left out);
+//  - pieces: per piece of the own shard (the own tiles' rows), the owner's sum of every slot:
+//    the waits of the plan's reduce chain for it on signals other ranks' pushes bump.
+// Throws Error naming what does not fit that shape.
+struct RsDecomposedTables {
+  struct Push {
+    int32_t transfer = 0;   // index in LoweredRank::transfers
+    int32_t tiles_end = 0;  // LoweredRank::tiles issued before it: [.., tiles_end)
+    int32_t piece = 0;      // the piece of the owner's shard it moves
+  };
+  struct Piece {
+    int64_t r0 = 0, r1 = 0;               // rows of the own shard (= of C)
+    std::vector<plan::WaitEntry> waits;   // lowered signals of this rank, per-epoch thresholds
+    std::vector<int32_t> producers;       // the rank bumping each
+  };
+  std::vector<Push> pushes;
+  int32_t own_tiles_begin = 0;
+  std::vector<Piece> pieces;
+};
+RsDecomposedTables rs_decomposed_tables(const OpPlan& p, int rank, int64_t m_shard);
 
 // C rows [r0, r1) x cols [c0, c1) = A * op(B) with fp32 accumulation in k order, stored as T.
 // A [.. x k] row-major (lda = k); B W [n x k] (kNK) or B [k x n] (kKN); C ldc = n. Rows are
