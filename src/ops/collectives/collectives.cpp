@@ -97,9 +97,6 @@ void Collectives::all_reduce(const void* in, void* out, uint64_t count, dev::DTy
   I.check_pointer(in, t, "all_reduce input");
   I.check_pointer(out, t, "all_reduce output");
   if (m == Method::kAuto) m = auto_all_reduce(count * dev::dtype_size(t));
-  Impl::check_method(
-      m, {Method::kBaseline, Method::kOneShot, Method::kTwoShot, Method::kLowLatency, Method::kLowLatency128},
-      "all_reduce");
   if (m == Method::kBaseline) return I.baseline.run(coll::Algo::kAllReduceOneShot, in, out, count, t, stream);
   I.run_algo(all_reduce_algo(m), count, t, stream, in, out, 0);
 }

@@ -34,7 +34,7 @@ GemmShared::~GemmShared() {
 
 uint64_t GemmOpContext::data_buffer(size_t bytes, const std::string& what) {
   GemmShared::Buffer& buf = shared->data[what];
-  if (buf.bytes < bytes || buf.bytes == 0) {  // first, or larger than the one made (not shared then)
+  if (buf.bytes == 0 || buf.bytes < bytes) {  // first, or larger than the one made (not shared then)
     buf.offset = b.heap().alloc_bytes(bytes, fmt::format("{}.{}x{}.{}", to_string(cfg.op), cfg.k, cfg.n, what));
     buf.bytes = bytes;
   }
@@ -57,8 +57,6 @@ void GemmOpContext::init_gpu() {
     WEFT_CUBLAS_CHECK(cublasSetMathMode(sh.handle, CUBLAS_DEFAULT_MATH));
     sh.lt = std::make_unique<detail::LtGemm>(sh.workspace, ws, sh.handle);
   }
-  handle = sh.handle;
-  workspace = sh.workspace;
   lt = sh.lt.get();
   const size_t scratch_bytes = cfg.op == GemmOp::kAgGemm   ? static_cast<size_t>(cfg.m * k_local) * eb
                                : cfg.op == GemmOp::kGemmRs ? static_cast<size_t>(cfg.m * cfg.n) * eb

@@ -85,9 +85,6 @@ struct GemmOverlap::State {
       if (p->cfg.m == m) return p.get();
     return nullptr;
   }
-  ~State() {
-    while (!shapes.empty()) shapes.pop_back();  // the largest, which made the shared state, last
-  }
 };
 
 void GemmOverlap::Impl::validate() {

@@ -153,10 +153,8 @@ struct GemmOpContext {
   uint64_t data_buffer(size_t bytes, const std::string& what);
 
 #ifdef WEFT_HAVE_CUDA
-  // shared->handle, ->lt, ->workspace, ->scratch (made by the first context: the largest M)
-  cublasHandle_t handle = nullptr;
+  // shared->lt and ->scratch (made by the first context: the largest M)
   LtGemm* lt = nullptr;  // every cuBLAS GEMM of the op (gemm())
-  void* workspace = nullptr;
   // [M x K_local] (ag_gemm: baseline's gathered A) or [M x N] (gemm_rs: the partial products
   // of baseline and decomposed) of the largest M; the GEMM alone's A or C. None for gemm_ar.
   void* scratch = nullptr;
