@@ -1,4 +1,5 @@
 #include "weft/device/api.hpp"
+#include "weft/kernels/collective_algos.hpp"
 #include "weft/kernels/gemm_overlap_kernels.hpp"
 #include "weft/kernels/runtime_kernels.hpp"
 
@@ -109,6 +110,28 @@ __global__ void copy_kernel(char* dst, size_t dpitch, const char* src, size_t sp
 }
 
 template <class T>
+__global__ void __launch_bounds__(coll::kCtaThreads) chain_kernel(dev::DeviceCtx c, uint64_t epoch_off, OverlapChain ch) {
+  wait_then_sync(c, epoch_off, ch.waits);
+  uint64_t lo, hi;
+  coll::split(ch.n, static_cast<int>(gridDim.x), static_cast<int>(blockIdx.x), lo, hi);
+  const T* src[kOverlapListMax];
+  T* dst[kOverlapListMax];
+  for (int i = 0; i < ch.nsrc; ++i) src[i] = static_cast<const T*>(ch.src[i]) + lo;
+  for (int i = 0; i < ch.ndst; ++i) dst[i] = static_cast<T*>(ch.dst[i]) + lo;
+  coll::reduce_sum<T>(dev::CoopCta{}, dst, ch.ndst, src, ch.nsrc, hi - lo);
+  if (ch.signals.count == 0) return;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  // This CTA's stores (its threads', through the barrier) before its arrival; the last
+  // arrival's fence orders every arrival it follows, and so every CTA's stores, before the
+  // release adds.
+  dev::fence_acq_rel();
+  if ((atomicAdd(ch.arrivals, 1ull) + 1) % gridDim.x != 0) return;
+  dev::fence_acq_rel();
+  for (int i = 0; i < ch.signals.count; ++i) dev::signal_add(c, ch.signals.peer[i], ch.signals.off[i], ch.signals.inc[i]);
+}
+
+template <class T>
 cudaError_t reduce_typed(const dev::DeviceCtx& c, uint64_t epoch_off, const OverlapWaits& w, const void* slots,
                          uint64_t stride, int nslots, void* out, uint64_t n, cudaStream_t s) {
   const int threads = 256;
@@ -136,7 +159,9 @@ cudaError_t overlap_preload() {
                        reinterpret_cast<const void*>(reduce_kernel<dev::bf16_t>),
                        reinterpret_cast<const void*>(reduce_kernel<dev::f16_t>),
                        reinterpret_cast<const void*>(reduce_kernel_vec<dev::bf16_t>),
-                       reinterpret_cast<const void*>(reduce_kernel_vec<dev::f16_t>)};
+                       reinterpret_cast<const void*>(reduce_kernel_vec<dev::f16_t>),
+                       reinterpret_cast<const void*>(chain_kernel<dev::bf16_t>),
+                       reinterpret_cast<const void*>(chain_kernel<dev::f16_t>)};
   return load_kernels(fns, sizeof fns / sizeof fns[0]);
 }
 
@@ -177,6 +202,25 @@ cudaError_t overlap_wait_reduce(const dev::DeviceCtx& c, uint64_t epoch_off, con
     default:
       return cudaErrorInvalidValue;
   }
+}
+
+cudaError_t overlap_chain(const dev::DeviceCtx& c, uint64_t epoch_off, const OverlapChain& ch, dev::DType t, int ctas,
+                          cudaStream_t s) {
+  if (ch.nsrc < 1 || ch.nsrc > kOverlapListMax || ch.ndst < 1 || ch.ndst > kOverlapListMax || ctas < 1 ||
+      (ch.signals.count > 0 && ch.arrivals == nullptr))
+    return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(ctas)), block(coll::kCtaThreads);
+  switch (t) {
+    case dev::DType::kBF16:
+      chain_kernel<dev::bf16_t><<<grid, block, 0, s>>>(c, epoch_off, ch);
+      break;
+    case dev::DType::kF16:
+      chain_kernel<dev::f16_t><<<grid, block, 0, s>>>(c, epoch_off, ch);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace weft::kernels

@@ -285,12 +285,17 @@ TEST(GemmOverlapHostGpuTables, TheGpuMethodsTablesRunExactlyOnTheHost) {
       auto b = make_backend();
       const int rank = b->rank(), world = b->size();
       // Row blocks of 128 with a partial last one per shard, two column blocks (the last partial).
-      for (const Shape& sh : {Shape{GemmOp::kAgGemm, 300 * world, 24, 200}, Shape{GemmOp::kGemmRs, 260 * world,
-                                                                                    16 * world, 200}}) {
+      // gemm_ar: the last shard one row shorter.
+      for (const Shape& sh : {Shape{GemmOp::kAgGemm, 300 * world, 24, 200},
+                              Shape{GemmOp::kGemmRs, 260 * world, 16 * world, 200},
+                              Shape{GemmOp::kGemmAr, 260 * world - 1, 16 * world, 200}}) {
         const GemmOverlapConfig cfg = config(sh, dev::DType::kBF16, BLayout::kNK, 3);
         GemmOverlap op(*b, cfg);  // for the shapes, inputs and reference
-        // gemm_rs decomposed: m_shard is the shard's rows, C's (a_rows() is all of M there).
-        const int64_t m_shard = sh.op == GemmOp::kAgGemm ? op.a_rows() : op.c_rows();
+        // gemm_rs decomposed: m_shard is the shard's rows, C's (a_rows() is all of M there);
+        // gemm_ar: the shard rows of its plan.
+        const int64_t m_shard = sh.op == GemmOp::kAgGemm   ? op.a_rows()
+                                : sh.op == GemmOp::kGemmRs ? op.c_rows()
+                                                           : (op.c_rows() + world - 1) / world;
         const std::vector<std::pair<std::string, detail::OpPlanParams>> plans = {
             {"fused", detail::fused_plan_params(cfg, world, op.a_cols(), op.chunks())},
             {"decomposed", detail::decomposed_plan_params(cfg, world, op.a_cols(), op.chunks(), m_shard)}};
@@ -312,6 +317,33 @@ TEST(GemmOverlapHostGpuTables, TheGpuMethodsTablesRunExactlyOnTheHost) {
                            fmt::format("rank {}: rows [{},{}) wait for {} pushes", r, pc.r0, pc.r1, pc.waits.size()));
             }
           }
+          if (sh.op == GemmOp::kGemmAr && name == "decomposed") {
+            // What the GPU method reads of these tables (ar_chain_tables): per rank its sums
+            // (3 pieces of its shard: 87 + 87 + 86 rows, or 86 + 86 + 87 of the last, shorter
+            // one), each adding every rank's rows and pushed to every peer, waiting for the
+            // tiles of those rows on every rank; the peers' sums landing in the other rows.
+            for (int r = 0; r < world; ++r) {
+              const detail::ArChainTables t = detail::ar_chain_tables(plan, r);
+              WEFT_CHECK(t.chains.size() == 3 && t.landings.size() == static_cast<size_t>(3 * (world - 1)) &&
+                             t.chains[0].r0 == r * m_shard && t.chains[0].r1 == r * m_shard + 87,
+                         fmt::format("rank {}: {} sums, {} landings, the first rows [{},{})", r, t.chains.size(),
+                                     t.landings.size(), t.chains[0].r0, t.chains[0].r1));
+              for (const auto& c : t.chains)
+                WEFT_CHECK(c.sources.size() == static_cast<size_t>(world) && c.sources[0] == r &&
+                               c.signals.size() == static_cast<size_t>(world - 1) &&
+                               c.tile_waits.size() == static_cast<size_t>(world) && c.after_tile >= 1,
+                           fmt::format("rank {}: the sum of rows [{},{}) adds {} ranks, pushes to {}, waits for {} "
+                                       "tiles",
+                                       r, c.r0, c.r1, c.sources.size(), c.signals.size(), c.tile_waits.size()));
+              // Interleaved pieces: every rank's first sum needs only the first `world` tiles.
+              WEFT_CHECK(t.chains[0].after_tile <= world && t.chains[2].after_tile > 2 * world,
+                         fmt::format("rank {}: sums after tiles {} and {}", r, t.chains[0].after_tile,
+                                     t.chains[2].after_tile));
+              for (const auto& l : t.landings)
+                WEFT_CHECK(l.waits.size() == 1 && l.producers[0] == static_cast<int>(l.r0 / m_shard),
+                           fmt::format("rank {}: rows [{},{}) land from {} waits", r, l.r0, l.r1, l.waits.size()));
+            }
+          }
           detail::HostGemmExec exec(*b, std::move(plan), cfg.dtype, cfg.b_layout, op.a_cols(), 1, 1,
                                     fmt::format("gpu-tables.{}.{}", to_string(cfg.op), name));
           Inputs in(static_cast<size_t>(op.a_rows() * op.a_cols()), static_cast<size_t>(op.b_rows() * op.b_cols()));
@@ -327,6 +359,32 @@ TEST(GemmOverlapHostGpuTables, TheGpuMethodsTablesRunExactlyOnTheHost) {
       }
     }));
   }
+}
+
+// Decomposed gemm_ar's tables fit what the GPU method runs of them (ar_chain_tables) for
+// Ms below, at and above the world (ranks owning no rows), chunk counts that do and do not
+// divide the shards, and worlds 2-8: every row summed by one rank and landing on the others.
+TEST(GemmOverlapHostGpuTables, GemmArSumsFitEveryShape) {
+  for (int w : {2, 3, 4, 8})
+    for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{64}, int64_t{1000}})
+      for (int chunks : {1, 3, 4}) {
+        GemmOverlapConfig cfg = config({GemmOp::kGemmAr, m, 8 * w, 24}, dev::DType::kBF16, BLayout::kNK, chunks);
+        const int64_t m_shard = (m + w - 1) / w;
+        const int ch = static_cast<int>(std::min<int64_t>(chunks, m_shard));
+        const detail::OpPlan plan = detail::build_op_plan(detail::decomposed_plan_params(cfg, w, 8, ch, m_shard));
+        std::vector<int64_t> summed(static_cast<size_t>(m), 0), landed(static_cast<size_t>(m), 0);
+        for (int r = 0; r < w; ++r) {
+          const detail::ArChainTables t = detail::ar_chain_tables(plan, r);
+          for (const auto& c : t.chains)
+            for (int64_t i = c.r0; i < c.r1; ++i) ++summed[static_cast<size_t>(i)];
+          for (const auto& l : t.landings)
+            for (int64_t i = l.r0; i < l.r1; ++i) ++landed[static_cast<size_t>(i)];
+        }
+        for (int64_t i = 0; i < m; ++i)
+          ASSERT_TRUE(summed[static_cast<size_t>(i)] == 1 && landed[static_cast<size_t>(i)] == w - 1)
+              << fmt::format("world {} M {} chunks {}: row {} summed {} times, landed {} times", w, m, chunks, i,
+                             summed[static_cast<size_t>(i)], landed[static_cast<size_t>(i)]);
+      }
 }
 
 // One op object, every M up to its maximum (issue 21): gemm_ar with M = 1, 7, 64, 4096 from

@@ -33,6 +33,23 @@ struct OverlapWaits {
   int64_t threshold[kOverlapListMax];
 };
 
+// One sum of an all-reduce plan in one pass (decomposed gemm_ar: ops::detail::ar_chain_tables):
+// after the waits (as overlap_wait's), dst[d][i] = sum over s of src[s][i] for every d, i < n
+// (fp32 in source order, rounded once to the element type); then, once every CTA's stores are
+// done, the signals (release adds by the last CTA to finish, after a system-scope fence, so a
+// peer that sees one sees every CTA's stores). Pointers are this rank's or peers' (the window).
+struct OverlapChain {
+  int32_t nsrc = 0, ndst = 0;
+  const void* src[kOverlapListMax] = {};
+  void* dst[kOverlapListMax] = {};
+  uint64_t n = 0;
+  OverlapWaits waits{};
+  OverlapSignals signals{};
+  // A device word per chain, zero at first and never reset: the CTAs that finished it, over
+  // every call (the last of a call is the one that makes it a multiple of the grid).
+  unsigned long long* arrivals = nullptr;
+};
+
 // Every kernel of this file, loaded now (kernels::load_kernels: lazy loading).
 cudaError_t overlap_preload();
 // Adds 1 to the local heap word at epoch_off (one thread).
@@ -49,5 +66,9 @@ cudaError_t overlap_copy(void* dst, size_t dpitch, const void* src, size_t spitc
 // first: one launch, not a wait kernel and then the reduce.
 cudaError_t overlap_wait_reduce(const dev::DeviceCtx& c, uint64_t epoch_off, const OverlapWaits& w, const void* slots,
                                 uint64_t slot_stride, int nslots, void* out, uint64_t n, dev::DType t, cudaStream_t s);
+
+// OverlapChain on `ctas` CTAs of 512 threads (coll::kCtaThreads), bf16 or f16.
+cudaError_t overlap_chain(const dev::DeviceCtx& c, uint64_t epoch_off, const OverlapChain& ch, dev::DType t, int ctas,
+                          cudaStream_t s);
 
 }  // namespace weft::kernels

@@ -138,13 +138,41 @@ void DecomposedGpu::setup() {
       h.wait_scale_dev = op_.b.ctx().ptr<const uint64_t>(rank, op_.epoch_off);  // the call counter
       WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_guard, cudaEventDisableTiming));
     }
+  } else if (world == 1) {
+    ev_piece.resize(pieces.size());  // gemm_ar on one rank: the GEMM alone, by chunks
   } else {
-    ev_piece.resize(pieces.size());
-    // Each chunk's all-reduce state now, not at the first call: every prepared M is then
-    // capturable from its first call.
-    if (world > 1)
-      for (const auto& [r0, r1] : pieces)
-        op_.coll.prepare_all_reduce(static_cast<uint64_t>((r1 - r0) * cfg.n), cfg.dtype, Method::kAuto);
+    // gemm_ar: the two-shot all-reduce plan's tables (decomposed_plan_params, shared with the
+    // host's decomposed method and tests), each sum this rank owns one pass (ar_chain_tables).
+    ar = detail::build_op_plan(detail::decomposed_plan_params(cfg, world, k_local, chunks, m_shard));
+    ar_tables = detail::ar_chain_tables(ar, rank);
+    for (int64_t total : ar.lowered.counters)
+      WEFT_CHECK(total == 1, fmt::format("gemm_ar decomposed: plan {} has a tile counter of {} notifies per call (a "
+                                         "copy of the call count stands for one)",
+                                         ar.plan.name, total));
+    WEFT_REQUIRE(world <= kernels::kOverlapListMax,
+                 fmt::format("gemm_ar decomposed: {} ranks (at most {}: one pass sums every rank's rows)", world,
+                             kernels::kOverlapListMax));
+    const size_t bytes = static_cast<size_t>(cfg.m * cfg.n) * eb;
+    ar_in = op_.data_buffer(bytes, "decomposed.in");
+    ar_out = op_.data_buffer(bytes, "decomposed.out");
+    ar_signals = heap.alloc_signals(static_cast<uint32_t>(ar.lowered.max_signals()), tag + ".decomposed.signals");
+    ar_counters = heap.alloc_signals(static_cast<uint32_t>(world * ar.lowered.counters.size()),
+                                     tag + ".decomposed.counters");
+    ev_piece.resize(ar.lowered.ranks[static_cast<size_t>(rank)].tiles.size());
+    const size_t nchains = ar_tables.chains.size();
+    WEFT_CUDA_CHECK(cudaMalloc(&ar_arrivals, std::max<size_t>(nchains, 1) * sizeof(unsigned long long)));
+    WEFT_CUDA_CHECK(cudaMemset(ar_arrivals, 0, std::max<size_t>(nchains, 1) * sizeof(unsigned long long)));
+    // CTAs per sum as the collectives' two-shot all-reduce takes for the same rows of every
+    // rank (one CTA per 32 KiB; at most 64, 128 from 32 MiB).
+    for (const auto& ch : ar_tables.chains) {
+      const uint64_t call = static_cast<uint64_t>(world) * static_cast<uint64_t>((ch.r1 - ch.r0) * cfg.n) * eb;
+      const uint64_t cap = call >= (32ull << 20) ? 128 : 64;
+      ar_ctas.push_back(static_cast<int>(std::clamp<uint64_t>((call + (32ull << 10) - 1) >> 15, 1, cap)));
+    }
+    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cn, cudaStreamNonBlocking));
+    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cl, cudaStreamNonBlocking));
+    WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_cn, cudaEventDisableTiming));
+    WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_cl, cudaEventDisableTiming));
   }
   for (auto& e : ev_piece) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
@@ -164,6 +192,11 @@ void DecomposedGpu::release() {
   if (one) cudaFree(one);
   if (rs_fold_tables) cudaFree(rs_fold_tables);
   if (ev_guard) cudaEventDestroy(ev_guard);
+  if (ar_arrivals) cudaFree(ar_arrivals);
+  for (cudaStream_t x : {cn, cl})
+    if (x) cudaStreamDestroy(x);
+  for (cudaEvent_t e : {ev_cn, ev_cl})
+    if (e) cudaEventDestroy(e);
 }
 
 void DecomposedGpu::run(int64_t m, const void* a, const void* bp, void* c, void* stream, bool tracing) {
@@ -215,24 +248,16 @@ void DecomposedGpu::gpu_decomposed(const void* a, const void* bp, void* c, cudaS
   WEFT_CUDA_CHECK(cudaEventRecord(ev_fork, s));
   WEFT_CUDA_CHECK(cudaStreamWaitEvent(cs, ev_fork, 0));
 
-  if (cfg.op == GemmOp::kGemmAr) {
-    // GEMM of chunk j on the compute stream, weft's all-reduce of its rows on the other.
-    for (size_t j = 0; j < pieces.size(); ++j) {
+  if (cfg.op == GemmOp::kGemmAr && world > 1) {
+    ar_sums(a, bp, c, s, tracing);
+  } else if (cfg.op == GemmOp::kGemmAr) {
+    for (size_t j = 0; j < pieces.size(); ++j) {  // one rank: the GEMM alone, by chunks
       const auto [r0, r1] = pieces[j];
       size_t x = op_.mark(s, TraceKind::kTile, static_cast<int64_t>(j), 0, "compute stream",
                           fmt::format("gemm rows [{},{})", r0, r1), tracing);
       op_.gemm(s, at(a, static_cast<uint64_t>(r0 * k_local) * eb), bp, at(c, static_cast<uint64_t>(r0 * N) * eb),
                r1 - r0, k_local, 0, N, GemmOpContext::Blas::kLt);
       op_.mark_end(x, s, tracing);
-      WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[j], s));
-      WEFT_CUDA_CHECK(cudaStreamWaitEvent(cs, ev_piece[j], 0));
-      if (world > 1) {
-        x = op_.mark(cs, TraceKind::kChunk, static_cast<int64_t>(j), 1, "all_reduce stream",
-                     fmt::format("all_reduce rows [{},{})", r0, r1), tracing);
-        void* rows = at(c, static_cast<uint64_t>(r0 * N) * eb);
-        op_.coll.all_reduce(rows, rows, static_cast<uint64_t>((r1 - r0) * N), cfg.dtype, Method::kAuto, cs);
-        op_.mark_end(x, cs, tracing);
-      }
     }
   } else {
     // The epoch guard: peers write into this rank's symmetric buffers only after every rank
@@ -439,6 +464,101 @@ void DecomposedGpu::gpu_decomposed(const void* a, const void* bp, void* c, cudaS
   }
   WEFT_CUDA_CHECK(cudaEventRecord(ev_join, cs));
   WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_join, 0));
+}
+
+// gemm_ar decomposed (2+ ranks; the fork to cs is done): the two-shot plan's tables
+// (ar_chain_tables). The compute stream runs the tiles in the plan's order, each GEMM straight
+// into this rank's rows of "in" (the window), and never waits for anything: after each tile
+// the stream cn sets the tile's counter on this rank and on every rank whose sums read it to
+// the call count (copy engine). The stream cs runs this rank's sums, each once its own tiles
+// are done (an event): one kernel that waits for every rank's tiles of those rows, sums them
+// into this rank's C and every peer's "out", and signals the peers. The stream cl copies the
+// peers' sums from "out" into C as their signals arrive, each after this rank's next tile
+// (then the owner's sum, which began with that tile, has mostly landed: its wait spins least
+// beside a GEMM). No epoch guard: a peer writes this rank's "out" rows in a call only after
+// reading this rank's tiles of them in the same call, which follow its previous call's end.
+void DecomposedGpu::ar_sums(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
+  const GemmOverlapConfig& cfg = op_.cfg;
+  const int rank = op_.rank;
+  const size_t eb = op_.eb;
+  const int64_t k_local = op_.k_local;
+  const int64_t N = cfg.n;
+  const dev::DeviceCtx& ctx = op_.b.ctx();
+  const plan::LoweredRank& lr = ar.lowered.ranks[static_cast<size_t>(rank)];
+  const plan::TileSchedule& sch = ar.schedule;
+  const int64_t counters = static_cast<int64_t>(ar.lowered.counters.size());
+  const auto row_bytes = [&](int64_t r) { return static_cast<uint64_t>(r * N) * eb; };
+  auto counter_off = [&](int32_t tiles_rank, int32_t counter) {
+    return ar_counters.at(static_cast<uint32_t>(tiles_rank * counters + counter));
+  };
+  WEFT_CUDA_CHECK(cudaStreamWaitEvent(cn, ev_fork, 0));
+  WEFT_CUDA_CHECK(cudaStreamWaitEvent(cl, ev_fork, 0));
+  char* in_local = ctx.peer_base[rank] + ar_in;
+  for (size_t i = 0; i < lr.tiles.size(); ++i) {
+    const plan::TileEntry& t = lr.tiles[i];
+    const auto [r0, r1] = sch.block_rows(t.m);
+    size_t x = op_.mark(s, TraceKind::kTile, static_cast<int64_t>(i), 0, "compute stream",
+                        fmt::format("gemm rows [{},{})", r0, r1), tracing);
+    op_.gemm(s, at(a, static_cast<uint64_t>(r0 * k_local) * eb), bp, in_local + row_bytes(r0), r1 - r0, k_local, 0,
+             N, GemmOpContext::Blas::kLt);
+    op_.mark_end(x, s, tracing);
+    WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[i], s));
+    WEFT_CUDA_CHECK(cudaStreamWaitEvent(cn, ev_piece[i], 0));
+    std::vector<int32_t> to{rank};
+    for (int32_t k = lr.notify_begin[static_cast<size_t>(t.notify)]; k < lr.notify_begin[static_cast<size_t>(t.notify) + 1]; ++k)
+      if (lr.notify_ranks[static_cast<size_t>(k)] != rank) to.push_back(lr.notify_ranks[static_cast<size_t>(k)]);
+    for (int32_t q : to) {
+      if (op_.sm_copies)
+        op_.signal(q, counter_off(rank, t.notify), 1, cn);
+      else
+        op_.put_count(q, counter_off(rank, t.notify), cn);
+    }
+  }
+  for (size_t j = 0; j < ar_tables.chains.size(); ++j) {
+    const detail::ArChainTables::Chain& ch = ar_tables.chains[j];
+    WEFT_CUDA_CHECK(cudaStreamWaitEvent(cs, ev_piece[static_cast<size_t>(ch.after_tile - 1)], 0));
+    std::vector<std::tuple<int, uint64_t, int64_t>> waits;
+    for (const plan::CounterWait& w : ch.tile_waits) waits.emplace_back(w.rank, counter_off(w.rank, w.counter), w.threshold);
+    const bool in_kernel = waits.size() <= static_cast<size_t>(kernels::kOverlapListMax);
+    if (!in_kernel) op_.wait_list(cs, waits);
+    kernels::OverlapChain k;
+    if (in_kernel) k.waits = op_.overlap_waits(waits);
+    for (int32_t q : ch.sources) k.src[k.nsrc++] = ctx.peer_base[q] + ar_in + row_bytes(ch.r0);
+    k.dst[k.ndst++] = at(c, row_bytes(ch.r0));
+    for (const auto& [p, sig] : ch.signals) {
+      k.dst[k.ndst++] = ctx.peer_base[p] + ar_out + row_bytes(ch.r0);
+      const int32_t i = k.signals.count++;
+      k.signals.peer[i] = p;
+      k.signals.off[i] = ar_signals.at(static_cast<uint32_t>(sig));
+      k.signals.inc[i] = 1;
+    }
+    k.n = static_cast<uint64_t>((ch.r1 - ch.r0) * N);
+    k.arrivals = ar_arrivals + j;
+    size_t x = op_.mark(cs, TraceKind::kChunk, static_cast<int64_t>(j), 1, "sum stream",
+                        fmt::format("sum rows [{},{}) of {} ranks -> C, {} peers", ch.r0, ch.r1, ch.sources.size(),
+                                    ch.signals.size()),
+                        tracing);
+    WEFT_CUDA_CHECK(kernels::overlap_chain(ctx, op_.epoch_off, k, cfg.dtype, ar_ctas[j], cs));
+    op_.mark_end(x, cs, tracing);
+  }
+  const size_t ntiles = lr.tiles.size();
+  for (size_t j = 0; j < ar_tables.landings.size(); ++j) {
+    const detail::ArChainTables::Landing& l = ar_tables.landings[j];
+    WEFT_CUDA_CHECK(cudaStreamWaitEvent(cl, ev_piece[std::min(static_cast<size_t>(l.after_tile), ntiles - 1)], 0));
+    std::vector<std::tuple<int, uint64_t, int64_t>> waits;
+    for (size_t i = 0; i < l.waits.size(); ++i)
+      waits.emplace_back(l.producers[i], ar_signals.at(static_cast<uint32_t>(l.waits[i].signal)), l.waits[i].threshold);
+    op_.wait_list(cl, waits);
+    size_t x = op_.mark(cl, TraceKind::kChunk, static_cast<int64_t>(ar_tables.chains.size() + j), 2, "landing stream",
+                        fmt::format("rows [{},{}) from rank {} -> C", l.r0, l.r1, l.producers.front()), tracing);
+    WEFT_CUDA_CHECK(cudaMemcpyAsync(at(c, row_bytes(l.r0)), ctx.peer_base[rank] + ar_out + row_bytes(l.r0),
+                                    row_bytes(l.r1 - l.r0), cudaMemcpyDeviceToDevice, cl));
+    op_.mark_end(x, cl, tracing);
+  }
+  WEFT_CUDA_CHECK(cudaEventRecord(ev_cn, cn));
+  WEFT_CUDA_CHECK(cudaEventRecord(ev_cl, cl));
+  WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_cn, 0));
+  WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_cl, 0));
 }
 
 // gemm_rs decomposed, RsFold::kGather (2 ranks; the fork to cs is done): this rank's block of

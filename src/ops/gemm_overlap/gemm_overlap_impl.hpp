@@ -250,7 +250,7 @@ class BaselineGpu final : public GemmMethodImpl {
 // beside the transfers on a copy stream. ag_gemm: the all-gather plan's transfers, tiles in
 // arrival order; gemm_rs: partial products pushed into their owners' staging, the own block
 // then met by the fold the op chose (RsFold: a reduce pass, weft's GEMM, cuBLASLt, or the
-// gathered inputs); gemm_ar: weft's all-reduce per chunk. Setup (the constructor) allocates
+// gathered inputs); gemm_ar: the two-shot all-reduce plan, each sum one SM pass (ar_sums). Setup (the constructor) allocates
 // in the order the heap records on every rank.
 class DecomposedGpu final : public GemmMethodImpl {
  public:
@@ -268,6 +268,7 @@ class DecomposedGpu final : public GemmMethodImpl {
   void release();  // the destructor's (also where setup() throws)
   void gpu_decomposed(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   void gather_rs(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);  // RsFold::kGather
+  void ar_sums(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);    // gemm_ar, 2+ ranks
   // gemm_rs's epoch guard on `s` without an SM (rs_memop_guard): tell every peer this rank
   // began this call, wait until every peer did, reset those words. No deadline: the waits for
   // the peers' data must not sit behind it (they name a missing peer).
@@ -294,6 +295,18 @@ class DecomposedGpu final : public GemmMethodImpl {
   cudaStream_t cw = nullptr, cb = nullptr;  // the data waits; the deadline-bearing second wait
   cudaEvent_t ev_backup = nullptr;
   std::vector<cudaEvent_t> ev_out;  // this rank's push of piece j (and its flag) is done
+  // gemm_ar (2+ ranks; ar_sums): the two-shot plan, what this rank runs of it, its "in" (the
+  // GEMM's rows) and "out" (the peers' sums land there) in the window, its signals and tile
+  // counters (world x counters: slot q * counters + c is rank q's counter c), an arrival word
+  // and a CTA count per sum, the streams of the counters' copies (cn) and of the landings (cl).
+  OpPlan ar;
+  ArChainTables ar_tables;
+  uint64_t ar_in = 0, ar_out = 0;
+  dev::SignalSlab ar_signals{}, ar_counters{};
+  unsigned long long* ar_arrivals = nullptr;
+  std::vector<int> ar_ctas;
+  cudaStream_t cn = nullptr, cl = nullptr;
+  cudaEvent_t ev_cn = nullptr, ev_cl = nullptr;
   // ag_gemm: the plan's tables and tensors
   OpPlan ag;
   std::vector<uint64_t> ag_tensor_off;

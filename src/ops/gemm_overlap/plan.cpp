@@ -50,6 +50,17 @@ void order_by_demand(plan::TileSchedule& s, const plan::CommPlan& p) {
     });
 }
 
+void interleave_bands(plan::TileSchedule& s, int64_t band_rows) {
+  WEFT_REQUIRE(band_rows > 0, "interleave_bands: no bands");
+  auto key = [&](const plan::Tile& t) {
+    const int64_t r0 = s.block_rows(t.m).first, band = r0 / band_rows;
+    return std::pair<int64_t, int64_t>{(r0 - band * band_rows) / s.tile_rows, band};
+  };
+  for (auto& order : s.order)
+    std::stable_sort(order.begin(), order.end(),
+                     [&](const plan::Tile& a, const plan::Tile& b) { return key(a) < key(b); });
+}
+
 namespace {
 // The op's shape, splits and element size; the caller sets the engine and the tiles.
 OpPlanParams op_plan_params(const GemmOverlapConfig& cfg, int world, int64_t k_local, int chunks) {
@@ -80,10 +91,13 @@ OpPlanParams decomposed_plan_params(const GemmOverlapConfig& cfg, int world, int
   p.engine = plan::Engine::kCopyEngine;
   p.tile_rows = (m_shard + chunks - 1) / chunks;
   p.tile_cols = cfg.n;
-  if (cfg.op == GemmOp::kGemmRs) {
+  if (cfg.op != GemmOp::kAgGemm) {
     // The GPU method's algorithm whatever config.algo says (that picks the fused method's
-    // template): the staged reduce-scatter, one GEMM tile per piece of each owner's shard.
-    p.algo = "staged";
+    // template), one GEMM tile per piece of each owner's shard: gemm_rs the staged
+    // reduce-scatter (copy-engine pushes), gemm_ar the two-shot all-reduce, whose chains
+    // (a copy, reduces, pushes) the GPU runs as one SM pass each (ar_chain_tables).
+    p.algo = cfg.op == GemmOp::kGemmRs ? "staged" : "two-shot";
+    if (cfg.op == GemmOp::kGemmAr) p.engine = plan::Engine::kSm;
     p.band_rows = m_shard;
   }
   return p;
@@ -136,6 +150,8 @@ OpPlan build_op_plan(const OpPlanParams& p) {
   o.schedule = plan::gemm_schedule(o.plan, sched, p.n, p.tile_rows, p.tile_cols, p.band_rows);
   if (p.op == GemmOp::kAgGemm)
     plan::order_by_arrival(o.schedule, o.plan);
+  else if (p.op == GemmOp::kGemmAr && p.band_rows > 0)
+    interleave_bands(o.schedule, p.band_rows);
   else
     order_by_demand(o.schedule, o.plan);
   plan::verify_or_throw(o.plan, {.workers_per_rank = p.transfer_workers});
@@ -253,6 +269,157 @@ RsDecomposedTables rs_decomposed_tables(const OpPlan& o, int rank, int64_t m_sha
   WEFT_CHECK(cursor == own_begin, fmt::format("{}: tiles before the own shard's that no push needs", who));
   for (const auto& v : slots)
     for (int c : v) WEFT_CHECK(c == 1, fmt::format("{}: the owner's sum misses a staging slot", who));
+  return t;
+}
+
+ArChainTables ar_chain_tables(const OpPlan& o, int rank) {
+  const std::string who = fmt::format("gemm_ar decomposed: plan {} on rank {}", o.plan.name, rank);
+  WEFT_CHECK(o.op == GemmOp::kGemmAr && rank >= 0 && static_cast<size_t>(rank) < o.lowered.ranks.size(),
+             who + ": not a gemm_ar plan for this rank");
+  const plan::LoweredRank& lr = o.lowered.ranks[static_cast<size_t>(rank)];
+  const plan::TileSchedule& s = o.schedule;
+  const int world = o.lowered.world;
+  const int in = o.input, out = o.output;
+  WEFT_CHECK(s.tiles_n() == 1 && s.tensor == o.plan.tensors[static_cast<size_t>(in)].name,
+             who + ": not tiles of whole rows of \"in\"");
+  // pos[m]: where this rank takes row block m (its tiles write "in" and wait for nothing).
+  std::vector<int32_t> pos(static_cast<size_t>(s.tiles_m()), -1);
+  for (size_t i = 0; i < lr.tiles.size(); ++i) {
+    const plan::TileEntry& e = lr.tiles[i];
+    WEFT_CHECK(e.notify == e.m && e.wait_count == 0,
+               fmt::format("{}: tile {} waits or notifies a counter not its row block", who, e.m));
+    pos[static_cast<size_t>(e.m)] = static_cast<int32_t>(i);
+  }
+  auto through = [&](int64_t r0, int64_t r1) {  // this rank's tiles up to the last one holding rows [r0, r1)
+    int32_t n = 0;
+    for (int m = s.block_of(r0); m <= s.block_of(r1 - 1); ++m) n = std::max(n, pos[static_cast<size_t>(m)] + 1);
+    return n;
+  };
+  ArChainTables t;
+  struct Links {
+    std::vector<int32_t> signals;  // the lowered signals here that the chain's links bump
+    bool pushed = false;           // a push was seen: no copy or reduce may follow
+  };
+  std::vector<Links> links;
+  auto chain_at = [&](int64_t r0, int64_t rows) {
+    for (size_t c = 0; c < t.chains.size(); ++c)
+      if (t.chains[c].r0 == r0 && t.chains[c].r1 == r0 + rows) return c;
+    return t.chains.size();
+  };
+  for (size_t i = 0; i < lr.transfers.size(); ++i) {
+    const plan::TransferDesc& d = lr.transfers[i];
+    const auto kind = static_cast<plan::Kind>(d.kind);
+    WEFT_CHECK(d.src_col == 0 && d.dst_col == 0 && d.cols == s.cols && d.src_row == d.dst_row && d.rows > 0,
+               fmt::format("{}: chunk {} does not move whole rows to the same rows", who, d.chunk));
+    size_t c = chain_at(d.dst_row, d.rows);
+    if (kind == plan::Kind::kCopy) {
+      WEFT_CHECK(d.src_rank == rank && d.dst_rank == rank && d.src_tensor == in && d.dst_tensor == out &&
+                     c == t.chains.size() && d.wait_count == 0,
+                 fmt::format("{}: chunk {} is not the first link of a sum (this rank's rows of \"in\" into its "
+                             "\"out\", waiting for nothing)",
+                             who, d.chunk));
+      t.chains.push_back({d.dst_row, d.dst_row + d.rows, {}, {}, {}, 0});
+      links.emplace_back();
+      c = t.chains.size() - 1;
+    } else {
+      WEFT_CHECK(c < t.chains.size() && (kind == plan::Kind::kPush || !links[c].pushed),
+                 fmt::format("{}: chunk {} ({} {}->{}) adds to or pushes rows [{},{}) that no earlier copy began",
+                             who, d.chunk, plan::to_string(kind), d.src_rank, d.dst_rank, d.dst_row,
+                             d.dst_row + d.rows));
+      // A later link waits only for the chain's own links (the GPU's one pass orders them).
+      for (int32_t k = d.wait_begin; k < d.wait_begin + d.wait_count; ++k) {
+        const int32_t sig = lr.transfer_waits[static_cast<size_t>(k)].signal;
+        WEFT_CHECK(std::find(links[c].signals.begin(), links[c].signals.end(), sig) != links[c].signals.end(),
+                   fmt::format("{}: chunk {} waits for a signal no link of its sum bumps", who, d.chunk));
+      }
+      if (kind == plan::Kind::kReduce) {
+        WEFT_CHECK(d.dst_rank == rank && d.src_tensor == in && d.dst_tensor == out,
+                   fmt::format("{}: chunk {} does not add a rank's \"in\" rows into this rank's \"out\"", who,
+                               d.chunk));
+      } else {
+        WEFT_CHECK(kind == plan::Kind::kPush && d.src_rank == rank && d.src_tensor == out && d.dst_tensor == out &&
+                       d.dst_rank != rank && d.signal_rank == d.dst_rank && d.increment == 1 &&
+                       lr.counter_wait_begin[i + 1] == lr.counter_wait_begin[i],
+                   fmt::format("{}: chunk {} is not a push of the sum into a peer's \"out\" that bumps one of "
+                               "its signals by 1",
+                               who, d.chunk));
+        links[c].pushed = true;
+      }
+    }
+    ArChainTables::Chain& ch = t.chains[c];
+    if (kind == plan::Kind::kPush) {
+      ch.signals.emplace_back(d.dst_rank, d.signal);
+    } else {
+      ch.sources.push_back(d.src_rank);
+      WEFT_CHECK(d.signal_rank == rank, fmt::format("{}: chunk {} signals another rank", who, d.chunk));
+      links[c].signals.push_back(d.signal);
+      for (int32_t k = lr.counter_wait_begin[i]; k < lr.counter_wait_begin[i + 1]; ++k)
+        ch.tile_waits.push_back(lr.counter_waits[static_cast<size_t>(k)]);
+    }
+  }
+  for (ArChainTables::Chain& ch : t.chains) {
+    std::vector<int32_t> src = ch.sources, peers;
+    std::sort(src.begin(), src.end());
+    for (const auto& [p, sig] : ch.signals) peers.push_back(p);
+    std::sort(peers.begin(), peers.end());
+    WEFT_CHECK(static_cast<int>(src.size()) == world && std::adjacent_find(src.begin(), src.end()) == src.end() &&
+                   static_cast<int>(peers.size()) == world - 1 &&
+                   std::adjacent_find(peers.begin(), peers.end()) == peers.end(),
+               fmt::format("{}: the sum of rows [{},{}) does not add every rank once and push to every peer once",
+                           who, ch.r0, ch.r1));
+    ch.after_tile = through(ch.r0, ch.r1);
+  }
+  // The links' own signals: nothing outside the chain waits for them (the GPU never bumps them).
+  for (const Links& l : links)
+    for (int32_t sig : l.signals)
+      for (const plan::WaitEntry& w : lr.final_waits)
+        WEFT_CHECK(w.signal != sig, fmt::format("{}: a final wait is on a link's own signal", who));
+  std::stable_sort(t.chains.begin(), t.chains.end(),
+                   [](const ArChainTables::Chain& a, const ArChainTables::Chain& b) { return a.after_tile < b.after_tile; });
+
+  // Landings: the peers' pushes into this rank's "out", by rows, with the final waits on them.
+  for (int q = 0; q < world; ++q) {
+    if (q == rank) continue;
+    for (const plan::TransferDesc& d : o.lowered.ranks[static_cast<size_t>(q)].transfers) {
+      if (d.dst_rank != rank || static_cast<plan::Kind>(d.kind) != plan::Kind::kPush) continue;
+      WEFT_CHECK(d.dst_tensor == out && d.signal_rank == rank,
+                 fmt::format("{}: rank {}'s chunk {} pushes into this rank's rows other than a sum", who, q, d.chunk));
+      ArChainTables::Landing* l = nullptr;
+      for (auto& x : t.landings)
+        if (x.r0 == d.dst_row && x.r1 == d.dst_row + d.rows) l = &x;
+      if (!l) {
+        t.landings.push_back({d.dst_row, d.dst_row + d.rows, {}, {}, through(d.dst_row, d.dst_row + d.rows)});
+        l = &t.landings.back();
+      }
+      bool found = false;
+      for (const plan::WaitEntry& w : lr.final_waits)
+        if (w.signal == d.signal) {
+          l->waits.push_back(w);
+          l->producers.push_back(q);
+          found = true;
+        }
+      WEFT_CHECK(found, fmt::format("{}: nothing waits for rank {}'s push of rows [{},{})", who, q, d.dst_row,
+                                    d.dst_row + d.rows));
+    }
+  }
+  size_t waits = 0;
+  for (const auto& l : t.landings) waits += l.waits.size();
+  WEFT_CHECK(waits == lr.final_waits.size(), fmt::format("{}: final waits on rows no peer pushes", who));
+  // Every row of "out" is this rank's sum or a landing, once.
+  std::vector<std::pair<int64_t, int64_t>> rows;
+  for (const auto& c : t.chains) rows.emplace_back(c.r0, c.r1);
+  for (const auto& l : t.landings) rows.emplace_back(l.r0, l.r1);
+  std::sort(rows.begin(), rows.end());
+  int64_t next = 0;
+  for (const auto& [r0, r1] : rows) {
+    WEFT_CHECK(r0 == next, fmt::format("{}: rows from {} are summed or land twice, or never", who, next));
+    next = r1;
+  }
+  WEFT_CHECK(next == s.rows, fmt::format("{}: rows from {} are neither summed here nor land", who, next));
+  std::stable_sort(t.landings.begin(), t.landings.end(),
+                   [](const ArChainTables::Landing& a, const ArChainTables::Landing& b) {
+                     return a.after_tile < b.after_tile;
+                   });
   return t;
 }
 

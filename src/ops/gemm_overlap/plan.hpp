@@ -32,9 +32,11 @@ struct OpPlanParams {
 // exactly those tables through the host executor: the fused kernel's (128 x 128 output tiles
 // unless the config says otherwise, SM transfers) and decomposed's (one tile per chunk of
 // rows, all of N; copy-engine transfers). Decomposed gemm_rs is the staged reduce-scatter
-// whatever config.algo says, its tiles the pieces of each owner's shard (band_rows = m_shard):
-// the host's decomposed method runs the same plan. k_local, m_shard: the op's per-rank K and
-// rows (gemm_ar: the shard rows of its plan).
+// and decomposed gemm_ar the two-shot all-reduce (SM transfers) whatever config.algo says
+// (that picks the fused method's template), their tiles the pieces of each owner's shard
+// (band_rows = m_shard; gemm_ar's pieces of every shard interleaved, so that every rank
+// computes the rows of the first sums first): the host's decomposed method runs the same
+// plan. k_local, m_shard: the op's per-rank K and rows (gemm_ar: the shard rows of its plan).
 OpPlanParams fused_plan_params(const GemmOverlapConfig& cfg, int world, int64_t k_local, int chunks);
 OpPlanParams decomposed_plan_params(const GemmOverlapConfig& cfg, int world, int64_t k_local, int chunks,
                                     int64_t m_shard);
@@ -57,6 +59,11 @@ void check_algo(GemmOp op, const std::string& algo);
 // and tile schedule; ag_gemm tiles are ordered by chunk arrival, gemm_rs / gemm_ar tiles by
 // when transfers need their rows (order_by_demand).
 OpPlan build_op_plan(const OpPlanParams& p);
+
+// Stable sort of each rank's tiles by their block's place in its band of band_rows rows (the
+// schedule's band_rows, or where gemm_schedule stored 0 for it, the one it was built with),
+// then the band: block 0 of every band, then block 1 of every band, ... (on every rank alike).
+void interleave_bands(plan::TileSchedule& s, int64_t band_rows);
 
 // Stable sort of each rank's tiles by the earliest transfer (any rank's) that reads their rows
 // of the schedule's tensor on that rank: (longest dependency chain before it, queue position).
@@ -90,6 +97,41 @@ struct RsDecomposedTables {
   std::vector<Piece> pieces;
 };
 RsDecomposedTables rs_decomposed_tables(const OpPlan& p, int rank, int64_t m_shard);
+
+// What the GPU decomposed gemm_ar reads of one rank's lowered tables of its all-reduce plan
+// (decomposed_plan_params: two-shot, a tile per piece of each shard, the pieces of every shard
+// interleaved), checked here once at setup. Each sum the rank owns is a chain of its links: a
+// copy of its own rows of "in" into "out", a reduce of each peer's same rows into them, then
+// a push of the sum into every peer's "out". The GPU runs a chain as one pass (one kernel:
+// every rank's rows summed in fp32 in the chain's order, rounded once, stored to this rank's
+// C and to each peer's "out", then the pushes' signals): the links' own signals, which only
+// the next link waits for, are left out (checked). The rows the peers push into this rank's
+// "out" (the plan's final waits, by region) are its landings, copied out to C once in.
+//  - chains: in the order of this rank's tiles they read (after_tile), each with the tile
+//    counters its links wait for (any rank's tiles: CounterWait) and the (rank, lowered
+//    signal) its pushes bump by 1;
+//  - landings: the same, with the final waits guarding them and the rank bumping each.
+// Every chain pushes to every peer: a peer's reads of this rank's "in" rows then precede
+// this rank's landings, which end its call (so the next call's GEMM may overwrite "in").
+// Throws Error naming what does not fit that shape.
+struct ArChainTables {
+  struct Chain {
+    int64_t r0 = 0, r1 = 0;                            // rows of in / out / C (all N columns)
+    std::vector<int32_t> sources;                      // ranks whose "in" rows are summed, in order
+    std::vector<plan::CounterWait> tile_waits;         // the tiles the links read
+    std::vector<std::pair<int32_t, int32_t>> signals;  // (peer, lowered signal there): +1 after the sum
+    int32_t after_tile = 0;  // this rank's tiles [0, after_tile) hold every own tile it reads
+  };
+  struct Landing {
+    int64_t r0 = 0, r1 = 0;
+    std::vector<plan::WaitEntry> waits;  // lowered signals of this rank, per-epoch thresholds
+    std::vector<int32_t> producers;      // the rank bumping each
+    int32_t after_tile = 0;              // as Chain::after_tile: the owner's chain reads those tiles
+  };
+  std::vector<Chain> chains;
+  std::vector<Landing> landings;
+};
+ArChainTables ar_chain_tables(const OpPlan& p, int rank);
 
 // C rows [r0, r1) x cols [c0, c1) = A * op(B) with fp32 accumulation in k order, stored as T.
 // A [.. x k] row-major (lda = k); B W [n x k] (kNK) or B [k x n] (kKN); C ldc = n. Rows are
