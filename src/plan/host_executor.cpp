@@ -351,6 +351,18 @@ void HostExecutor::run(const ExecCall& call) {
   WEFT_REQUIRE(call.input_tensor == -1 || (call.input_tensor >= 0 && call.input_tensor < nt && call.input),
                fmt::format("host executor of plan {}: input tensor {} (of {}) with pointer {}", plan_.name,
                            call.input_tensor, nt, call.input));
+  std::vector<ExecInput> inputs;
+  if (call.input_tensor >= 0) inputs.push_back({call.input_tensor, call.input});
+  inputs.insert(inputs.end(), call.more_inputs.begin(), call.more_inputs.end());
+  std::set<int> input_tensors;
+  for (const ExecInput& in : call.more_inputs)
+    WEFT_REQUIRE(in.tensor >= 0 && in.tensor < nt && in.data,
+                 fmt::format("host executor of plan {}: further input tensor {} (of {}) with pointer {}", plan_.name,
+                             in.tensor, nt, in.data));
+  for (const ExecInput& in : inputs)
+    WEFT_REQUIRE(input_tensors.insert(in.tensor).second,
+                 fmt::format("host executor of plan {}: input tensor {} given twice in one call", plan_.name,
+                             in.tensor));
   WEFT_REQUIRE(call.output_tensor == -1 || (call.output_tensor >= 0 && call.output_tensor < nt && call.output),
                fmt::format("host executor of plan {}: output tensor {} (of {}) with pointer {}", plan_.name,
                            call.output_tensor, nt, call.output));
@@ -362,13 +374,13 @@ void HostExecutor::run(const ExecCall& call) {
     // Epoch guard (the plan does not express it): before a peer writes into this rank's
     // tensors for call e, this rank must be done with them for call e-1. run() returns only
     // after all of this rank's work and its output copy, so one barrier on entry suffices.
-    // The input copy goes before it; when peers read the input tensor remotely it must also
-    // stay untouched until they are done with e-1: a barrier on each side of the copy.
-    if (call.input_tensor >= 0) {
-      if (remote_read_[static_cast<size_t>(call.input_tensor)]) dev::barrier(dev::CoopThread{}, ctx, barrier_);
-      backend_.copy_from_host(tensor_off_[static_cast<size_t>(call.input_tensor)], call.input,
-                              tensor_bytes(call.input_tensor));
-    }
+    // The input copies go before it; when peers read an input tensor remotely it must also
+    // stay untouched until they are done with e-1: a barrier on each side of the copies.
+    if (std::any_of(inputs.begin(), inputs.end(),
+                    [&](const ExecInput& in) { return remote_read_[static_cast<size_t>(in.tensor)]; }))
+      dev::barrier(dev::CoopThread{}, ctx, barrier_);
+    for (const ExecInput& in : inputs)
+      backend_.copy_from_host(tensor_off_[static_cast<size_t>(in.tensor)], in.data, tensor_bytes(in.tensor));
     dev::barrier(dev::CoopThread{}, ctx, barrier_);
 
     const int ntw = opt_.transfer_workers, nw = ntw + opt_.tile_workers;

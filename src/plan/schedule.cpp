@@ -40,6 +40,31 @@ std::vector<const Transfer*> writers(const CommPlan& p, int t, int r) {
   return w;
 }
 
+// The grid columns [first, second) a chunk writes of a column-read tensor: the rows of its
+// region for a transposed read (W[N, K]), else its columns.
+std::pair<int64_t, int64_t> grid_cols(const Transfer& x, bool transposed) {
+  const Region& g = x.dst.region;
+  return transposed ? std::pair{g.row_begin, g.row_end} : std::pair{g.col_begin, g.col_end};
+}
+
+// Columns [c0, c1) of tile column block n.
+std::pair<int64_t, int64_t> block_cols(const TileSchedule& s, int n) {
+  const int64_t c0 = int64_t{n} * s.tile_cols;
+  return {c0, std::min(s.cols, c0 + s.tile_cols)};
+}
+
+// Per column read of the schedule: the chunks that write its tensor on rank r, and whether
+// the read is transposed.
+std::vector<std::pair<std::vector<const Transfer*>, bool>> column_writers(const CommPlan& p, const TileSchedule& s,
+                                                                          int r) {
+  std::vector<std::pair<std::vector<const Transfer*>, bool>> out;
+  for (const ColumnRead& cr : s.column_reads) {
+    const int t = p.tensor_id(cr.tensor);
+    out.emplace_back(t >= 0 ? writers(p, t, r) : std::vector<const Transfer*>{}, cr.transposed);
+  }
+  return out;
+}
+
 std::string tile_name(const Tile& t, int r) { return fmt::format("tile ({},{}) on rank {}", t.m, t.n, r); }
 
 void check_geometry(const TileSchedule& s) {
@@ -114,24 +139,36 @@ void attach_waits(TileSchedule& s, const CommPlan& plan) {
   WEFT_REQUIRE(s.order.size() == static_cast<size_t>(plan.world),
                fmt::format("tile schedule for {} ranks, plan {} for {}", s.order.size(), plan.name, plan.world));
   check_geometry(s);
+  for (const ColumnRead& cr : s.column_reads)
+    WEFT_REQUIRE(plan.tensor_id(cr.tensor) >= 0,
+                 fmt::format("tile schedule: plan {} has no tensor '{}' (a column read)", plan.name, cr.tensor));
   for (int r = 0; r < plan.world; ++r) {
     const auto w = writers(plan, t, r);
-    // Waits depend on the row block only: compute them once per block.
-    std::map<int, std::vector<TileWait>> by_block;
+    const auto cw = column_writers(plan, s, r);
+    // Waits depend on the row block (and the column block, with column reads) only: compute
+    // them once per block.
+    std::map<std::pair<int, int>, std::vector<TileWait>> by_block;
     for (Tile& tile : s.order[static_cast<size_t>(r)]) {
-      auto it = by_block.find(tile.m);
+      const std::pair<int, int> key{tile.m, cw.empty() ? 0 : tile.n};
+      auto it = by_block.find(key);
       if (it == by_block.end()) {
         const auto [a, b] = block_rows(s, tile.m);
         std::set<int> sigs;
         for (const Transfer* x : w)
           if (x->dst.region.row_begin < b && a < x->dst.region.row_end && x->signal.rank == r)
             sigs.insert(x->signal.index);
+        const auto [c0, c1] = block_cols(s, tile.n);
+        for (const auto& [xs, transposed] : cw)
+          for (const Transfer* x : xs) {
+            const auto [g0, g1] = grid_cols(*x, transposed);
+            if (g0 < c1 && c0 < g1 && x->signal.rank == r) sigs.insert(x->signal.index);
+          }
         std::vector<TileWait> waits;
         for (int sig : sigs) {
           const Signal* d = plan.find_signal(r, sig);
           waits.push_back(TileWait{sig, d ? d->expected : 0});
         }
-        it = by_block.emplace(tile.m, std::move(waits)).first;
+        it = by_block.emplace(key, std::move(waits)).first;
       }
       tile.waits = it->second;
     }
@@ -237,6 +274,19 @@ VerifyResult verify_schedule(const CommPlan& plan, const TileSchedule& s, const 
   else if (t >= 0 && plan.tensors[static_cast<size_t>(t)].rows != s.rows)
     add(fmt::format("the schedule has {} rows, tensor '{}' {}", s.rows, s.tensor,
                     plan.tensors[static_cast<size_t>(t)].rows));
+  for (const ColumnRead& cr : s.column_reads) {
+    const int ct = plan.tensor_id(cr.tensor);
+    if (ct < 0) {
+      add(fmt::format("the schedule's tiles read columns of tensor '{}', which plan {} does not have", cr.tensor,
+                      plan.name));
+      continue;
+    }
+    const Tensor& x = plan.tensors[static_cast<size_t>(ct)];
+    const int64_t extent = cr.transposed ? x.rows : x.cols;
+    if (extent != s.cols)
+      add(fmt::format("the schedule has {} columns, tensor '{}' (a {}column read) {}", s.cols, cr.tensor,
+                      cr.transposed ? "transposed " : "", extent));
+  }
   if (!res.ok) return res;
 
   const int tm = s.tiles_m(), tn = s.tiles_n();
@@ -282,6 +332,7 @@ VerifyResult verify_schedule(const CommPlan& plan, const TileSchedule& s, const 
     std::vector<int> seen(static_cast<size_t>(tm) * tn, 0);
     std::vector<int64_t> notifies(s.counters.size(), 0);
     const auto w = writers(plan, t, r);
+    const auto cw = column_writers(plan, s, r);
     for (const Tile& tile : order) {
       const std::string who = tile_name(tile, r);
       if (tile.m < 0 || tile.m >= tm || tile.n < 0 || tile.n >= tn) {
@@ -314,6 +365,15 @@ VerifyResult verify_schedule(const CommPlan& plan, const TileSchedule& s, const 
           add(fmt::format("{} reads rows [{},{}) of '{}' that chunk {} writes, but does not wait for it", who,
                           std::max(a, x->dst.region.row_begin), std::min(b, x->dst.region.row_end), s.tensor,
                           x->chunk));
+      const auto [c0, c1] = block_cols(s, tile.n);
+      for (size_t k = 0; k < cw.size(); ++k)
+        for (const Transfer* x : cw[k].first) {
+          const auto [g0, g1] = grid_cols(*x, cw[k].second);
+          if (g0 < c1 && c0 < g1 && !(x->signal.rank == r && waited.count(x->signal.index)))
+            add(fmt::format("{} reads grid columns [{},{}) of '{}' ({}) that chunk {} writes, but does not wait for it",
+                            who, std::max(c0, g0), std::min(c1, g1), s.column_reads[k].tensor,
+                            cw[k].second ? "its rows" : "its columns", x->chunk));
+        }
       if (tile.notify >= 0 && static_cast<size_t>(tile.notify) < notifies.size())
         ++notifies[static_cast<size_t>(tile.notify)];
       else if (tile.notify != -1)
@@ -366,6 +426,7 @@ namespace {
 
 std::optional<ClosedForm> find_closed_form(const TileSchedule& s, const Lowered& L, const CommPlan& plan, int t) {
   if (s.band_rows != 0) return std::nullopt;  // the formula has uniform row blocks
+  if (!s.column_reads.empty()) return std::nullopt;  // its waits follow the rows alone
   ClosedForm f;
   f.tiles_m = s.tiles_m();
   f.tiles_n = s.tiles_n();

@@ -1,9 +1,10 @@
 // The host backend executing lowered tables (plan::HostExecutor): AG+GEMM (all-gather of A
 // by rows, then C = A*B tile by tile, the tile function below) for world sizes 1, 2, 3, 4 and
 // 8, every all-gather algorithm, splits 1 and 3, bf16 and float, three calls in a row with
-// fresh inputs; a hand-written text plan; the fault tests (a rank that skips a call, a rank
-// whose transfers never run) and tables the executor must refuse. The reduce transfers and
-// tile counters of GEMM+RS / GEMM+AR run through the same executor in gemm_overlap_host_test.
+// fresh inputs; a hand-written text plan; a plan with two inputs; the fault tests (a rank that
+// skips a call, a rank whose transfers never run) and tables the executor must refuse. The
+// reduce transfers and tile counters of GEMM+RS / GEMM+AR run through the same executor in
+// gemm_overlap_host_test.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -218,6 +219,96 @@ TEST(PlanHostExecText, HandWrittenPullPlanWithColumnPieces) {
       }
       WEFT_CHECK(chunks.size() == lr.transfers.size() && tiles.size() == lr.tiles.size(), "events repeat");
     }
+  }));
+}
+
+// A plan with two input tensors (ExecCall::more_inputs), each pulled remotely by the peer:
+// both are copied in before anyone reads them and stay untouched until the peer is done with
+// the previous call's contents (the calls' values differ, so a late pull of a new input or an
+// early one of an old input shows), three calls; an input given twice is refused.
+TEST(PlanHostExecText, TwoInputsPulledByThePeer) {
+  expect_all_ok(run_host_ranks(2, [] {
+    auto backend = make_backend();
+    const int rank = backend->rank();
+    PlanBuilder b("pull_two", 2);
+    Tensor t;
+    t.elem_bytes = 4;
+    t.cols = kK;
+    t.rows = kM;
+    t.role = Role::kInput;
+    t.name = "in";
+    const int in = b.add_tensor(t);
+    t.name = "in2";
+    const int in2 = b.add_tensor(t);
+    t.rows = 2 * kM;
+    t.role = Role::kOutput;
+    t.name = "out";
+    const int out = b.add_tensor(t);
+    t.name = "out2";
+    const int out2 = b.add_tensor(t);
+    for (int r = 0; r < 2; ++r) {
+      const int q = 1 - r;
+      for (auto [src, dst] : {std::pair{in, out}, std::pair{in2, out2}}) {
+        Transfer own;
+        own.kind = Kind::kCopy;
+        own.src = {r, src, Region::rect(0, kM, 0, kK)};
+        own.dst = {r, dst, Region::rect(r * kM, (r + 1) * kM, 0, kK)};
+        own.signal = b.new_signal(r);
+        b.add(r, own);
+        Transfer pull;
+        pull.kind = Kind::kPull;
+        pull.src = {q, src, Region::rect(0, kM, 0, kK)};
+        pull.dst = {r, dst, Region::rect(q * kM, (q + 1) * kM, 0, kK)};
+        pull.signal = b.new_signal(r);
+        b.add(r, pull);
+      }
+    }
+    AgGemmCase s;
+    s.plan = b.finish();
+    s.schedule = row_schedule(s.plan, "out", kTileRows);
+    s.lowered = lower(s.plan, s.schedule);
+    s.options.dtype = dev::DType::kF32;
+    HostExecutor x = make_executor(*backend, s);
+    auto value = [](int which, int64_t g, int64_t k, int64_t e) { return a_value(g, k, e) + 300.0f * which; };
+    for (int64_t e = 1; e <= 3; ++e) {
+      std::vector<float> v1(static_cast<size_t>(kM * kK)), v2(v1.size());
+      for (int64_t i = 0; i < kM; ++i)
+        for (int64_t k = 0; k < kK; ++k) {
+          v1[static_cast<size_t>(i * kK + k)] = value(0, rank * kM + i, k, e);
+          v2[static_cast<size_t>(i * kK + k)] = value(1, rank * kM + i, k, e);
+        }
+      std::vector<float> got(static_cast<size_t>(2 * kM * kK), std::numeric_limits<float>::quiet_NaN());
+      ExecCall call;
+      call.input = v1.data();
+      call.input_tensor = in;
+      call.more_inputs = {{in2, v2.data()}};
+      call.tile = [](const TileEntry&, int64_t, int64_t, int64_t, int64_t) {};
+      call.output_tensor = out;
+      call.output = got.data();
+      x.run(call);
+      const auto* got2 = static_cast<const float*>(x.tensor(out2));
+      for (int64_t g = 0; g < 2 * kM; ++g)
+        for (int64_t k = 0; k < kK; ++k) {
+          const size_t i = static_cast<size_t>(g * kK + k);
+          WEFT_CHECK(got[i] == value(0, g, k, e) && got2[i] == value(1, g, k, e),
+                     fmt::format("rank {} call {}: out[{}][{}] = {}, out2 = {} (expected {}, {})", rank, e, g, k,
+                                 got[i], got2[i], value(0, g, k, e), value(1, g, k, e)));
+        }
+    }
+    ExecCall twice;
+    std::vector<float> v(static_cast<size_t>(kM * kK), 0.0f);
+    twice.input = v.data();
+    twice.input_tensor = in;
+    twice.more_inputs = {{in2, v.data()}, {in, v.data()}};
+    twice.tile = [](const TileEntry&, int64_t, int64_t, int64_t, int64_t) {};
+    std::string msg;
+    try {
+      x.run(twice);
+    } catch (const InvalidArgument& e) {
+      msg = e.what();
+    }
+    WEFT_CHECK(msg.find("input tensor 0 given twice") != std::string::npos, "not refused: " + msg);
+    WEFT_CHECK(x.epoch() == 3, "the refused call counted");
   }));
 }
 

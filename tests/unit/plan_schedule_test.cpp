@@ -337,3 +337,104 @@ TEST(PlanSchedule, BandsKeepTilesInsideShards) {
   bad.band_rows = -1;
   EXPECT_FALSE(verify_schedule(p, bad).ok);
 }
+
+namespace {
+
+// 2 ranks; each pushes its input 'x' [4 x 6] into the peer's 'g' (rows), then its 'w' into
+// the peer's 'gw' in column pieces of 2 (transposed: 'w' is [6 x 3], rows = the grid's columns;
+// else [3 x 6], columns). A 4 x 6 grid in tiles of 4 x 2 over 'g' reads 'gw' by columns.
+CommPlan column_plan(bool transposed) {
+  PlanBuilder b("column_reads", 2);
+  Tensor t;
+  t.role = Role::kInput;
+  t.elem_bytes = 4;
+  t.name = "x";
+  t.rows = 4;
+  t.cols = 6;
+  const int x = b.add_tensor(t);
+  t.name = "w";
+  t.rows = transposed ? 6 : 3;
+  t.cols = transposed ? 3 : 6;
+  const int w = b.add_tensor(t);
+  t.role = Role::kScratch;
+  t.name = "g";
+  t.rows = 4;
+  t.cols = 6;
+  const int g = b.add_tensor(t);
+  t.name = "gw";
+  t.rows = transposed ? 6 : 3;
+  t.cols = transposed ? 3 : 6;
+  const int gw = b.add_tensor(t);
+  for (int r = 0; r < 2; ++r) {
+    Transfer a;
+    a.src = {r, x, Region::rect(0, 4, 0, 6)};
+    a.dst = {1 - r, g, Region::rect(0, 4, 0, 6)};
+    a.signal = b.new_signal(1 - r);
+    b.add(r, a);
+    for (int64_t c0 = 0; c0 < 6; c0 += 2) {
+      Transfer p;
+      const Region reg = transposed ? Region::rect(c0, c0 + 2, 0, 3) : Region::rect(0, 3, c0, c0 + 2);
+      p.src = {r, w, reg};
+      p.dst = {1 - r, gw, reg};
+      p.signal = b.new_signal(1 - r);
+      b.add(r, p);
+    }
+  }
+  return b.finish();
+}
+
+}  // namespace
+
+// TileSchedule::column_reads: tile n waits for the chunks that write its columns of the read
+// tensor (by rows when transposed), the verifier insists on them, and they lower like row waits.
+TEST(PlanSchedule, ColumnReadsWaitForTheChunksOfTheirColumns) {
+  for (bool transposed : {false, true}) {
+    SCOPED_TRACE(transposed ? "transposed" : "by columns");
+    const CommPlan p = column_plan(transposed);
+    ASSERT_TRUE(verify(p).ok) << verify(p).text();
+    TileSchedule s = gemm_schedule(p, "g", 6, 4, 2);
+    // Without the column read, every tile waits for the rows of 'g' alone.
+    for (const Tile& t : s.order[0]) EXPECT_EQ(t.waits.size(), size_t{1});
+    s.column_reads.push_back(ColumnRead{"gw", transposed});
+    attach_waits(s, p);
+    ASSERT_EQ(s.order[0].size(), size_t{3});
+    for (int r = 0; r < 2; ++r)
+      for (const Tile& t : s.order[static_cast<size_t>(r)]) {
+        // Signals of rank r: 0 for 'g', 1 + n for column piece n.
+        const std::vector<TileWait> want{{0, 1}, {1 + t.n, 1}};
+        EXPECT_EQ(t.waits, want) << "rank " << r << " tile " << t.n;
+      }
+    const VerifyResult ok = verify_schedule(p, s, {.comm_workers = 1, .tile_workers = 1});
+    EXPECT_TRUE(ok.ok) << ok.text();
+    const Lowered L = lower(p, s);
+    EXPECT_FALSE(L.closed.has_value());
+    const LoweredRank& l1 = L.ranks[1];
+    ASSERT_EQ(l1.tiles.size(), size_t{3});
+    for (const TileEntry& e : l1.tiles) {
+      ASSERT_EQ(e.wait_count, 2);
+      // Lowered: the row signal first (it guards the schedule's rows), then the piece's.
+      EXPECT_EQ(l1.tile_waits[static_cast<size_t>(e.wait_begin)].signal, 0);
+      EXPECT_EQ(l1.tile_waits[static_cast<size_t>(e.wait_begin) + 1].signal, 1 + e.n);
+      EXPECT_EQ(l1.signal_producer[static_cast<size_t>(1 + e.n)], 0);
+    }
+
+    // A tile without its column piece's wait is refused (and only because of the column read).
+    TileSchedule missing = s;
+    auto& w = missing.order[1][1].waits;
+    w.erase(std::remove_if(w.begin(), w.end(), [](const TileWait& x) { return x.signal == 2; }), w.end());
+    const VerifyResult bad = verify_schedule(p, missing);
+    EXPECT_FALSE(bad.ok);
+    EXPECT_TRUE(has(bad, "tile (0,1) on rank 1 reads grid columns [2,4) of 'gw'")) << bad.text();
+    missing.column_reads.clear();
+    EXPECT_TRUE(verify_schedule(p, missing).ok);
+
+    // A column read of a tensor the plan lacks, or whose extent is not the grid's columns.
+    TileSchedule unknown = s;
+    unknown.column_reads[0].tensor = "nope";
+    EXPECT_TRUE(has(verify_schedule(p, unknown), "tensor 'nope'"));
+    EXPECT_THROW(attach_waits(unknown, p), weft::InvalidArgument);
+    TileSchedule flipped = s;
+    flipped.column_reads[0].transposed = !transposed;
+    EXPECT_TRUE(has(verify_schedule(p, flipped), "the schedule has 6 columns, tensor 'gw'"));
+  }
+}

@@ -66,10 +66,21 @@ struct ExecEvent {
 // concurrently; the executor bumps the tile's counter once all of them have returned.
 using TileFn = std::function<void(const TileEntry& t, int64_t r0, int64_t r1, int64_t c0, int64_t c1)>;
 
+// A further input of a call: copied into plan tensor `tensor` (its whole size) as `input` is.
+struct ExecInput {
+  int tensor = -1;
+  const void* data = nullptr;
+};
+
 struct ExecCall {
-  // Copied into plan tensor `input_tensor` (its whole size) before any peer may read it.
+  // Copied into plan tensor `input_tensor` (its whole size) before any peer may read it, and,
+  // where peers read that tensor remotely, only once every peer is done with the previous
+  // call's contents.
   const void* input = nullptr;
   int input_tensor = -1;  // -1: no input copy
+  // Plans with several inputs (a GEMM's A and B): the others, copied the same way (each
+  // tensor at most once in a call, `input_tensor` included).
+  std::vector<ExecInput> more_inputs;
   TileFn tile;            // may be empty only when this rank has no tiles
   // Plan tensor `output_tensor` (its whole size) copied out to `output` after the final waits.
   int output_tensor = -1;  // -1: no output copy

@@ -36,6 +36,17 @@ struct Tile {
   bool operator==(const Tile&) const = default;
 };
 
+// A further tensor that tiles read by the grid's columns (a GEMM's B operand that the plan
+// moves in column pieces): tile (m, n) reads the grid columns [n*tile_cols, ..) of it -- its
+// rows of that range when `transposed` (W[N, K]: rows = the grid's columns), else its columns
+// (B[K, N]) -- on its own rank, and so waits there for every signal bumped by a chunk that
+// writes that range, each for its whole per-epoch total, as for the rows of `tensor`.
+struct ColumnRead {
+  std::string tensor;
+  bool transposed = false;
+  bool operator==(const ColumnRead&) const = default;
+};
+
 struct TileSchedule {
   int world = 1;
   std::string tensor;  // the plan tensor whose rows tiles wait for
@@ -57,6 +68,9 @@ struct TileSchedule {
   // all-reduce) instead of reading them (an all-gather feeding a GEMM). Lowering then makes the
   // transfers that read those rows wait for the tiles' counters (LoweredRank::counter_waits).
   bool tiles_write = false;
+  // Tensors tiles also read by column block (ColumnRead); attach_waits and verify_schedule
+  // treat their writers as they treat the writers of `tensor`'s rows.
+  std::vector<ColumnRead> column_reads;
 
   int tiles_m() const;
   int tiles_n() const { return static_cast<int>((cols + tile_cols - 1) / tile_cols); }
@@ -75,7 +89,8 @@ TileSchedule gemm_schedule(const CommPlan& plan, const std::string& tensor, int6
 TileSchedule row_schedule(const CommPlan& plan, const std::string& tensor, int64_t tile_rows);
 
 // (Re)computes every tile's waits from the plan: the signals of the chunks that write the
-// tile's rows of `tensor` on its rank, each with its declared total as threshold.
+// tile's rows of `tensor` on its rank, and its column range of each of `column_reads`, each
+// with its declared total as threshold.
 void attach_waits(TileSchedule& s, const CommPlan& plan);
 
 // ---- transforms (each keeps every tile once per rank) ----------------------------------
@@ -106,7 +121,8 @@ struct ScheduleVerifyOptions {
 };
 
 // Every tile once per rank; every wait on a declared signal of its rank with a threshold equal
-// to the notifies that reach it; every chunk that writes rows a tile reads is waited for;
+// to the notifies that reach it; every chunk that writes rows a tile reads (or its columns of
+// a column read) is waited for;
 // counters match the tiles that notify them; and transfers plus tiles make progress with the
 // given workers. Does not repeat verify(plan): run that too.
 VerifyResult verify_schedule(const CommPlan& plan, const TileSchedule& s, const ScheduleVerifyOptions& opt = {});

@@ -70,14 +70,15 @@ void DecomposedGpu::setup() {
     rs_stage = op_.data_buffer(static_cast<size_t>(world) * m_shard * cfg.n * eb, "decomposed.staging");
     // The staged reduce-scatter's tables (decomposed_plan_params, shared with the host's
     // decomposed method and tests): its pushes, tiles, signals and the owner's sums. (The
-    // gathered-inputs fold, a different algorithm, is hand-written: gather_rs.)
+    // gathered-inputs fold, a different algorithm, runs its own plan: gather_inputs_plan.)
     rs = detail::build_op_plan(detail::decomposed_plan_params(cfg, world, k_local, chunks, m_shard));
     rs_tables = detail::rs_decomposed_tables(rs, rank, m_shard);
     const plan::Tensor& st = rs.plan.tensors[static_cast<size_t>(rs.plan.tensor_id("stage"))];
     WEFT_CHECK(st.rows == world * m_shard && st.cols == cfg.n,
                fmt::format("gemm_rs decomposed: plan {}'s staging is {}x{}", rs.plan.name, st.rows, st.cols));
     rs_signals = heap.alloc_signals(static_cast<uint32_t>(rs.lowered.max_signals()), tag + ".decomposed.signals");
-    // One per push of the plan (a record after its GEMMs); gather_rs: one per column piece.
+    // One per push of the plan (a record after its GEMMs); gather_rs: one per tile (at most
+    // `chunks`: gather_inputs_plan).
     ev_piece.resize(std::max(rs_tables.pushes.size(), static_cast<size_t>(chunks)));
     if (rs_fold == RsFold::kLt || rs_fold == RsFold::kGather) {
       ev_recv.resize(static_cast<size_t>(chunks));
@@ -92,18 +93,64 @@ void DecomposedGpu::setup() {
       WEFT_CUDA_CHECK(cudaMemcpy(one, &v, sizeof v, cudaMemcpyHostToDevice));
     }
     if (rs_fold == RsFold::kGather) {
-      g_a = op_.data_buffer(static_cast<size_t>(m_shard * k_local) * eb, "gather.a");
-      g_b = op_.data_buffer(static_cast<size_t>(op_.b_rows * op_.b_cols) * eb, "gather.b");
-      g_flags = heap.alloc_signals(static_cast<uint32_t>(chunks), tag + ".gather.flags");
-      // Column pieces on 128-column boundaries where N allows (whole tiles of cuBLAS's).
-      for (const auto& [c0, c1] : plan::split_range(0, cfg.n, chunks)) {
-        const auto round = [&](int64_t x) { return x == cfg.n ? x : std::min<int64_t>(cfg.n, (x + 64) / 128 * 128); };
-        g_cols.emplace_back(round(c0), round(c1));
+      // The gathered inputs' tables (gather_inputs_plan, shared with the host tests): its
+      // scratch tensors (the peer's rows of A for this block, the peer's B), its signals, and
+      // per tile its waits. Checked here once: this rank's transfers are copy-engine pushes of
+      // its inputs into the peer's scratch, each bumping a signal of the peer whose per-epoch
+      // total is 1 (so a copy of the call count stands for its +1: put_count), and every tile
+      // covers the whole block's rows.
+      const std::string who = fmt::format("gemm_rs decomposed (gathered inputs) on rank {}", rank);
+      WEFT_CHECK(world == 2, who + ": needs 2 ranks");
+      gp = gather_inputs_plan(cfg, k_local, m_shard, chunks);
+      for (const plan::Tensor& x : gp.plan.tensors)
+        g_tensor_off.push_back(x.role == plan::Role::kInput
+                                   ? 0
+                                   : op_.data_buffer(static_cast<size_t>(x.rows * x.cols * x.elem_bytes),
+                                                     "gather." + x.name));
+      g_signals = heap.alloc_signals(static_cast<uint32_t>(gp.lowered.max_signals()), tag + ".gather.signals");
+      const int p = 1 - rank;
+      const plan::LoweredRank& lr = gp.lowered.ranks[static_cast<size_t>(rank)];
+      const plan::LoweredRank& lp = gp.lowered.ranks[static_cast<size_t>(p)];
+      for (const plan::TransferDesc& d : lr.transfers) {
+        const plan::Tensor& st = gp.plan.tensors[static_cast<size_t>(d.src_tensor)];
+        const plan::Tensor& dt = gp.plan.tensors[static_cast<size_t>(d.dst_tensor)];
+        WEFT_CHECK(static_cast<plan::Kind>(d.kind) == plan::Kind::kPush && d.src_rank == rank && d.dst_rank == p &&
+                       st.role == plan::Role::kInput && dt.role != plan::Role::kInput && d.wait_count == 0 &&
+                       d.signal_rank == p && d.increment == 1 &&
+                       lp.signal_expected[static_cast<size_t>(d.signal)] == 1,
+                   fmt::format("{}: chunk {} is not a push of an input into the peer's scratch bumping a signal of "
+                               "total 1",
+                               who, d.chunk));
       }
+      const plan::TileSchedule& sch = gp.schedule;
+      for (const plan::TileEntry& t : lr.tiles) {
+        WEFT_CHECK(sch.block_rows(t.m) == std::make_pair(int64_t{0}, m_shard),
+                   fmt::format("{}: tile ({},{}) does not cover the block's rows", who, t.m, t.n));
+        std::vector<std::tuple<int, uint64_t, int64_t>> waits;
+        int32_t after = -1;
+        for (int32_t k = t.wait_begin; k < t.wait_begin + t.wait_count; ++k) {
+          const plan::WaitEntry& w = lr.tile_waits[static_cast<size_t>(k)];
+          const int32_t from = lr.signal_producer[static_cast<size_t>(w.signal)];
+          WEFT_CHECK(from == p, fmt::format("{}: tile ({},{}) waits for signal {} of rank {}", who, t.m, t.n,
+                                            w.signal, from));
+          waits.emplace_back(from, g_signals.at(static_cast<uint32_t>(w.signal)), w.threshold);
+          // The peer's push that bumps it; this rank's push in the same position goes out
+          // about when it arrives (the two ranks' queues mirror each other).
+          for (size_t i = 0; i < lp.transfers.size(); ++i)
+            if (lp.transfers[i].signal_rank == rank && lp.transfers[i].signal == w.signal)
+              after = std::max(after, static_cast<int32_t>(i));
+        }
+        WEFT_CHECK(after >= 0 && static_cast<size_t>(after) < lr.transfers.size(),
+                   fmt::format("{}: tile ({},{}) waits for no push of the peer's", who, t.m, t.n));
+        g_waits.push_back(std::move(waits));
+        g_out_after.push_back(after);
+      }
+      WEFT_CHECK(!lr.tiles.empty() && lr.tiles.size() <= ev_piece.size() && lr.tiles.size() <= ev_recv.size(),
+                 fmt::format("{}: {} tiles for {} chunks", who, lr.tiles.size(), chunks));
       WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cw, cudaStreamNonBlocking));
       WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cb, cudaStreamNonBlocking));
       WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_backup, cudaEventDisableTiming));
-      ev_out.resize(static_cast<size_t>(chunks));
+      ev_out.resize(lr.tiles.size());
       for (auto& e : ev_out) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
     if (rs_fold == RsFold::kWeft) {  // (never with SM copies: choose_rs_fold)
@@ -562,19 +609,22 @@ void DecomposedGpu::ar_sums(const void* a, const void* bp, void* c, cudaStream_t
 }
 
 // gemm_rs decomposed, RsFold::kGather (2 ranks; the fork to cs is done): this rank's block of
-// C over all of K. The copy stream pushes this rank's rows of A for the peer's block and its B
-// (in g_cols pieces) into the peer's g_a / g_b once the peer has begun this call; the compute
-// stream computes C = A_own-rows · B (this rank's K-half), then per column piece j, once the
-// peer's data up to j is here, C[:, j] += the peer's rows of A · the peer's B[:, j] (cuBLAS in
-// place: its epilogue adds C). No SM kernel may run beside a GEMM (a running cuBLAS GEMM holds
-// every SM to its last wave; a kernel waiting for one could stall a CTA of the next): the
-// guard is a stream memory operation, each data flag a copy-engine copy of the sender's call
-// counter, and each wait for data (a kernel: it has the deadline that names a missing peer)
-// becomes runnable only when it can find an SM in the last wave of the GEMM before the one
-// that needs it: once this rank's push of piece j is out (the peer's arrives about then) and
-// (j > 0) piece j-1's GEMM is launched. Those pushes sit behind the guard, which has no
-// deadline; so a second wait for piece 0, on its own stream once the own K-half's GEMM is done
-// (its data is in by then: it passes at once), names a peer that never comes.
+// C over all of K, from the tables of plan "gemm_rs.gather_inputs" (gather_inputs_plan). The
+// copy stream runs this rank's transfers in issue order -- its rows of A for the peer's block
+// into the peer's g_a, then its B piece by piece into the peer's g_b -- once the peer has
+// begun this call; the compute stream computes C = A_own-rows · B (this rank's K-half), then
+// per tile (a column piece of the block), once its waits pass (the peer's A and its B piece),
+// C[:, piece] += g_a · g_b[:, piece] (cuBLAS in place: its epilogue adds C). No SM kernel may
+// run beside a GEMM (a running cuBLAS GEMM holds every SM to its last wave; a kernel waiting
+// for one could stall a CTA of the next): the guard is a stream memory operation, each
+// transfer's signal a copy-engine copy of the sender's call counter, and each tile's wait (a
+// kernel: it has the deadline that names a missing peer) becomes runnable only when it can
+// find an SM in the last wave of the GEMM before the one that needs it: once this rank's push
+// mirroring the last one it waits for is out (the peer's arrives about then; g_out_after) and
+// (after the first) the previous tile's GEMM is launched. Those pushes sit behind the guard,
+// which has no deadline; so a second wait for the first tile, on its own stream once the own
+// K-half's GEMM is done (its data is in by then: it passes at once), names a peer that never
+// comes.
 void DecomposedGpu::gather_rs(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
   const GemmOverlapConfig& cfg = op_.cfg;
   const int rank = op_.rank;
@@ -584,55 +634,58 @@ void DecomposedGpu::gather_rs(const void* a, const void* bp, void* c, cudaStream
   const dev::DeviceCtx& ctx = op_.b.ctx();
   const int p = 1 - rank;
   const int64_t N = cfg.n;
-  const bool nk = cfg.b_layout == BLayout::kNK;
+  const plan::LoweredRank& lr = gp.lowered.ranks[static_cast<size_t>(rank)];
+  const plan::TileSchedule& sch = gp.schedule;
+  auto ptr = [&](int r, int32_t t, int64_t row, int64_t col) -> char* {
+    const plan::Tensor& x = gp.plan.tensors[static_cast<size_t>(t)];
+    const uint64_t o = static_cast<uint64_t>(row * x.cols + col) * eb;
+    if (x.role == plan::Role::kInput) return at(t == gp.input ? a : bp, o);  // this rank's (setup checked)
+    return ctx.peer_base[r] + g_tensor_off[static_cast<size_t>(t)] + o;
+  };
   // (The epoch guard, memop_guard, is on cs already: the peer began this call, so it has read
   // what this rank wrote into it last call. No deadline: a missing peer is named by the data
   // waits below, which do not wait for this stream.)
-  // Out: this rank's rows of A for the peer's block, then B piece by piece, each followed by
-  // the peer's flag for it = this rank's call counter (the copy engine runs them in order).
-  const uint64_t a_bytes = static_cast<uint64_t>(m_shard * k_local) * eb;
-  size_t x = op_.mark(cs, TraceKind::kChunk, 0, 1, op_.engine_name(),
-                      fmt::format("A rows [{},{}) -> rank {}", p * m_shard, (p + 1) * m_shard, p), tracing);
-  WEFT_CUDA_CHECK(cudaMemcpyAsync(ctx.peer_base[p] + g_a, at(a, static_cast<uint64_t>(p) * a_bytes), a_bytes,
-                                  cudaMemcpyDefault, cs));
-  op_.mark_end(x, cs, tracing);
-  for (size_t j = 0; j < g_cols.size(); ++j) {
-    const auto [c0, c1] = g_cols[j];
-    x = op_.mark(cs, TraceKind::kChunk, static_cast<int64_t>(j + 1), 1, op_.engine_name(),
-                 fmt::format("B columns [{},{}) -> rank {}", c0, c1, p), tracing);
-    if (nk) {  // W[N, K_local]: rows c0..c1
-      const uint64_t row = static_cast<uint64_t>(k_local) * eb;
-      WEFT_CUDA_CHECK(cudaMemcpyAsync(ctx.peer_base[p] + g_b + static_cast<uint64_t>(c0) * row,
-                                      at(bp, static_cast<uint64_t>(c0) * row), static_cast<size_t>(c1 - c0) * row,
-                                      cudaMemcpyDefault, cs));
-    } else {  // B[K_local, N]: columns c0..c1 of every row
-      op_.copy2d(ctx.peer_base[p] + g_b + static_cast<uint64_t>(c0) * eb, static_cast<size_t>(N) * eb,
-                 at(bp, static_cast<uint64_t>(c0) * eb), static_cast<size_t>(N) * eb, static_cast<size_t>(c1 - c0) * eb,
-                 static_cast<size_t>(k_local), cs);
-    }
+  // Out: the plan's transfers, each followed by its signal = this rank's call counter (the
+  // copy engine runs them in order).
+  for (size_t i = 0; i < lr.transfers.size(); ++i) {
+    const plan::TransferDesc& d = lr.transfers[i];
+    const plan::Tensor& st = gp.plan.tensors[static_cast<size_t>(d.src_tensor)];
+    const plan::Tensor& dt = gp.plan.tensors[static_cast<size_t>(d.dst_tensor)];
+    size_t x = op_.mark(cs, TraceKind::kChunk, static_cast<int64_t>(i), 1, op_.engine_name(),
+                        fmt::format("{} rows [{},{}) cols [{},{}) -> rank {}", st.name, d.src_row, d.src_row + d.rows,
+                                    d.src_col, d.src_col + d.cols, d.dst_rank),
+                        tracing);
+    char* dst = ptr(d.dst_rank, d.dst_tensor, d.dst_row, d.dst_col);
+    const char* src = ptr(d.src_rank, d.src_tensor, d.src_row, d.src_col);
+    if (d.cols == st.cols && d.cols == dt.cols)  // whole rows (A; W's rows): one block
+      WEFT_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(d.rows * d.cols) * eb, cudaMemcpyDefault, cs));
+    else  // B[K_local, N]: columns of every row
+      op_.copy2d(dst, static_cast<size_t>(dt.cols) * eb, src, static_cast<size_t>(st.cols) * eb,
+                 static_cast<size_t>(d.cols) * eb, static_cast<size_t>(d.rows), cs);
     op_.mark_end(x, cs, tracing);
-    op_.put_count(p, g_flags.at(static_cast<uint32_t>(j)), cs);
-    WEFT_CUDA_CHECK(cudaEventRecord(ev_out[j], cs));
+    op_.put_count(d.signal_rank, g_signals.at(static_cast<uint32_t>(d.signal)), cs);
+    for (size_t k = 0; k < g_out_after.size(); ++k)
+      if (g_out_after[k] == static_cast<int32_t>(i)) WEFT_CUDA_CHECK(cudaEventRecord(ev_out[k], cs));
   }
   const int64_t r0 = rank * m_shard;
-  x = op_.mark(s, TraceKind::kTile, 0, 0, "compute stream", fmt::format("gemm rows [{},{}) (own K)", r0, r0 + m_shard),
-               tracing);
+  size_t x = op_.mark(s, TraceKind::kTile, 0, 0, "compute stream",
+                      fmt::format("gemm rows [{},{}) (own K)", r0, r0 + m_shard), tracing);
   op_.gemm(s, at(a, static_cast<uint64_t>(r0 * k_local) * eb), bp, c, m_shard, k_local, 0, N, GemmOpContext::Blas::kLt);
   op_.mark_end(x, s, tracing);
   WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[0], s));  // the own K-half is done
   WEFT_CUDA_CHECK(cudaStreamWaitEvent(cb, ev_piece[0], 0));
-  op_.wait_list(cb, {{p, g_flags.at(0), 1}});
+  op_.wait_list(cb, g_waits[0]);
   WEFT_CUDA_CHECK(cudaEventRecord(ev_backup, cb));
-  const char* pa = ctx.peer_base[rank] + g_a;
-  const char* pb = ctx.peer_base[rank] + g_b;
-  for (size_t j = 0; j < g_cols.size(); ++j) {
-    const auto [c0, c1] = g_cols[j];
+  const char* pa = ctx.peer_base[rank] + g_tensor_off[static_cast<size_t>(gp.gemm)];
+  const char* pb = ctx.peer_base[rank] + g_tensor_off[static_cast<size_t>(gp.plan.tensor_id("g_b"))];
+  for (size_t j = 0; j < lr.tiles.size(); ++j) {
+    const int64_t c0 = int64_t{lr.tiles[j].n} * sch.tile_cols, c1 = std::min(N, c0 + sch.tile_cols);
     WEFT_CUDA_CHECK(cudaStreamWaitEvent(cw, ev_out[j], 0));
-    if (j > 0) WEFT_CUDA_CHECK(cudaStreamWaitEvent(cw, ev_piece[j], 0));  // piece j-1's GEMM launched
-    op_.wait_list(cw, {{p, g_flags.at(static_cast<uint32_t>(j)), 1}});
+    if (j > 0) WEFT_CUDA_CHECK(cudaStreamWaitEvent(cw, ev_piece[j], 0));  // tile j-1's GEMM launched
+    op_.wait_list(cw, g_waits[j]);
     WEFT_CUDA_CHECK(cudaEventRecord(ev_recv[j], cw));
     WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_recv[j], 0));
-    if (j + 1 < g_cols.size()) WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[j + 1], s));
+    if (j + 1 < lr.tiles.size()) WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[j + 1], s));
     x = op_.mark(s, TraceKind::kTile, static_cast<int64_t>(j + 1), 0, "compute stream",
                  fmt::format("gemm rows [{},{}) cols [{},{}) += rank {}'s K", r0, r0 + m_shard, c0, c1, p), tracing);
     op_.gemm(s, pa, pb, c, m_shard, k_local, c0, c1 - c0, GemmOpContext::Blas::kLt, c);

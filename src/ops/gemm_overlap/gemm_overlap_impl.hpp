@@ -137,7 +137,7 @@ struct GemmOpContext {
   int64_t a_rows = 0, a_cols = 0, b_rows = 0, b_cols = 0, c_rows = 0, c_cols = 0;
   int chunks = 1;
   std::vector<TraceEvent> trace;
-  Collectives coll;  // gemm_ar's all-reduce (decomposed), the host baseline's collectives
+  Collectives coll;  // the host baseline's collectives
   bool fused_gpu = false;
   // gemm_rs decomposed: how the own block meets the peers' partial products (decide():
   // choose_rs_fold): a reduce pass after it, or folded into its GEMM's epilogue -- weft's
@@ -284,17 +284,23 @@ class DecomposedGpu final : public GemmMethodImpl {
   // gemm_rs, RsFold::kLt (2 ranks): the peer's piece j has landed here (recorded on cs after
   // its wait).
   std::vector<cudaEvent_t> ev_recv;
-  // ... RsFold::kGather (2 ranks; gather_rs): the peer's rows of A for this rank's block and
-  // the peer's B land in g_a / g_b (symmetric; B's layout), in `chunks` column pieces of B
-  // (g_cols). Flag j (symmetric word): the peer's A and B up to piece j are here (a copy of the
-  // peer's call counter; a wait kernel on cw). Its epoch guard: rs_guard (memop_guard).
-  uint64_t g_a = 0, g_b = 0;
-  dev::SignalSlab g_flags{};
-  std::vector<std::pair<int64_t, int64_t>> g_cols;
+  // ... RsFold::kGather (2 ranks; gather_rs): the tables of plan "gemm_rs.gather_inputs"
+  // (gather_inputs_plan, which the host tests run too): this rank's pushes of its rows of A
+  // for the peer's block and its B in column pieces into the peer's g_a / g_b (symmetric; the
+  // plan's scratch tensors), each flagged by a copy of the call counter into the peer's word
+  // of the plan's signal; one tile per column piece, waiting for the A push's and its B
+  // piece's signals (a wait kernel on cw). Its epoch guard: rs_guard (memop_guard).
+  OpPlan gp;
+  std::vector<uint64_t> g_tensor_off;  // per plan tensor: heap offset (the inputs: 0, read in place)
+  dev::SignalSlab g_signals{};         // the plan's signals (Lowered::max_signals)
+  // Per tile of this rank (table order): its waits, for wait_list; the transfer of this rank
+  // after which ev_out[tile] is recorded (the one mirroring the peer's push it waits for last).
+  std::vector<std::vector<std::tuple<int, uint64_t, int64_t>>> g_waits;
+  std::vector<int32_t> g_out_after;
   uint64_t* one = nullptr;
   cudaStream_t cw = nullptr, cb = nullptr;  // the data waits; the deadline-bearing second wait
   cudaEvent_t ev_backup = nullptr;
-  std::vector<cudaEvent_t> ev_out;  // this rank's push of piece j (and its flag) is done
+  std::vector<cudaEvent_t> ev_out;  // this rank's pushes up to g_out_after[tile] (and their flags) are done
   // gemm_ar (2+ ranks; ar_sums): the two-shot plan, what this rank runs of it, its "in" (the
   // GEMM's rows) and "out" (the peers' sums land there) in the window, its signals and tile
   // counters (world x counters: slot q * counters + c is rank q's counter c), an arrival word

@@ -158,3 +158,19 @@ class HostGemmExec {
 };
 
 }  // namespace weft::ops::detail
+
+namespace weft::ops::detail {
+
+// gemm_rs decomposed, RsFold::kGather (2 ranks): plan "gemm_rs.gather_inputs" (gather_plan.cpp),
+// the tables the GPU method (DecomposedGpu::gather_rs) and the host tests run. Tensors: inputs
+// "a" (A_r, M x k_local) and "b" (B in cfg.b_layout's shape: W[N, k_local] or B[k_local, N]),
+// scratch "g_a" [m_shard x k_local] and "g_b" (b's shape). Each rank pushes (copy engine) its
+// rows of A for the peer's block into the peer's g_a, then B in column pieces into the peer's
+// g_b (W: rows [c0, c1); B: columns [c0, c1)), each push bumping a fresh signal of the peer
+// (per-epoch total 1). Schedule over the rank's C block [m_shard x N] ("g_a"'s rows, b read by
+// columns: TileSchedule::column_reads): one tile per column piece (tile_cols: ceil(N / chunks)
+// rounded up to a multiple of 128, at most N; the last piece shorter), tile n waiting for the A
+// push and B piece n. OpPlan: input = "a", gemm = "g_a", output = -1.
+OpPlan gather_inputs_plan(const GemmOverlapConfig& cfg, int64_t k_local, int64_t m_shard, int chunks);
+
+}  // namespace weft::ops::detail
