@@ -466,9 +466,10 @@ TEST(GemmOverlapGpuTrace, DecomposedCallIsTraced) {
 // gemm_rs (2 ranks) when the peer never comes, with the gathered inputs and with the reduce
 // pass: their guards (the peer began this call) are stream memory operations with no deadline,
 // so the waits for the peer's data must not sit behind them -- the surviving rank's call ends in
-// a TimeoutError naming the missing rank within the deadline, not a hang.
+// a TimeoutError naming the missing rank within the deadline, not a hang. gemm_ar: its sums wait
+// for the peer's tiles in the summing kernel.
 namespace {
-void expect_missing_peer_named(const char* fold) {
+void expect_missing_peer_named(const char* fold, GemmOp o = GemmOp::kGemmRs) {
   ScopedEnv env;
   env.set("WEFT_RS_FOLD", fold);
   const int victim = 1;
@@ -476,11 +477,11 @@ void expect_missing_peer_named(const char* fold) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto res = run_gpu_ranks(
       2,
-      [victim] {
+      [victim, o] {
         auto b = make_backend();
         cudaStream_t s;
         WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-        GemmOverlap op(*b, config(Shape{GemmOp::kGemmRs, 256, 256, 264}, dev::DType::kBF16, BLayout::kNK, 1));
+        GemmOverlap op(*b, config(Shape{o, 256, 256, 264}, dev::DType::kBF16, BLayout::kNK, 1));
         DevBuf a(static_cast<size_t>(op.a_rows() * op.a_cols()) * 2),
             wt(static_cast<size_t>(op.b_rows() * op.b_cols()) * 2),
             c(static_cast<size_t>(op.c_rows() * op.c_cols()) * 2);
@@ -493,8 +494,8 @@ void expect_missing_peer_named(const char* fold) {
       },
       /*heap_mib=*/256, /*deadline_ms=*/120000, timeout_ms);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("[gpu] fault test, WEFT_RS_FOLD=%s: run ended after %.1f s; wait deadline %.1f s\n", fold, secs,
-              timeout_ms / 1e3);
+  std::printf("[gpu] fault test, %s, WEFT_RS_FOLD=%s: run ended after %.1f s; wait deadline %.1f s\n", to_string(o),
+              fold, secs, timeout_ms / 1e3);
   for (const auto& r : res) {
     if (r.rank == victim) continue;
     EXPECT_EQ(r.exit_code, 1) << "rank " << r.rank << (r.killed_by_launcher ? " hung" : "");
@@ -511,4 +512,9 @@ TEST(GemmOverlapGpuFaults, GatheredInputsNameARankThatNeverComes) {
 TEST(GemmOverlapGpuFaults, ReducePassNamesARankThatNeverComes) {
   if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
   expect_missing_peer_named("0");
+}
+
+TEST(GemmOverlapGpuFaults, GemmArSumNamesARankThatNeverComes) {
+  if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  expect_missing_peer_named("0", GemmOp::kGemmAr);
 }

@@ -45,7 +45,7 @@ for f in glob.glob(root + "/*/*/*.json"):
         else:  # GEMM + communication: per shape, each method
             key = (op, "%dx%dx%d" % (p["m"], p["k"], p["n"]), p["method"])
         times.setdefault(key, {}).setdefault(tree, []).append(p["median_us"])
-base = ("nccl", "baseline", "gemm_only", "reference")
+base = ("nccl", "baseline", "gemm_only", "gemm_only_weft", "gemm_tuned", "reference")
 points = sorted({k[:2] for k in times})
 worst = 0.0
 print("%-10s %-26s %-12s %10s %10s %7s   %-10s %7s" % ("op", "point", "best", "before", "after", "ratio", "baseline", "ratio"))
