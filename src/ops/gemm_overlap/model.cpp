@@ -95,10 +95,11 @@ double predict_decomposed(const Shape& s, int chunks, RsFold fold) {
     t += s.gemm(ml, s.n, s.kl);
     return std::max(t, copy_end + s.lat()) + plan::hbm_us(s.d, (w + 1) * ml * s.n * s.eb) + cc.gemm_launch_us;
   }
-  // gemm_ar: chunk GEMMs, each followed by weft's all-reduce of its rows on the other stream.
-  // The all-reduce kernels take SMs the next chunk's GEMM needs, so the overlap hides little
-  // (docs/gemm_overlap.md has the measured chunk counts): modelled as serial, every chunk pays
-  // its GEMM and its all-reduce (fixed costs included), so one chunk is predicted best.
+  // gemm_ar: GEMMs by pieces of every shard, each owner's sum of a piece one SM pass on the
+  // other stream (the two-shot all-reduce's bytes: sm_all_reduce_us). The passes take SMs the
+  // next GEMMs need, so the overlap hides little (docs/gemm_overlap.md has the measured chunk
+  // counts): modelled as serial, every chunk pays its GEMM and its all-reduce (fixed costs
+  // included), so one chunk is predicted best.
   const double rows = s.m / chunks;
   double t = 0;
   for (int i = 0; i < chunks; ++i) t += s.gemm(rows, s.n, s.kl) + plan::sm_all_reduce_us(s.d, s.w, rows * s.n * s.eb);
