@@ -358,10 +358,31 @@ VerifyResult verify_schedule(const CommPlan& plan, const TileSchedule& s, const 
           add(fmt::format("{}: threshold {} but {} notifies reach signal {} on rank {}", who, wt.threshold, reach,
                           wt.signal, r));
       }
+      // A writer is waited for directly (its signal) or through a chunk that waits for it: it
+      // happens before a chunk whose signal the tile waits for (effective deps, transitively:
+      // release/acquire is cumulative). E.g. a ring's first copy into a rank's output, which the
+      // reduce hops that follow it wait for.
+      std::vector<char> before;  // dense index -> happens before a waited chunk (filled on demand)
+      auto covered = [&](const Transfer* x) {
+        if (x->signal.rank == r && waited.count(x->signal.index)) return true;
+        if (before.empty()) {
+          before.assign(xs.size(), 0);
+          std::vector<int> stack(deps.begin(), deps.end());
+          while (!stack.empty()) {
+            const int j = stack.back();
+            stack.pop_back();
+            for (int d : g.deps[static_cast<size_t>(j)])
+              if (!before[static_cast<size_t>(d)]) {
+                before[static_cast<size_t>(d)] = 1;
+                stack.push_back(d);
+              }
+          }
+        }
+        return before[static_cast<size_t>(dense.at(x->chunk))] != 0;
+      };
       const auto [a, b] = block_rows(s, tile.m);
       for (const Transfer* x : w)
-        if (x->dst.region.row_begin < b && a < x->dst.region.row_end &&
-            !(x->signal.rank == r && waited.count(x->signal.index)))
+        if (x->dst.region.row_begin < b && a < x->dst.region.row_end && !covered(x))
           add(fmt::format("{} reads rows [{},{}) of '{}' that chunk {} writes, but does not wait for it", who,
                           std::max(a, x->dst.region.row_begin), std::min(b, x->dst.region.row_end), s.tensor,
                           x->chunk));
@@ -369,7 +390,7 @@ VerifyResult verify_schedule(const CommPlan& plan, const TileSchedule& s, const 
       for (size_t k = 0; k < cw.size(); ++k)
         for (const Transfer* x : cw[k].first) {
           const auto [g0, g1] = grid_cols(*x, cw[k].second);
-          if (g0 < c1 && c0 < g1 && !(x->signal.rank == r && waited.count(x->signal.index)))
+          if (g0 < c1 && c0 < g1 && !covered(x))
             add(fmt::format("{} reads grid columns [{},{}) of '{}' ({}) that chunk {} writes, but does not wait for it",
                             who, std::max(c0, g0), std::min(c1, g1), s.column_reads[k].tensor,
                             cw[k].second ? "its rows" : "its columns", x->chunk));

@@ -438,3 +438,33 @@ TEST(PlanSchedule, ColumnReadsWaitForTheChunksOfTheirColumns) {
     EXPECT_TRUE(has(verify_schedule(p, flipped), "the schedule has 6 columns, tensor 'gw'"));
   }
 }
+
+// Issue 28 item 19: a GEMM over the output of every template (the ring all-reduce and ring
+// reduce-scatter included) verifies: a tile waits for the last chunk writing its rows, and the
+// earlier writers (the ring's first copy into the output, which the reduce hops wait for)
+// happen before it. Leaving a tile without its waits is still refused.
+TEST(PlanSchedule, EveryTemplateScheduleVerifiesWritersBeforeItsWaits) {
+  for (int w : {1, 2, 3, 4, 8})
+    for (int splits : {1, 2}) {
+      TemplateOptions o;
+      o.splits = splits;
+      const std::vector<CommPlan> plans = {
+          all_reduce(AllReduceAlgo::kRing, w, 256 * w, 64, o), all_reduce(AllReduceAlgo::kTwoShot, w, 256 * w, 64, o),
+          all_reduce(AllReduceAlgo::kOneShot, w, 256 * w, 64, o),
+          reduce_scatter(ReduceScatterAlgo::kRing, w, 256, 64, o),
+          reduce_scatter(ReduceScatterAlgo::kDirect, w, 256, 64, o),
+          reduce_scatter(ReduceScatterAlgo::kStaged, w, 256, 64, o), all_gather(AllGatherAlgo::kRing, w, 256, 64, o),
+          all_gather(AllGatherAlgo::kBidirectionalRing, w, 256, 64, o)};
+      for (const CommPlan& p : plans) {
+        SCOPED_TRACE(fmt::format("{} world {} splits {}", p.name, w, splits));
+        TileSchedule s = gemm_schedule(p, "out", 128, 128, 128);
+        const VerifyResult ok = verify_schedule(p, s);
+        EXPECT_TRUE(ok.ok) << ok.text();
+        if (w < 2) continue;
+        for (auto& t : s.order[0]) t.waits.clear();
+        const VerifyResult bad = verify_schedule(p, s);
+        EXPECT_FALSE(bad.ok);
+        EXPECT_TRUE(has(bad, "but does not wait for it")) << bad.text();
+      }
+    }
+}
