@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <functional>
 #include <vector>
 
@@ -28,14 +30,31 @@ struct AllocRecord {
 uint64_t SymmetricHeap::alloc_bytes(size_t bytes, std::string_view name, size_t align) {
   WEFT_REQUIRE(align != 0 && (align & (align - 1)) == 0,
                fmt::format("symmetric allocation '{}': alignment {} is not a power of two", name, align));
-  const uint64_t offset = (used_ + align - 1) & ~static_cast<uint64_t>(align - 1);
+  auto align_up = [&](uint64_t x, uint64_t& out) {  // false on overflow
+    if (x > UINT64_MAX - (align - 1)) return false;
+    out = (x + align - 1) & ~static_cast<uint64_t>(align - 1);
+    return true;
+  };
+  // First fit in the free list (lowest offset first), else at the top.
+  uint64_t offset = 0;
+  bool fits = false, from_free = false;
+  if (bytes > 0)
+    for (const auto& [o, n] : free_) {
+      uint64_t start = 0;
+      if (align_up(o, start) && start - o <= n && bytes <= n - (start - o)) {
+        offset = start;
+        fits = from_free = true;
+        break;
+      }
+    }
+  if (!from_free) fits = align_up(used_, offset) && offset <= capacity_ && bytes <= capacity_ - offset;
   AllocRecord me{};
   me.seq = seq_;
   me.bytes = bytes;
   me.align = align;
   me.name_hash = std::hash<std::string_view>{}(name);
   me.offset = offset;
-  me.fits = offset + bytes <= capacity_ ? 1 : 0;
+  me.fits = fits ? 1 : 0;
   std::strncpy(me.name, std::string(name).c_str(), sizeof me.name - 1);
   // Zero before the exchange: the exchange is the barrier after which peers may write here.
   if (me.fits && bytes > 0) backend_.zero(offset, bytes);
@@ -52,12 +71,86 @@ uint64_t SymmetricHeap::alloc_bytes(size_t bytes, std::string_view name, size_t 
                              seq_, backend_.rank(), me.name, me.bytes, me.align, me.offset, r, o.name, o.bytes,
                              o.align, o.offset));
   }
-  WEFT_REQUIRE(me.fits, fmt::format("symmetric heap exhausted: '{}' needs {} bytes at offset {}, capacity {} bytes "
+  WEFT_REQUIRE(me.fits, fmt::format("symmetric heap exhausted: '{}' needs {} bytes, {} of {} bytes in use "
                                     "(raise WEFT_GPU_HEAP_MIB / WEFT_HOST_HEAP_MIB)",
-                                    name, bytes, offset, capacity_));
-  used_ = offset + bytes;
+                                    name, bytes, in_use(), capacity_));
+  if (from_free) {
+    auto it = free_.upper_bound(offset);
+    --it;  // the block holding offset
+    const uint64_t o = it->first, end = o + it->second;
+    free_.erase(it);
+    if (offset > o) free_[o] = offset - o;
+    if (offset + bytes < end) free_[offset + bytes] = end - (offset + bytes);
+  } else {
+    if (offset > used_) free_[used_] = offset - used_;  // the alignment gap
+    used_ = offset + bytes;
+  }
+  if (bytes > 0) live_[offset] = Block{bytes, owner_};
   ++seq_;
   return offset;
+}
+
+void SymmetricHeap::release(uint64_t owner) {
+  WEFT_REQUIRE(owner > 0, "symmetric heap: release of owner 0 (allocations without an owner stay)");
+  struct ReleaseRecord {
+    uint64_t seq, owner, blocks, bytes, first;
+  };
+  ReleaseRecord me{seq_, owner, 0, 0, UINT64_MAX};
+  for (const auto& [o, b] : live_)
+    if (b.owner == owner) {
+      ++me.blocks;
+      me.bytes += b.bytes;
+      me.first = std::min<uint64_t>(me.first, o);
+    }
+  const int n = backend_.size();
+  std::vector<ReleaseRecord> all(n);
+  backend_.bootstrap().allgather(&me, sizeof me, all.data());
+  for (int r = 0; r < n; ++r) {
+    const ReleaseRecord& o = all[r];
+    WEFT_REQUIRE(o.seq == me.seq && o.blocks == me.blocks && o.bytes == me.bytes && o.first == me.first,
+                 fmt::format("symmetric heap release #{} disagrees across ranks: rank {} returns {} blocks ({} bytes), "
+                             "rank {} returns {} blocks ({} bytes) at step {}; every rank must release the same "
+                             "allocations in the same order",
+                             seq_, backend_.rank(), me.blocks, me.bytes, r, o.blocks, o.bytes, o.seq));
+  }
+  for (auto it = live_.begin(); it != live_.end();) {
+    if (it->second.owner != owner) {
+      ++it;
+      continue;
+    }
+    uint64_t o = it->first, len = it->second.bytes;
+    it = live_.erase(it);
+    // Coalesce with the free neighbours.
+    auto next = free_.lower_bound(o);
+    if (next != free_.end() && next->first == o + len) {
+      len += next->second;
+      next = free_.erase(next);
+    }
+    if (next != free_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == o) {
+        o = prev->first;
+        len += prev->second;
+        free_.erase(prev);
+      }
+    }
+    free_[o] = len;
+  }
+  // A free block at the top lowers it.
+  if (!free_.empty()) {
+    auto last = std::prev(free_.end());
+    if (last->first + last->second == used_) {
+      used_ = last->first;
+      free_.erase(last);
+    }
+  }
+  ++seq_;
+}
+
+size_t SymmetricHeap::in_use() const {
+  size_t total = 0;
+  for (const auto& [o, b] : live_) total += b.bytes;
+  return total;
 }
 
 dev::SignalSlab SymmetricHeap::alloc_signals(uint32_t count, std::string_view name) {

@@ -1,9 +1,16 @@
 // Symmetric heap: every rank allocates the same sizes in the same order, so one offset
 // names the same tensor on every rank. Allocation is collective and checked: ranks that
 // disagree get an InvalidArgument, never silent corruption. Memory comes back zeroed.
+//
+// Owners: every allocation belongs to the owner current when it is made (0: none, kept as long
+// as the heap). An op takes an owner at construction, allocates inside a Scope of it and
+// release()s it when destroyed: its blocks go back to a free list that later allocations take
+// first-fit (lowest offset first), the same on every rank because every rank makes the same
+// allocations and releases in the same order.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 
@@ -38,15 +45,43 @@ class SymmetricHeap {
   dev::SignalSlab alloc_signals(uint32_t count, std::string_view name);
   dev::BarrierHandle alloc_barrier(std::string_view name);
 
-  size_t used() const { return used_; }
+  // A fresh owner id (local: every rank hands out the same sequence).
+  uint64_t new_owner() { return ++owners_; }
+  // While alive, allocations belong to `owner`; restores the previous owner after.
+  class Scope {
+   public:
+    Scope(SymmetricHeap& h, uint64_t owner) : h_(h), prev_(h.owner_) { h.owner_ = owner; }
+    ~Scope() { h_.owner_ = prev_; }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    SymmetricHeap& h_;
+    uint64_t prev_;
+  };
+  // Collective: every allocation of `owner` (> 0) goes back to the heap. Ranks that release
+  // different blocks get an InvalidArgument (nothing released). The caller makes sure no
+  // device work or peer still touches them (ops: every rank synchronizes its device first;
+  // this exchange is then the barrier).
+  void release(uint64_t owner);
+
+  size_t used() const { return used_; }  // the top: every live block ends at or below it
+  size_t in_use() const;                  // bytes of the live blocks
   size_t capacity() const { return capacity_; }
-  uint64_t allocations() const { return seq_; }
+  uint64_t allocations() const { return seq_; }  // collective allocations and releases so far
 
  private:
+  struct Block {
+    uint64_t bytes;
+    uint64_t owner;
+  };
   Backend& backend_;
   size_t capacity_;
   size_t used_ = 0;
   uint64_t seq_ = 0;
+  uint64_t owners_ = 0, owner_ = 0;
+  std::map<uint64_t, Block> live_;      // by offset
+  std::map<uint64_t, uint64_t> free_;  // offset -> bytes, coalesced, all below used_
 };
 
 }  // namespace weft

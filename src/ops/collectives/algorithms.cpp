@@ -41,8 +41,7 @@ coll::Args AlgoCollective::args(coll::Algo algo, uint64_t count, dev::DType t, v
   a.staging_elems = coll_staging_elems(algo, count, elem, a.ctas);
   const size_t slot_unit = algo == coll::Algo::kAllReduceLL128 ? 128 : is_ll(algo) ? 16 : elem;
   if (a.staging_elems) a.staging_off = op_.workspace(2ull * b.size() * a.staging_elems * slot_unit, tag + ".staging");
-  a.sig_off =
-      b.heap().alloc_signals(static_cast<uint32_t>(a.ctas * 2 * b.size()), op_.name() + "." + tag + ".signals").offset;
+  a.sig_off = op_.workspace(8ull * static_cast<uint64_t>(a.ctas * 2 * b.size()), tag + ".signals");
   a.epoch_off = op_.workspace(8ull * a.ctas, tag + ".epochs");
   if (algo == coll::Algo::kAllToAllV)
     a.matrix_off = op_.workspace(8ull * 2 * a.ctas * b.size() * b.size(), tag + ".counts");

@@ -10,8 +10,11 @@
 namespace weft::ops {
 
 struct Collectives::Impl {
-  explicit Impl(Backend& b) : op(b, "collectives"), baseline(op), algos(op) {}
+  explicit Impl(Backend& b) : share(b, "collectives"), op(b, "collectives"), baseline(op), algos(op) {
+    op.set_share(&share);
+  }
 
+  detail::HeapShare share;  // first: destroyed last, after the method objects
   detail::OpBase op;
   detail::BaselineCollective baseline;
   detail::AlgoCollective algos;

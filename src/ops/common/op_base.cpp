@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <exception>
 #include <vector>
 
 #include "weft/core/error.hpp"
@@ -48,7 +50,25 @@ void OpBase::check_ptr(const void* p, size_t align, std::string_view what, std::
 }
 
 uint64_t OpBase::workspace(size_t bytes, std::string_view what) const {
+  if (share_) {
+    const SymmetricHeap::Scope in = share_->scope();
+    return b_.heap().alloc_bytes(bytes, fmt::format("{}.{}", name_, what));
+  }
   return b_.heap().alloc_bytes(bytes, fmt::format("{}.{}", name_, what));
+}
+
+HeapShare::HeapShare(Backend& backend, std::string op_name)
+    : b_(backend), name_(std::move(op_name)), owner_(backend.heap().new_owner()),
+      exceptions_(std::uncaught_exceptions()) {}
+
+HeapShare::~HeapShare() {
+  if (std::uncaught_exceptions() > exceptions_) return;  // unwinding: a peer may be gone
+  try {
+    b_.synchronize();
+    b_.heap().release(owner_);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft: %s: its symmetric-heap space stays allocated: %s\n", name_.c_str(), e.what());
+  }
 }
 
 bool OpBase::capturing(void* stream) const {

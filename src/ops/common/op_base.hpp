@@ -16,8 +16,30 @@
 #include <string_view>
 
 #include "weft/runtime/backend.hpp"
+#include "weft/runtime/heap.hpp"
 
 namespace weft::ops::detail {
+
+// An op's share of the symmetric heap: what is allocated while a scope() of it is open is the
+// op's, and goes back to the heap when the share is destroyed (with the op) -- collectively,
+// after this rank's device work is done (Backend::synchronize; the release's exchange is then
+// the barrier after every rank's), so no peer write lands in memory handed out again. Not
+// while an exception unwinds the op (a peer may be gone: the exchange would wait for it):
+// then the space stays allocated.
+class HeapShare {
+ public:
+  HeapShare(Backend& backend, std::string op_name);
+  ~HeapShare();
+  HeapShare(const HeapShare&) = delete;
+  HeapShare& operator=(const HeapShare&) = delete;
+  SymmetricHeap::Scope scope() const { return SymmetricHeap::Scope(b_.heap(), owner_); }
+
+ private:
+  Backend& b_;
+  std::string name_;
+  uint64_t owner_;
+  int exceptions_;  // std::uncaught_exceptions() at construction
+};
 
 class OpBase {
  public:
@@ -38,7 +60,9 @@ class OpBase {
   void check_ptr(const void* p, size_t align, std::string_view what, std::string_view align_name = {}) const;
 
   // Collective: `bytes` of the symmetric heap (zeroed), tagged "<op>.<what>"; its offset.
+  // With a share (set_share), the allocation is the share's.
   uint64_t workspace(size_t bytes, std::string_view what) const;
+  void set_share(const HeapShare* share) { share_ = share; }
 
   // Whether `stream` (a cudaStream_t on the nccl backend) is being captured into a graph.
   bool capturing(void* stream) const;
@@ -46,6 +70,7 @@ class OpBase {
  private:
   Backend& b_;
   std::string name_;
+  const HeapShare* share_ = nullptr;
 };
 
 }  // namespace weft::ops::detail

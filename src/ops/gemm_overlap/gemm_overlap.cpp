@@ -75,6 +75,8 @@ struct GemmOverlap::Impl : detail::GemmOpContext {
 // Every M the op prepared, the largest (config.m) first: one context and its method objects
 // each, sharing GemmShared. A call of another M runs the first one's baseline.
 struct GemmOverlap::State {
+  explicit State(Backend& b) : share(b, "gemm_overlap") {}
+  detail::HeapShare share;  // first: destroyed last, after every context and method object
   std::vector<std::unique_ptr<Impl>> shapes;
   Impl* traced = nullptr;               // the context of the last traced call
   std::set<std::pair<int64_t, int>> told;  // (M, method) whose fall-back to the baseline was reported
@@ -283,8 +285,10 @@ void check_m(const GemmOverlapConfig& c, int world, int64_t m, const char* what)
 }
 }  // namespace
 
-GemmOverlap::GemmOverlap(Backend& backend, const GemmOverlapConfig& config) : state_(std::make_unique<State>()) {
+GemmOverlap::GemmOverlap(Backend& backend, const GemmOverlapConfig& config)
+    : state_(std::make_unique<State>(backend)) {
   State& S = *state_;
+  const SymmetricHeap::Scope mine = S.share.scope();  // every allocation of the set-up is the op's
   auto shared = std::make_shared<detail::GemmShared>();
   // One context per prepared M, the largest (config.m) first: it makes what the others share.
   auto prepare = [&](int64_t m) {
