@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The two set-up commands of the README, on a fresh machine:
-#   tools/dev.sh bench   install dependencies, build, run `weft bench` (GPUs if present, else host)
+#   tools/dev.sh bench   install dependencies, build, run every `weft bench` (GPUs if present, else host)
 #   tools/dev.sh test    install dependencies, build (and a host-only ASan/UBSan build), run every test
 #                        (the first build's include tests/consumer/ against an install of it and as
 #                        an add_subdirectory() subproject)
@@ -9,15 +9,26 @@ cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
 
 install_deps() {
-  local pkgs=(cmake g++ make git libgtest-dev nlohmann-json3-dev libcli11-dev libfmt-dev libopenmpi-dev openmpi-bin)
+  # python3-matplotlib: `weft trace --png` and the bench's plots.
+  local pkgs=(cmake g++ make git libgtest-dev nlohmann-json3-dev libcli11-dev libfmt-dev libopenmpi-dev openmpi-bin
+              python3-matplotlib)
   local missing=()
   for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   [ ${#missing[@]} -eq 0 ] && return 0
   echo "[dev.sh] installing: ${missing[*]}"
   local sudo=""
   [ "$(id -u)" -ne 0 ] && sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  # Another apt (unattended upgrades on a fresh machine) may hold the locks: wait for it, up to
+  # 10 minutes, rather than failing at once.
+  local lock=(-o DPkg::Lock::Timeout=600)
+  local i
+  for i in $(seq 1 60); do
+    $sudo apt-get "${lock[@]}" update -qq && break
+    [ "$i" -eq 60 ] && { echo "[dev.sh] apt-get update failed for 10 minutes" >&2; exit 1; }
+    echo "[dev.sh] apt-get update failed (another apt running?); retrying in 10 s" >&2
+    sleep 10
+  done
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get "${lock[@]}" install -y -qq "${missing[@]}" >/dev/null
 }
 
 build() {  # build DIR [cmake args...]
@@ -33,7 +44,10 @@ case "${1:-}" in
   bench)
     install_deps
     build build
-    ./build/weft bench "${@:2}"
+    # Every benchmark: the device API and the collectives (`all`), then each GEMM +
+    # communication op; the arguments (--quick, --out DIR) go to each.
+    ./build/weft bench all "${@:2}"
+    for op in ag_gemm gemm_rs gemm_ar; do ./build/weft bench "$op" "${@:2}"; done
     ;;
   test)
     install_deps
