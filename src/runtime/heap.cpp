@@ -92,27 +92,6 @@ uint64_t SymmetricHeap::alloc_bytes(size_t bytes, std::string_view name, size_t 
 
 void SymmetricHeap::release(uint64_t owner) {
   WEFT_REQUIRE(owner > 0, "symmetric heap: release of owner 0 (allocations without an owner stay)");
-  struct ReleaseRecord {
-    uint64_t seq, owner, blocks, bytes, first;
-  };
-  ReleaseRecord me{seq_, owner, 0, 0, UINT64_MAX};
-  for (const auto& [o, b] : live_)
-    if (b.owner == owner) {
-      ++me.blocks;
-      me.bytes += b.bytes;
-      me.first = std::min<uint64_t>(me.first, o);
-    }
-  const int n = backend_.size();
-  std::vector<ReleaseRecord> all(n);
-  backend_.bootstrap().allgather(&me, sizeof me, all.data());
-  for (int r = 0; r < n; ++r) {
-    const ReleaseRecord& o = all[r];
-    WEFT_REQUIRE(o.seq == me.seq && o.blocks == me.blocks && o.bytes == me.bytes && o.first == me.first,
-                 fmt::format("symmetric heap release #{} disagrees across ranks: rank {} returns {} blocks ({} bytes), "
-                             "rank {} returns {} blocks ({} bytes) at step {}; every rank must release the same "
-                             "allocations in the same order",
-                             seq_, backend_.rank(), me.blocks, me.bytes, r, o.blocks, o.bytes, o.seq));
-  }
   for (auto it = live_.begin(); it != live_.end();) {
     if (it->second.owner != owner) {
       ++it;
@@ -144,7 +123,6 @@ void SymmetricHeap::release(uint64_t owner) {
       free_.erase(last);
     }
   }
-  ++seq_;
 }
 
 size_t SymmetricHeap::in_use() const {

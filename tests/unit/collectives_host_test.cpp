@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "collectives_check.hpp"
+#include "weft/ops/gemm_overlap.hpp"
 #include "rank_harness.hpp"
 
 using namespace weft;
@@ -144,8 +147,8 @@ TEST(CollectivesHostErrors, RanksThatDisagreeOnTheCountAreNamed) {
   ASSERT_EQ(res.size(), 2u);
   for (const auto& r : res) {
     EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.message.find("collectives: ranks disagree on the call: rank 0 has all-reduce (one-shot).64.f32, rank 1 "
-                             "has all-reduce (one-shot).32.f32"),
+    EXPECT_NE(r.message.find("collectives: ranks disagree on the call: rank 0 has all_reduce of 64 f32 elements, "
+                             "method one-shot, rank 1 has all_reduce of 32 f32 elements, method one-shot"),
               std::string::npos)
         << r.message;
   }
@@ -163,5 +166,73 @@ TEST(CollectivesHostFaults, PeerThatSkipsACallIsNamed) {
         ops.all_reduce(x, x, 64, dev::DType::kF32, ops::Method::kOneShot);
       },
       {}, 1000);
-  for (int r : {0, 2}) EXPECT_NE(res[r].message.find("rank 1 did not arrive"), std::string::npos) << res[r].message;
+  // The survivors name rank 1: in the call's agreement (it exited before arriving) or, where
+  // there is none, in the collective's waits (it did not arrive).
+  for (int r : {0, 2})
+    EXPECT_TRUE(res[r].message.find("rank 1 did not arrive") != std::string::npos ||
+                (res[r].message.find("rank 1 (pid") != std::string::npos &&
+                 res[r].message.find("exited before arriving") != std::string::npos))
+        << res[r].message;
+}
+
+// Issue 28 items 15 and 16: ranks that call with different counts, types or methods, or one
+// with nothing to do (count 0), get an error naming both calls on every rank -- not success on
+// one rank and a timeout or a wrong result on the other. The same for GemmOverlap's M.
+TEST(CollectivesHostErrors, CallsThatDisagreeAreRefusedOnEveryRank) {
+  struct Case {
+    const char* what;
+    std::function<void(ops::Collectives&, int)> call;
+    const char* needle;
+  };
+  const std::vector<Case> cases = {
+      {"baseline all-reduce, counts 8 / 16",
+       [](ops::Collectives& c, int r) {
+         std::vector<uint16_t> x(16, 0x3F80), y(16);
+         c.all_reduce(x.data(), y.data(), r == 0 ? 8 : 16, dev::DType::kBF16, ops::Method::kBaseline);
+       },
+       "all_reduce of 8 bf16 elements"},
+      {"one-shot all-reduce, count 0 on rank 1",
+       [](ops::Collectives& c, int r) {
+         std::vector<uint16_t> x(16, 0x3F80), y(16);
+         c.all_reduce(x.data(), y.data(), r == 0 ? 16 : 0, dev::DType::kBF16, ops::Method::kOneShot);
+       },
+       "all_reduce of 0 bf16 elements"},
+      {"reduce-scatter, methods direct / ll",
+       [](ops::Collectives& c, int r) {
+         std::vector<uint16_t> x(32, 0x3F80), y(16);
+         c.reduce_scatter(x.data(), y.data(), 16, dev::DType::kBF16,
+                          r == 0 ? ops::Method::kDirect : ops::Method::kLowLatency);
+       },
+       "method ll"},
+  };
+  for (const Case& cs : cases) {
+    SCOPED_TRACE(cs.what);
+    const auto res = run_host_ranks(2, [&cs] {
+      auto b = make_backend();
+      ops::Collectives c(*b);
+      cs.call(c, b->rank());
+    });
+    for (const auto& r : res) {
+      EXPECT_EQ(r.exit_code, 1) << "rank " << r.rank << ": " << r.message;
+      EXPECT_NE(r.message.find("ranks disagree on the call"), std::string::npos) << r.message;
+      EXPECT_NE(r.message.find(cs.needle), std::string::npos) << r.message;
+    }
+  }
+  const auto res = run_host_ranks(2, [] {
+    auto b = make_backend();
+    ops::GemmOverlapConfig cfg;
+    cfg.op = ops::GemmOp::kGemmAr;
+    cfg.m = 64;
+    cfg.k = 16;
+    cfg.n = 8;
+    cfg.m_buckets = {8};
+    ops::GemmOverlap op(*b, cfg);
+    std::vector<uint16_t> a(static_cast<size_t>(op.a_rows() * op.a_cols())),
+        w(static_cast<size_t>(op.b_rows() * op.b_cols())), c(static_cast<size_t>(op.c_rows() * op.c_cols()));
+    op.run(a.data(), w.data(), c.data(), {.m = b->rank() == 0 ? 64 : 8});
+  });
+  for (const auto& r : res) {
+    EXPECT_EQ(r.exit_code, 1) << "rank " << r.rank << ": " << r.message;
+    EXPECT_NE(r.message.find("ranks disagree on the call: rank 0 has M = 64"), std::string::npos) << r.message;
+  }
 }

@@ -59,16 +59,19 @@ class SymmetricHeap {
     SymmetricHeap& h_;
     uint64_t prev_;
   };
-  // Collective: every allocation of `owner` (> 0) goes back to the heap. Ranks that release
-  // different blocks get an InvalidArgument (nothing released). The caller makes sure no
-  // device work or peer still touches them (ops: every rank synchronizes its device first;
-  // this exchange is then the barrier).
+  // Every allocation of `owner` (> 0) goes back to the heap. Local, no exchange (a rank
+  // destroying an op must not wait for its peers: one may be gone): every rank releases the
+  // same owners in the same order, and one that does not disagrees at its next allocation,
+  // whose offsets are compared. The caller makes sure this rank's device work no longer
+  // touches the blocks (ops: Backend::synchronize first); a peer's can only touch them again
+  // through a new allocation, which that peer makes after its own release, and which is zeroed
+  // before its exchange.
   void release(uint64_t owner);
 
   size_t used() const { return used_; }  // the top: every live block ends at or below it
   size_t in_use() const;                  // bytes of the live blocks
   size_t capacity() const { return capacity_; }
-  uint64_t allocations() const { return seq_; }  // collective allocations and releases so far
+  uint64_t allocations() const { return seq_; }  // collective allocations so far
 
  private:
   struct Block {

@@ -19,6 +19,15 @@ struct Collectives::Impl {
   detail::BaselineCollective baseline;
   detail::AlgoCollective algos;
 
+  // Every call on the host backend: the ranks agree on the collective, count, type and method
+  // (an allgather of a line through shared memory), so a mismatch is reported as one, naming
+  // both, on every rank -- not a wrong result on one and a timeout on another. On GPUs the
+  // first call of each shape is checked (AlgoCollective::args; a per-call exchange would cost
+  // a host round trip and break CUDA-graph capture).
+  void agree_call(const char* coll, uint64_t count, dev::DType t, Method m) const {
+    if (op.backend().kind() != BackendKind::kHost || op.world() < 2) return;
+    op.agree("the call", fmt::format("{} of {} {} elements, method {}", coll, count, dev::dtype_name(t), to_string(m)));
+  }
   void check_pointer(const void* p, dev::DType t, const char* what) const {
     op.check_ptr(p, dev::dtype_size(t), what,
                  fmt::format("its element size ({} bytes for {})", dev::dtype_size(t), dev::dtype_name(t)));
@@ -64,6 +73,7 @@ Method Collectives::auto_all_reduce(uint64_t bytes) const { return detail::auto_
 Method Collectives::auto_exchange(uint64_t bytes_to_peers) const { return detail::auto_exchange(bytes_to_peers); }
 
 void Collectives::baseline_all_gather(const void* in, void* out, uint64_t count, dev::DType t, void* stream) {
+  impl_->agree_call("all_gather", count, t, Method::kBaseline);
   if (count == 0) return;
   impl_->check_pointer(in, t, "all_gather input");
   impl_->check_pointer(out, t, "all_gather output");
@@ -71,6 +81,7 @@ void Collectives::baseline_all_gather(const void* in, void* out, uint64_t count,
 }
 
 void Collectives::baseline_all_to_all(const void* in, void* out, uint64_t count, dev::DType t, void* stream) {
+  impl_->agree_call("all_to_all", count, t, Method::kBaseline);
   if (count == 0) return;
   impl_->check_pointer(in, t, "all_to_all input");
   impl_->check_pointer(out, t, "all_to_all output");
@@ -81,6 +92,7 @@ void Collectives::all_to_all_v(const void* in, const uint64_t* send_counts, uint
                                uint64_t* recv_counts, dev::DType t, Method m, void* stream) {
   Impl& I = *impl_;
   WEFT_REQUIRE(send_counts && recv_counts, "all_to_all_v: send_counts and recv_counts must not be null");
+  I.agree_call("all_to_all_v (output capacity)", out_capacity, t, m);
   I.check_symmetric_out(out_off, out_capacity, t, "all_to_all_v");
   if (m == Method::kBaseline)
     return I.baseline.all_to_all_v(in, send_counts, out_off, out_capacity, recv_counts, t, stream);
@@ -95,8 +107,9 @@ void Collectives::all_to_all_v(const void* in, const uint64_t* send_counts, uint
 }
 
 void Collectives::all_reduce(const void* in, void* out, uint64_t count, dev::DType t, Method m, void* stream) {
-  if (count == 0) return;
   Impl& I = *impl_;
+  I.agree_call("all_reduce", count, t, m);
+  if (count == 0) return;
   I.check_pointer(in, t, "all_reduce input");
   I.check_pointer(out, t, "all_reduce output");
   if (m == Method::kAuto) m = auto_all_reduce(count * dev::dtype_size(t));
@@ -113,8 +126,9 @@ void Collectives::prepare_all_reduce(uint64_t count, dev::DType t, Method m) {
 }
 
 void Collectives::all_gather(const void* in, uint64_t out_off, uint64_t count, dev::DType t, Method m, void* stream) {
-  if (count == 0) return;
   Impl& I = *impl_;
+  I.agree_call("all_gather", count, t, m);
+  if (count == 0) return;
   I.check_pointer(in, t, "all_gather input");
   I.check_symmetric_out(out_off, count * I.op.world(), t, "all_gather");
   if (m == Method::kBaseline)
@@ -126,8 +140,9 @@ void Collectives::all_gather(const void* in, uint64_t out_off, uint64_t count, d
 }
 
 void Collectives::reduce_scatter(const void* in, void* out, uint64_t count, dev::DType t, Method m, void* stream) {
-  if (count == 0) return;
   Impl& I = *impl_;
+  I.agree_call("reduce_scatter", count, t, m);
+  if (count == 0) return;
   I.check_pointer(in, t, "reduce_scatter input");
   I.check_pointer(out, t, "reduce_scatter output");
   if (m == Method::kBaseline) return I.baseline.run(coll::Algo::kReduceScatter, in, out, count, t, stream);
@@ -138,8 +153,9 @@ void Collectives::reduce_scatter(const void* in, void* out, uint64_t count, dev:
 }
 
 void Collectives::all_to_all(const void* in, uint64_t out_off, uint64_t count, dev::DType t, Method m, void* stream) {
-  if (count == 0) return;
   Impl& I = *impl_;
+  I.agree_call("all_to_all", count, t, m);
+  if (count == 0) return;
   I.check_pointer(in, t, "all_to_all input");
   I.check_symmetric_out(out_off, count * I.op.world(), t, "all_to_all");
   if (m == Method::kBaseline) return I.baseline.all_to_all_symmetric(in, out_off, count, t, stream);

@@ -21,11 +21,10 @@
 namespace weft::ops::detail {
 
 // An op's share of the symmetric heap: what is allocated while a scope() of it is open is the
-// op's, and goes back to the heap when the share is destroyed (with the op) -- collectively,
-// after this rank's device work is done (Backend::synchronize; the release's exchange is then
-// the barrier after every rank's), so no peer write lands in memory handed out again. Not
-// while an exception unwinds the op (a peer may be gone: the exchange would wait for it):
-// then the space stays allocated.
+// op's, and goes back to the heap when the share is destroyed (with the op), once this rank's
+// device work is done (Backend::synchronize; SymmetricHeap::release says why no peer write
+// lands in memory handed out again). Not while an exception unwinds the op (its device work
+// may never end): then the space stays allocated.
 class HeapShare {
  public:
   HeapShare(Backend& backend, std::string op_name);

@@ -333,6 +333,11 @@ void GemmOverlap::run(const void* a, const void* b, void* c, const GemmRunOption
   Impl& R = S.root();
   const int64_t m = opt.m ? opt.m : R.cfg.m;
   check_m(R.cfg, R.world, m, "this call's");
+  // Every call on the host backend: the ranks agree on M and the method, so a mismatch is
+  // reported as one, naming both, on every rank. On GPUs the configuration is agreed at
+  // construction (a per-call exchange would cost a host round trip and break graph capture).
+  if (R.b.kind() == BackendKind::kHost && R.world > 1)
+    R.op.agree("the call", fmt::format("M = {}, method {}", m, to_string(opt.method)));
   Impl* prepared = S.prepared(m);
   Impl& I = prepared ? *prepared : R;
   const uint64_t a_bytes = static_cast<uint64_t>(a_rows(m) * I.a_cols) * I.eb;
