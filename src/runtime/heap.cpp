@@ -28,14 +28,17 @@ struct AllocRecord {
 uint64_t SymmetricHeap::alloc_bytes(size_t bytes, std::string_view name, size_t align) {
   WEFT_REQUIRE(align != 0 && (align & (align - 1)) == 0,
                fmt::format("symmetric allocation '{}': alignment {} is not a power of two", name, align));
-  const uint64_t offset = (used_ + align - 1) & ~static_cast<uint64_t>(align - 1);
+  // Checked: `bytes` and `align` come from users (shapes), and any of them may be near
+  // SIZE_MAX. used_ <= capacity_ always, so offset only wraps when align does not fit at all.
+  const bool align_fits = align <= capacity_;
+  const uint64_t offset = align_fits ? (used_ + align - 1) & ~static_cast<uint64_t>(align - 1) : used_;
   AllocRecord me{};
   me.seq = seq_;
   me.bytes = bytes;
   me.align = align;
   me.name_hash = std::hash<std::string_view>{}(name);
   me.offset = offset;
-  me.fits = offset + bytes <= capacity_ ? 1 : 0;
+  me.fits = align_fits && offset <= capacity_ && bytes <= capacity_ - offset ? 1 : 0;
   std::strncpy(me.name, std::string(name).c_str(), sizeof me.name - 1);
   // Zero before the exchange: the exchange is the barrier after which peers may write here.
   if (me.fits && bytes > 0) backend_.zero(offset, bytes);
@@ -52,12 +55,22 @@ uint64_t SymmetricHeap::alloc_bytes(size_t bytes, std::string_view name, size_t 
                              seq_, backend_.rank(), me.name, me.bytes, me.align, me.offset, r, o.name, o.bytes,
                              o.align, o.offset));
   }
-  WEFT_REQUIRE(me.fits, fmt::format("symmetric heap exhausted: '{}' needs {} bytes at offset {}, capacity {} bytes "
-                                    "(raise WEFT_GPU_HEAP_MIB / WEFT_HOST_HEAP_MIB)",
-                                    name, bytes, offset, capacity_));
+  WEFT_REQUIRE(me.fits, fmt::format("symmetric heap exhausted: '{}' needs {} bytes (align {}) at offset {}, but the "
+                                    "heap holds {} bytes, {} of them free (raise WEFT_GPU_HEAP_MIB / "
+                                    "WEFT_HOST_HEAP_MIB, or use smaller sizes)",
+                                    name, bytes, align, offset, capacity_, capacity_ - used_));
   used_ = offset + bytes;
   ++seq_;
   return offset;
+}
+
+size_t SymmetricHeap::checked_bytes(size_t count, size_t elem_bytes, std::string_view name) const {
+  size_t bytes = 0;
+  WEFT_REQUIRE(!__builtin_mul_overflow(count, elem_bytes, &bytes),
+               fmt::format("symmetric allocation '{}': {} elements of {} bytes overflow a 64-bit size (the heap holds "
+                           "{} bytes)",
+                           name, count, elem_bytes, capacity_));
+  return bytes;
 }
 
 dev::SignalSlab SymmetricHeap::alloc_signals(uint32_t count, std::string_view name) {
