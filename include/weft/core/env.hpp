@@ -55,7 +55,7 @@ struct TextTunable {
 #define WEFT_INT_TUNABLES(X)                                                                                          \
   X(kTimeoutMs, "WEFT_TIMEOUT_MS", 30000, 1, 86400000, kStable, "deadline of every cross-rank wait, in milliseconds") \
   X(kHostHeapMiB, "WEFT_HOST_HEAP_MIB", 256, 1, 1048576, kStable,                                                     \
-    "symmetric heap per rank on the host backend (MiB, sparse)")                                                      \
+    "symmetric heap per rank on the host backend (MiB; heap x ranks reserved in /dev/shm)")                                                      \
   X(kGpuHeapMiB, "WEFT_GPU_HEAP_MIB", 2048, 1, 1048576, kStable, "symmetric heap per rank on the nccl backend (MiB)") \
   X(kHostRanks, "WEFT_HOST_RANKS", 2, 1, 1024, kStable, "ranks that CLI commands launch on the host backend")         \
   X(kPdl, "WEFT_PDL", 1, 0, 1, kExperimental,                                                                         \
