@@ -69,6 +69,7 @@ std::vector<RankResult> wait_all(const std::vector<pid_t>& pids, const LaunchOpt
       --left;
       progressed = true;
       res[r].rank = r;
+      res[r].pid = pids[r];
       if (p < 0) {
         res[r].exit_code = -1;
       } else if (WIFEXITED(st)) {
@@ -104,6 +105,7 @@ std::vector<RankResult> wait_all(const std::vector<pid_t>& pids, const LaunchOpt
           int st = 0;
           waitpid(pids[r], &st, 0);
           res[r].rank = r;
+          res[r].pid = pids[r];
           res[r].exit_code = -1;
           res[r].term_signal = SIGKILL;
           done[r] = true;

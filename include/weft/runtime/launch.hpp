@@ -11,6 +11,7 @@ namespace weft {
 
 struct RankResult {
   int rank = 0;
+  int pid = 0;              // the rank's process id (0: never started)
   int exit_code = 0;        // -1 when killed by a signal
   int term_signal = 0;      // the signal that ended it, if any
   bool killed_by_launcher = false;
