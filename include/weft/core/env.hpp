@@ -113,6 +113,10 @@ int64_t tunable_value(const Tunable& t);
 std::string tunable_text(const TextTunable& t, const EnvMap& env);
 std::string tunable_text(const TextTunable& t);
 
+// Checks every tunable set in `env` (integers in range, text among its choices); throws the
+// InvalidArgument of the first bad one. Launchers call it before they start any rank.
+void validate_tunables(const EnvMap& env);
+
 // One row of the registry, for listings (`weft info --tunables`, docs/tunables.md).
 struct TunableInfo {
   const char* env;
