@@ -61,9 +61,10 @@ int64_t tunable_value(const Tunable& t, const EnvMap& env) {
   char* end = nullptr;
   errno = 0;
   const long long x = std::strtoll(v->c_str(), &end, 10);
-  WEFT_REQUIRE(end && *end == '\0' && errno != ERANGE, fmt::format("{}='{}' is not an integer ({})", t.env, *v, t.doc));
-  WEFT_REQUIRE(x >= t.min_value && x <= t.max_value,
-               fmt::format("{}={} is outside [{}, {}] ({})", t.env, x, t.min_value, t.max_value, t.doc));
+  WEFT_REQUIRE(end && *end == '\0' && end != v->c_str(), fmt::format("{}='{}' is not an integer ({})", t.env, *v, t.doc));
+  // Beyond 64 bits (ERANGE) is out of range too, never a wrapped or saturated value.
+  WEFT_REQUIRE(errno != ERANGE && x >= t.min_value && x <= t.max_value,
+               fmt::format("{}={} is outside [{}, {}] ({})", t.env, *v, t.min_value, t.max_value, t.doc));
   return x;
 }
 
@@ -79,6 +80,15 @@ std::string tunable_text(const TextTunable& t, const EnvMap& env) {
 }
 
 std::string tunable_text(const TextTunable& t) { return tunable_text(t, one_var(t.env)); }
+
+void validate_tunables(const EnvMap& env) {
+#define WEFT_VALIDATE_INT(n, ...) tunable_value(tunables::n, env);
+#define WEFT_VALIDATE_TEXT(n, ...) tunable_text(tunables::n, env);
+  WEFT_INT_TUNABLES(WEFT_VALIDATE_INT)
+  WEFT_TEXT_TUNABLES(WEFT_VALIDATE_TEXT)
+#undef WEFT_VALIDATE_INT
+#undef WEFT_VALIDATE_TEXT
+}
 
 namespace {
 

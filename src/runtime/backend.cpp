@@ -111,13 +111,26 @@ BackendKind resolve_backend(const EnvMap& env, int num_gpus) {
 std::unique_ptr<Backend> make_backend(const World& w, const EnvMap& env, std::optional<BackendKind> kind) {
   auto bs = make_bootstrap(w, env);
   const BackendKind k = kind ? *kind : resolve_backend(env, count_gpus());
-  // Every rank must pick the same backend: a mixed world would deadlock at the first wait.
-  int mine = static_cast<int>(k);
-  std::vector<int> all(w.size);
+  // Every rank must pick the same backend and the same heap size: a mixed world would
+  // deadlock at the first wait, and heaps of different sizes put rank p's heap at different
+  // places (mis-addressed data, or SIGBUS past the end of a smaller segment). Every rank sees
+  // every rank's values, so every rank reports the same disagreement.
+  const Tunable& heap_var = k == BackendKind::kHost ? tunables::kHostHeapMiB : tunables::kGpuHeapMiB;
+  struct StartInfo {
+    int64_t kind;
+    int64_t heap_mib;
+  } mine{static_cast<int64_t>(k), tunable_value(heap_var, env)};
+  std::vector<StartInfo> all(w.size);
   bs->allgather(&mine, sizeof mine, all.data());
   for (int r = 0; r < w.size; ++r)
-    WEFT_REQUIRE(all[r] == mine, fmt::format("ranks disagree on the backend: rank {} uses {}, rank {} uses {}", w.rank,
-                                             to_string(k), r, to_string(static_cast<BackendKind>(all[r]))));
+    WEFT_REQUIRE(all[r].kind == mine.kind,
+                 fmt::format("ranks disagree on the backend: rank {} uses {}, rank {} uses {}", w.rank, to_string(k), r,
+                             to_string(static_cast<BackendKind>(all[r].kind))));
+  for (int r = 0; r < w.size; ++r)
+    WEFT_REQUIRE(all[r].heap_mib == mine.heap_mib,
+                 fmt::format("ranks disagree on the symmetric heap size: rank {} has {}={}, rank {} has {}={} (every "
+                             "rank needs the same value)",
+                             w.rank, heap_var.env, mine.heap_mib, r, heap_var.env, all[r].heap_mib));
   if (k == BackendKind::kHost) return make_host_backend(w, env, std::move(bs));
 #ifdef WEFT_HAVE_CUDA
   return make_nccl_backend(w, env, std::move(bs));

@@ -71,9 +71,10 @@ uint64_t SymmetricHeap::alloc_bytes(size_t bytes, std::string_view name, size_t 
                              seq_, backend_.rank(), me.name, me.bytes, me.align, me.offset, r, o.name, o.bytes,
                              o.align, o.offset));
   }
-  WEFT_REQUIRE(me.fits, fmt::format("symmetric heap exhausted: '{}' needs {} bytes, {} of {} bytes in use "
-                                    "(raise WEFT_GPU_HEAP_MIB / WEFT_HOST_HEAP_MIB)",
-                                    name, bytes, in_use(), capacity_));
+  WEFT_REQUIRE(me.fits, fmt::format("symmetric heap exhausted: '{}' needs {} bytes (align {}), but the heap holds {} "
+                                    "bytes, {} of them in use (raise WEFT_GPU_HEAP_MIB / WEFT_HOST_HEAP_MIB, or use "
+                                    "smaller sizes)",
+                                    name, bytes, align, capacity_, in_use()));
   if (from_free) {
     auto it = free_.upper_bound(offset);
     --it;  // the block holding offset
@@ -129,6 +130,15 @@ size_t SymmetricHeap::in_use() const {
   size_t total = 0;
   for (const auto& [o, b] : live_) total += b.bytes;
   return total;
+}
+
+size_t SymmetricHeap::checked_bytes(size_t count, size_t elem_bytes, std::string_view name) const {
+  size_t bytes = 0;
+  WEFT_REQUIRE(!__builtin_mul_overflow(count, elem_bytes, &bytes),
+               fmt::format("symmetric allocation '{}': {} elements of {} bytes overflow a 64-bit size (the heap holds "
+                           "{} bytes)",
+                           name, count, elem_bytes, capacity_));
+  return bytes;
 }
 
 dev::SignalSlab SymmetricHeap::alloc_signals(uint32_t count, std::string_view name) {

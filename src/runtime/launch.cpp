@@ -3,19 +3,25 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <optional>
 #include <thread>
 
 #include "weft/core/error.hpp"
+#include "weft/runtime/bootstrap.hpp"
 
 namespace weft {
 namespace {
@@ -30,13 +36,40 @@ void kill_rank(pid_t pid, int sig) {
   if (kill(-pid, sig) != 0) kill(pid, sig);
 }
 
+// Session directories are <TMPDIR>/weft-XXXXXX with a file `launcher` holding the pid of the
+// launcher that made it. A launcher removes its own on every way out it lives through; one
+// SIGKILLed cannot, so each new launch removes those whose launcher has exited.
+void remove_stale_session_dirs(const std::string& tmp) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(tmp, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() != 11 || name.rfind("weft-", 0) != 0 || !e.is_directory(ec)) continue;
+    std::ifstream f(e.path() / "launcher");
+    int pid = 0;
+    if (f >> pid && pid > 0 && pid != getpid() && process_exited(pid)) std::filesystem::remove_all(e.path(), ec);
+  }
+}
+
 std::string make_session_dir() {
-  const std::string tmp = env_var("TMPDIR").value_or("");
-  std::string templ = (tmp.empty() ? std::string("/tmp") : tmp) + "/weft-XXXXXX";
+  std::string tmp = env_var("TMPDIR").value_or("");
+  if (tmp.empty()) tmp = "/tmp";
+  remove_stale_session_dirs(tmp);
+  std::string templ = tmp + "/weft-XXXXXX";
   std::vector<char> buf(templ.begin(), templ.end());
   buf.push_back('\0');
   WEFT_CHECK(mkdtemp(buf.data()) != nullptr, fmt::format("mkdtemp({}) failed: {}", templ, std::strerror(errno)));
-  return buf.data();
+  const std::string dir = buf.data();
+  std::ofstream(dir + "/launcher") << getpid() << "\n";
+  return dir;
+}
+
+int64_t saturating_add(int64_t a, int64_t b) {
+  int64_t s = 0;
+  return __builtin_add_overflow(a, b, &s) ? (b > 0 ? INT64_MAX : INT64_MIN) : s;
+}
+
+int64_t ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t).count();
 }
 
 void set_rank_env(int rank, const LaunchOptions& opt, const std::string& dir) {
@@ -48,67 +81,171 @@ void set_rank_env(int rank, const LaunchOptions& opt, const std::string& dir) {
   for (const auto& [k, v] : opt.extra_env) setenv(k.c_str(), v.c_str(), 1);
 }
 
-std::vector<RankResult> wait_all(const std::vector<pid_t>& pids, const LaunchOptions& opt) {
-  const int n = static_cast<int>(pids.size());
-  std::vector<RankResult> res(n);
-  std::vector<bool> done(n, false);
+// Host heap segments are named /weft-<rank 0's pid>-<random> (host_backend.cpp); rank 0
+// unlinks its own on every path it lives through. This removes those of ranks killed first.
+void remove_segments_of(const std::vector<pid_t>& pids) {
+  std::error_code ec;
+  std::vector<std::string> prefixes;
+  for (pid_t p : pids) prefixes.push_back(fmt::format("weft-{}-", p));
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string name = e.path().filename().string();
+    for (const auto& pre : prefixes)
+      if (name.rfind(pre, 0) == 0) shm_unlink(("/" + name).c_str());
+  }
+}
+
+// One launch: validated options, the session directory, stop signals held while ranks are
+// forked, and clean-up on every way out (the destructor).
+class RankSession {
+ public:
+  explicit RankSession(const LaunchOptions& opt) : opt_(opt) {
+    WEFT_REQUIRE(opt.nranks >= 1, fmt::format("weft launch: -n {} must be at least 1", opt.nranks));
+    // The ranks' environment, checked before anything is started: this process's, with
+    // extra_env on top (what set_rank_env leaves them).
+    EnvMap env = current_env();
+    for (const auto& [k, v] : opt.extra_env) env[k] = v;
+    validate_tunables(env);
+    grace_ms_ = opt.grace_ms > 0 ? opt.grace_ms : saturating_add(tunable_value(tunables::kTimeoutMs, env), 5000);
+    dir_ = make_session_dir();
+    // Held from here: a stop signal during the fork loop stays pending (sigpending ends the
+    // loop) and reaches on_stop_signal once the mask is restored, after which wait()
+    // passes it on to every started rank.
+    sigset_t stops;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGINT);
+    sigaddset(&stops, SIGTERM);
+    sigprocmask(SIG_BLOCK, &stops, &old_mask_);
+    g_stop_signal = 0;
+    struct sigaction sa{};
+    sa.sa_handler = on_stop_signal;
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+
+  ~RankSession() {
+    for (size_t r = 0; r < pids_.size(); ++r)
+      if (!reaped_[r]) kill_rank(pids_[r], SIGKILL);
+    for (size_t r = 0; r < pids_.size(); ++r)
+      if (!reaped_[r]) waitpid(pids_[r], nullptr, 0);
+    for (pid_t p : pids_) kill(-p, SIGKILL);  // leftovers of ranks that exited
+    sigprocmask(SIG_SETMASK, &old_mask_, nullptr);  // a pending stop signal lands in on_stop_signal
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+    remove_segments_of(pids_);
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  const std::string& dir() const { return dir_; }
+  int stop_signal() const { return stop_signal_; }
+
+  // Forks the ranks, each in a process group of its own with the rank's environment set,
+  // running child(rank) (which must not return). Stops early when a stop signal is pending.
+  void fork_all(const std::function<void(int)>& child) {
+    std::cout.flush();
+    std::cerr.flush();
+    const pid_t launcher = getpid();
+    for (int r = 0; r < opt_.nranks; ++r) {
+      sigset_t pending;
+      sigpending(&pending);
+      if (sigismember(&pending, SIGINT) || sigismember(&pending, SIGTERM)) break;
+      const pid_t pid = opt_.fork_fn ? opt_.fork_fn() : fork();
+      if (pid < 0)
+        throw_errno(__FILE__, __LINE__,
+                    fmt::format("weft launch: fork of rank {} of {} (the {} started are stopped)", r, opt_.nranks, r));
+      if (pid == 0) {
+        // The launcher's death, by any signal, kills this rank; a launcher already gone
+        // before prctl took effect is seen as a new parent.
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != launcher) _exit(1);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+        setpgid(0, 0);
+        set_rank_env(r, opt_, dir_);
+        child(r);
+        _exit(0);
+      }
+      setpgid(pid, pid);  // also here: no race with the child's own call
+      pids_.push_back(pid);
+      reaped_.push_back(false);
+    }
+    sigprocmask(SIG_SETMASK, &old_mask_, nullptr);  // the pending stop signal, if any, is caught now
+  }
+
+  std::vector<RankResult> wait();
+
+ private:
+  const LaunchOptions& opt_;
+  int64_t grace_ms_ = 0;
+  std::string dir_;
+  std::vector<pid_t> pids_;
+  std::vector<bool> reaped_;
+  sigset_t old_mask_{};
+  struct sigaction old_int_{}, old_term_{};
+  int stop_signal_ = 0;
+};
+
+std::vector<RankResult> RankSession::wait() {
+  const int n = static_cast<int>(pids_.size());
+  std::vector<RankResult> res(opt_.nranks);
+  for (int r = 0; r < opt_.nranks; ++r) res[r].rank = r;
+  for (int r = n; r < opt_.nranks; ++r) res[r].exit_code = -1;  // never started (a stop signal came first)
+  for (int r = n; r < opt_.nranks; ++r) res[r].killed_by_launcher = true;
   int left = n;
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
-  int64_t grace = opt.grace_ms > 0 ? opt.grace_ms : tunable_value(tunables::kTimeoutMs) + 5000;
+  int64_t grace = grace_ms_;
   std::optional<clock::time_point> first_failure;
   auto sleep = std::chrono::microseconds(100);
+  auto record = [&](int r, int st) {  // st: a waitpid status (0 when waitpid failed)
+    reaped_[r] = true;
+    --left;
+    res[r].pid = pids_[r];
+    if (WIFEXITED(st)) {
+      res[r].exit_code = WEXITSTATUS(st);
+    } else if (WIFSIGNALED(st)) {
+      res[r].exit_code = -1;
+      res[r].term_signal = WTERMSIG(st);
+    }
+  };
   while (left > 0) {
     bool progressed = false;
     for (int r = 0; r < n; ++r) {
-      if (done[r]) continue;
+      if (reaped_[r]) continue;
       int st = 0;
-      pid_t p = waitpid(pids[r], &st, WNOHANG);
+      pid_t p = waitpid(pids_[r], &st, WNOHANG);
       if (p == 0) continue;
-      done[r] = true;
-      --left;
       progressed = true;
-      res[r].rank = r;
-      if (p < 0) {
-        res[r].exit_code = -1;
-      } else if (WIFEXITED(st)) {
-        res[r].exit_code = WEXITSTATUS(st);
-      } else if (WIFSIGNALED(st)) {
-        res[r].exit_code = -1;
-        res[r].term_signal = WTERMSIG(st);
-      }
+      record(r, st);
+      if (p < 0) res[r].exit_code = -1;  // not our child any more: nothing to report
       if (res[r].exit_code != 0 && !first_failure) first_failure = clock::now();
     }
     if (left == 0) break;
-    const auto now = clock::now();
-    const bool grace_over =
-        first_failure && std::chrono::duration_cast<std::chrono::milliseconds>(now - *first_failure).count() > grace;
-    const bool deadline_over =
-        opt.deadline_ms > 0 &&
-        std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count() > opt.deadline_ms;
     if (g_stop_signal) {
+      stop_signal_ = g_stop_signal;
       for (int r = 0; r < n; ++r)
-        if (!done[r]) kill_rank(pids[r], g_stop_signal);
+        if (!reaped_[r]) kill_rank(pids_[r], g_stop_signal);
       g_stop_signal = 0;
-      if (!first_failure) first_failure = now;  // then the grace period, then SIGKILL
+      if (!first_failure) first_failure = clock::now();  // then the grace period, then SIGKILL
       grace = std::min<int64_t>(grace, 3000);
     }
+    const bool grace_over = first_failure && ms_since(*first_failure) > grace;
+    const bool deadline_over = opt_.deadline_ms > 0 && ms_since(start) > opt_.deadline_ms;
     if (grace_over || deadline_over) {
       for (int r = 0; r < n; ++r)
-        if (!done[r]) {
-          kill_rank(pids[r], SIGKILL);
+        if (!reaped_[r]) {
+          kill_rank(pids_[r], SIGKILL);
           res[r].killed_by_launcher = true;
         }
       for (int r = 0; r < n; ++r)
-        if (!done[r]) {
+        if (!reaped_[r]) {
           int st = 0;
-          waitpid(pids[r], &st, 0);
-          res[r].rank = r;
+          waitpid(pids_[r], &st, 0);
+          record(r, st);
           res[r].exit_code = -1;
           res[r].term_signal = SIGKILL;
-          done[r] = true;
         }
-      for (int r = 0; r < n; ++r) kill(-pids[r], SIGKILL);  // leftovers of ranks that exited
       break;
     }
     if (!progressed) {
@@ -116,29 +253,8 @@ std::vector<RankResult> wait_all(const std::vector<pid_t>& pids, const LaunchOpt
       sleep = std::min(sleep * 2, std::chrono::microseconds(20000));
     }
   }
+  if (!stop_signal_ && g_stop_signal) stop_signal_ = g_stop_signal;
   return res;
-}
-
-// Forks opt.nranks children, each in a process group of its own with the rank's
-// environment set, running child(rank) (which must not return). Returns their pids.
-std::vector<pid_t> fork_ranks(const LaunchOptions& opt, const std::string& dir,
-                              const std::function<void(int)>& child) {
-  std::cout.flush();
-  std::cerr.flush();
-  std::vector<pid_t> pids;
-  for (int r = 0; r < opt.nranks; ++r) {
-    pid_t pid = fork();
-    WEFT_SYSCHECK(pid);
-    if (pid == 0) {
-      setpgid(0, 0);
-      set_rank_env(r, opt, dir);
-      child(r);
-      _exit(0);
-    }
-    setpgid(pid, pid);  // also here: no race with the child's own call
-    pids.push_back(pid);
-  }
-  return pids;
 }
 
 }  // namespace
@@ -151,61 +267,63 @@ bool inside_launcher(const EnvMap& env) {
 
 std::vector<RankResult> launch_exec(const std::vector<std::string>& argv, const LaunchOptions& opt) {
   WEFT_REQUIRE(!argv.empty(), "weft launch: no command given (usage: weft launch -n N -- command args...)");
-  WEFT_REQUIRE(opt.nranks >= 1, fmt::format("weft launch: -n {} must be at least 1", opt.nranks));
-  const std::string dir = make_session_dir();
-  const auto pids = fork_ranks(opt, dir, [&](int r) {
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    std::fprintf(stderr, "weft launch: rank %d: cannot run '%s': %s\n", r, args[0], std::strerror(errno));
-    _exit(127);
-  });
-  struct sigaction sa{}, old_int{}, old_term{};
-  sa.sa_handler = on_stop_signal;
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
-  auto res = wait_all(pids, opt);
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGTERM, &old_term, nullptr);
-  std::filesystem::remove_all(dir);
+  std::vector<RankResult> res;
+  {
+    RankSession session(opt);
+    session.fork_all([&](int r) {
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execvp(args[0], args.data());
+      std::fprintf(stderr, "weft launch: rank %d: cannot run '%s': %s\n", r, args[0], std::strerror(errno));
+      _exit(127);
+    });
+    res = session.wait();
+  }
   if (!opt.quiet && launch_exit_code(res) != 0) std::cerr << describe_results(res);
   return res;
 }
 
 std::vector<RankResult> run_ranks(const std::function<void()>& fn, const LaunchOptions& opt) {
-  WEFT_REQUIRE(opt.nranks >= 1, "run_ranks needs at least one rank");
-  const std::string dir = make_session_dir();
-  const auto pids = fork_ranks(opt, dir, [&](int r) {
-    int code = 0;
-    std::string msg;
-    try {
-      fn();
-    } catch (const std::exception& e) {
-      msg = e.what();
-      code = 1;
-    } catch (...) {
-      msg = "unknown exception";
-      code = 1;
+  std::vector<RankResult> res;
+  int stop_signal = 0;
+  {
+    RankSession session(opt);
+    const std::string dir = session.dir();
+    session.fork_all([&](int r) {
+      int code = 0;
+      std::string msg;
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        msg = e.what();
+        code = 1;
+      } catch (...) {
+        msg = "unknown exception";
+        code = 1;
+      }
+      if (code) {
+        std::ofstream(fmt::format("{}/error.{}", dir, r)) << msg;
+        if (!opt.quiet) std::fprintf(stderr, "[rank %d] error: %s\n", r, msg.c_str());
+      }
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(code);
+    });
+    res = session.wait();
+    for (auto& r : res) {
+      std::ifstream f(fmt::format("{}/error.{}", dir, r.rank));
+      if (f) {
+        std::stringstream ss;
+        ss << f.rdbuf();
+        r.message = ss.str();
+      }
     }
-    if (code) {
-      std::ofstream(fmt::format("{}/error.{}", dir, r)) << msg;
-      if (!opt.quiet) std::fprintf(stderr, "[rank %d] error: %s\n", r, msg.c_str());
-    }
-    std::fflush(stdout);
-    std::fflush(stderr);
-    _exit(code);
-  });
-  auto res = wait_all(pids, opt);
-  for (auto& r : res) {
-    std::ifstream f(fmt::format("{}/error.{}", dir, r.rank));
-    if (f) {
-      std::stringstream ss;
-      ss << f.rdbuf();
-      r.message = ss.str();
-    }
+    stop_signal = session.stop_signal();
   }
-  std::filesystem::remove_all(dir);
+  // Stopped by SIGINT/SIGTERM: the ranks and their files are gone; now this process goes the
+  // way the signal meant (its own disposition, restored by the session).
+  if (stop_signal) raise(stop_signal);
   return res;
 }
 
@@ -221,7 +339,9 @@ std::string describe_results(const std::vector<RankResult>& results) {
   std::string out;
   for (const auto& r : results) {
     if (r.exit_code == 0) continue;
-    if (r.killed_by_launcher)
+    if (r.killed_by_launcher && r.pid == 0)
+      out += fmt::format("weft launch: rank {} was not started (the launch was stopped)\n", r.rank);
+    else if (r.killed_by_launcher)
       out += fmt::format("weft launch: rank {} was still running after another rank failed (or the deadline); "
                          "killed\n",
                          r.rank);

@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <functional>
 
 #include "rank_harness.hpp"
 #include "weft/core/error.hpp"
@@ -123,4 +126,120 @@ TEST(BootstrapErrors, RankThatNeverArrivesIsNamedWithinTheDeadline) {
     EXPECT_EQ(res[r].exit_code, 1);
     EXPECT_NE(res[r].message.find("rank 1"), std::string::npos) << res[r].message;
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// Sizes from users: checked arithmetic, never a wrapped bound (issue 28, item 2).
+TEST(SymmetricHeapBounds, HugeRequestsAreRefusedNamingTheRequestAndTheCapacity) {
+  expect_all_ok(run_host_ranks(2, [] {
+    auto b = make_backend();
+    auto& heap = b->heap();
+    heap.alloc<float>(10, "small");  // offset > 0 from here on: offset + bytes would wrap
+    const size_t before = heap.used();
+    auto refused = [&](const std::function<void()>& f, const std::string& name) {
+      try {
+        f();
+      } catch (const InvalidArgument& e) {
+        const std::string m = e.what();
+        WEFT_CHECK(m.find(name) != std::string::npos && m.find(std::to_string(heap.capacity())) != std::string::npos,
+                   "the refusal does not name '" + name + "' and the capacity: " + m);
+        return;
+      }
+      WEFT_CHECK(false, "a request for '" + name + "' that cannot fit was accepted");
+    };
+    refused([&] { heap.alloc_bytes(SIZE_MAX - 100, "wraps"); }, "wraps");
+    refused([&] { heap.alloc_bytes(SIZE_MAX, "max"); }, "max");
+    refused([&] { heap.alloc_bytes(heap.capacity() - 1, "just over"); }, "just over");
+    refused([&] { heap.alloc<float>(SIZE_MAX / 2, "count overflow"); }, "count overflow");
+    refused([&] { heap.alloc<double>((SIZE_MAX >> 3) + 2, "count overflow 2"); }, "count overflow 2");
+    refused([&] { heap.alloc_bytes(1, "huge align", size_t{1} << 63); }, "huge align");
+    WEFT_CHECK(heap.used() == before, "a refused request used heap space");
+    auto t = heap.alloc<float>(16, "after");  // the heap still works, and the ranks still agree
+    WEFT_CHECK(t.offset >= before, "allocation after refusals overlaps");
+  }));
+}
+
+// The heap size is agreed at start-up (item 3): a mismatch is named on every rank.
+TEST(HostBackendStart, HeapSizesThatDisagreeAreNamedOnEveryRank) {
+  auto res = run_host_ranks(3, [] {
+    if (world_rank() == 2) setenv("WEFT_HOST_HEAP_MIB", "32", 1);  // the others have 16
+    make_backend();
+  });
+  for (const auto& r : res) {
+    EXPECT_EQ(r.exit_code, 1) << "rank " << r.rank << " accepted a world with heaps of different sizes";
+    EXPECT_NE(r.message.find("disagree on the symmetric heap size"), std::string::npos) << r.message;
+    EXPECT_NE(r.message.find("WEFT_HOST_HEAP_MIB=16"), std::string::npos) << r.message;
+    EXPECT_NE(r.message.find("WEFT_HOST_HEAP_MIB=32"), std::string::npos) << r.message;
+    EXPECT_NE(r.message.find("rank 2"), std::string::npos) << r.message;
+  }
+}
+
+namespace {
+// /dev/shm entries whose name starts with weft-<pid>-: the host heap segments rank `pid` made.
+std::vector<std::string> segments_of(int pid) {
+  std::vector<std::string> found;
+  const std::string prefix = "weft-" + std::to_string(pid) + "-";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) found.push_back(e.path().string());
+  return found;
+}
+}  // namespace
+
+// /dev/shm too small for heap x ranks (item 4): an error at start-up naming /dev/shm, the
+// size and the variable, on every rank; never SIGBUS later. The heap asked for here is more
+// than /dev/shm has free, which no machine can grant.
+TEST(HostBackendStart, DevShmTooSmallIsAnErrorAtStartUp) {
+  struct statvfs vfs{};
+  ASSERT_EQ(statvfs("/dev/shm", &vfs), 0);
+  const uint64_t free_mib = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize >> 20;
+  const uint64_t per_rank = free_mib / 2 + 64;  // x 2 ranks > free
+  if (per_rank > static_cast<uint64_t>(tunables::kHostHeapMiB.max_value)) GTEST_SKIP() << "/dev/shm is huge";
+  auto res = run_host_ranks(
+      2,
+      [per_rank] {
+        setenv("WEFT_HOST_HEAP_MIB", std::to_string(per_rank).c_str(), 1);  // the harness sets 16
+        try {
+          make_backend();
+        } catch (...) {
+          WEFT_CHECK(segments_of(getpid()).empty(), "the refused segment was left in /dev/shm");
+          throw;
+        }
+      });
+  for (const auto& r : res) {
+    EXPECT_EQ(r.exit_code, 1) << "rank " << r.rank << ": a heap larger than /dev/shm was accepted";
+    EXPECT_NE(r.message.find("/dev/shm"), std::string::npos) << r.message;
+    EXPECT_NE(r.message.find("WEFT_HOST_HEAP_MIB=" + std::to_string(per_rank)), std::string::npos) << r.message;
+    EXPECT_NE(r.message.find(std::to_string(per_rank * 2 << 20)), std::string::npos) << r.message;  // bytes needed
+  }
+}
+
+// A rank that dies during start-up (item 5): rank 0, which made the segment, removes it
+// when the name broadcast fails.
+TEST(HostBackendStart, NoSegmentOutlivesAPeerThatDiesDuringStartUp) {
+  auto res = run_host_ranks(
+      2,
+      [] {
+        EnvMap env = current_env();
+        if (world_rank() == 1) {
+          // Through make_backend's agreement (backend kind, heap MiB), then gone before
+          // rank 0's broadcast of the segment's name.
+          auto bs = make_bootstrap(world_from_env(env), env);
+          int64_t mine[2] = {static_cast<int64_t>(BackendKind::kHost), 16};
+          int64_t all[4];
+          bs->allgather(mine, sizeof mine, all);
+          _exit(0);
+        }
+        bool failed = false;
+        try {
+          make_backend();
+        } catch (const TimeoutError&) {
+          failed = true;
+        }
+        WEFT_CHECK(failed, "rank 0 started without its peer");
+        const auto left = segments_of(getpid());
+        WEFT_CHECK(left.empty(), "start-up failure left " + (left.empty() ? "" : left.front()));
+      },
+      {}, 1000);
+  EXPECT_EQ(res[0].exit_code, 0) << res[0].message;
 }

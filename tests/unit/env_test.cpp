@@ -92,6 +92,27 @@ TEST(Tunables, OutOfRangeNamesTheVariableAndTheRange) {
   EXPECT_TRUE(contains(huge, "WEFT_TIMEOUT_MS")) << huge;
 }
 
+// Issue 28, item 10: values that once wrapped (18446744073710 ms x 10^6 ns), overflowed the
+// launcher's grace (2^63-1 + 5000) or were negative: each refused, naming value and range.
+TEST(Tunables, TimeoutsThatOverflowedAreRefusedNamingTheValueAndTheRange) {
+  for (const char* v : {"18446744073710", "9223372036854775807", "9223372036854775808", "-1", "-9223372036854775808",
+                        "86400001", "99999999999999999999"}) {
+    const std::string e =
+        error_of([v] { weft::tunable_value(tunables::kTimeoutMs, EnvMap{{"WEFT_TIMEOUT_MS", v}}); });
+    EXPECT_TRUE(contains(e, std::string("WEFT_TIMEOUT_MS=") + v) && contains(e, "[1, 86400000]")) << v << ": " << e;
+  }
+  EXPECT_EQ(weft::tunable_value(tunables::kTimeoutMs, EnvMap{{"WEFT_TIMEOUT_MS", "86400000"}}), 86400000);
+}
+
+// What launchers call before forking: every tunable set, integers and text.
+TEST(Tunables, ValidateChecksEveryTunableSet) {
+  EXPECT_NO_THROW(weft::validate_tunables(EnvMap{{"WEFT_TIMEOUT_MS", "100"}, {"WEFT_BACKEND", "host"}, {"HOME", "x"}}));
+  EXPECT_TRUE(contains(error_of([] { weft::validate_tunables(EnvMap{{"WEFT_TIMEOUT_MS", "abc"}}); }), "WEFT_TIMEOUT_MS"));
+  EXPECT_TRUE(contains(error_of([] { weft::validate_tunables(EnvMap{{"WEFT_BACKEND", "gpu"}}); }), "WEFT_BACKEND"));
+  EXPECT_TRUE(contains(error_of([] { weft::validate_tunables(EnvMap{{"WEFT_HOST_HEAP_MIB", "1000000000"}}); }),
+                       "WEFT_HOST_HEAP_MIB=1000000000 is outside"));
+}
+
 TEST(Tunables, TextOutsideTheChoicesListsThem) {
   const std::string fold = error_of([] { weft::tunable_text(tunables::kRsFold, EnvMap{{"WEFT_RS_FOLD", "fast"}}); });
   EXPECT_TRUE(contains(fold, "WEFT_RS_FOLD='fast'") && contains(fold, "auto|gather|lt|weft|1|0")) << fold;

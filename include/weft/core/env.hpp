@@ -55,7 +55,7 @@ struct TextTunable {
 #define WEFT_INT_TUNABLES(X)                                                                                          \
   X(kTimeoutMs, "WEFT_TIMEOUT_MS", 30000, 1, 86400000, kStable, "deadline of every cross-rank wait, in milliseconds") \
   X(kHostHeapMiB, "WEFT_HOST_HEAP_MIB", 256, 1, 1048576, kStable,                                                     \
-    "symmetric heap per rank on the host backend (MiB, sparse)")                                                      \
+    "symmetric heap per rank on the host backend (MiB; heap x ranks reserved in /dev/shm)")                                                      \
   X(kGpuHeapMiB, "WEFT_GPU_HEAP_MIB", 2048, 1, 1048576, kStable, "symmetric heap per rank on the nccl backend (MiB)") \
   X(kHostRanks, "WEFT_HOST_RANKS", 2, 1, 1024, kStable, "ranks that CLI commands launch on the host backend")         \
   X(kPdl, "WEFT_PDL", 1, 0, 1, kExperimental,                                                                         \
@@ -112,6 +112,10 @@ int64_t tunable_value(const Tunable& t);
 // variable and the choices when the value is not one of them.
 std::string tunable_text(const TextTunable& t, const EnvMap& env);
 std::string tunable_text(const TextTunable& t);
+
+// Checks every tunable set in `env` (integers in range, text among its choices); throws the
+// InvalidArgument of the first bad one. Launchers call it before they start any rank.
+void validate_tunables(const EnvMap& env);
 
 // One row of the registry, for listings (`weft info --tunables`, docs/tunables.md).
 struct TunableInfo {

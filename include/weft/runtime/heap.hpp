@@ -35,13 +35,18 @@ class SymmetricHeap {
   SymmetricHeap(Backend& backend, size_t capacity) : backend_(backend), capacity_(capacity) {}
 
   // Collective. Returns the offset of `bytes` zeroed bytes aligned to `align` (a power of two).
+  // A request that does not fit (any size, up to SIZE_MAX: the arithmetic is checked) is an
+  // InvalidArgument naming the allocation, its size and the capacity, on every rank.
   uint64_t alloc_bytes(size_t bytes, std::string_view name, size_t align = kDefaultAlign);
 
   template <class T>
   SymTensor<T> alloc(size_t count, std::string_view name) {
-    return SymTensor<T>{alloc_bytes(count * sizeof(T), name, alignof(T) > kDefaultAlign ? alignof(T) : kDefaultAlign),
+    return SymTensor<T>{alloc_bytes(checked_bytes(count, sizeof(T), name), name,
+                                    alignof(T) > kDefaultAlign ? alignof(T) : kDefaultAlign),
                         count};
   }
+  // count * elem_bytes, or an InvalidArgument naming the allocation when it overflows size_t.
+  size_t checked_bytes(size_t count, size_t elem_bytes, std::string_view name) const;
   dev::SignalSlab alloc_signals(uint32_t count, std::string_view name);
   dev::BarrierHandle alloc_barrier(std::string_view name);
 

@@ -11,6 +11,7 @@ namespace weft {
 
 struct RankResult {
   int rank = 0;
+  int pid = 0;              // the rank's process id (0: never started)
   int exit_code = 0;        // -1 when killed by a signal
   int term_signal = 0;      // the signal that ended it, if any
   bool killed_by_launcher = false;
@@ -25,7 +26,19 @@ struct LaunchOptions {
   // Hard limit on the whole run (0: none): a rank still alive then is killed and reported.
   int64_t deadline_ms = 0;
   bool quiet = false;  // no summary of failed ranks on stderr
+  // Test seam: called instead of fork() when set (tests inject a fork that fails partway).
+  std::function<int()> fork_fn;
 };
+
+// Both launchers: the environment the ranks will see (this process's, extra_env on top) is
+// validated before anything is forked (a bad WEFT_TIMEOUT_MS is one InvalidArgument here, not
+// one per rank); every rank gets PR_SET_PDEATHSIG(SIGKILL), so that no rank outlives a
+// launcher killed by any signal; SIGINT/SIGTERM are held during the fork loop and passed on
+// to the ranks after it; on every way out (a fork that fails partway, an exception, a stop
+// signal) started ranks are killed and reaped, the session directory is removed, and so are
+// host heap segments (/dev/shm/weft-<pid>-*) of ranks that died before removing their own.
+// The parent-death signal follows the thread that forked: call these from a thread that
+// outlives the ranks.
 
 // Forks n ranks that exec argv with WEFT_RANK, WEFT_WORLD_SIZE, WEFT_LOCAL_RANK,
 // WEFT_LOCAL_SIZE and a fresh WEFT_BOOTSTRAP_DIR; waits for all; returns their results.
