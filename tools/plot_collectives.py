@@ -5,7 +5,10 @@ import json
 import os
 import sys
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:
+    sys.exit(f"{sys.argv[0]}: matplotlib is missing: install it with `python3 -m pip install matplotlib`")
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

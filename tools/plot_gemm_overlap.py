@@ -6,8 +6,12 @@ fused ops from bench/torch_symm_mem_peer.py's JSON beside them when given.
 Writes <json without .json>.png next to each input."""
 import argparse
 import json
+import sys
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:
+    sys.exit(f"{sys.argv[0]}: matplotlib is missing: install it with `python3 -m pip install matplotlib`")
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

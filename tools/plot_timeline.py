@@ -7,7 +7,10 @@ Usage: tools/plot_timeline.py trace.json out.png   (also: weft trace trace.json 
 import json
 import sys
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:
+    sys.exit(f"{sys.argv[0]}: matplotlib is missing: install it with `python3 -m pip install matplotlib`")
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

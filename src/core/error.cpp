@@ -13,11 +13,11 @@ static const char* basename_of(const char* path) {
 }
 
 void throw_error(const char* file, int line, const std::string& msg) {
-  throw Error(fmt::format("{} ({}:{})", msg, basename_of(file), line));
+  throw Error(msg, fmt::format("{}:{}", basename_of(file), line));
 }
 
 void throw_invalid(const char* file, int line, const std::string& msg) {
-  throw InvalidArgument(fmt::format("{} ({}:{})", msg, basename_of(file), line));
+  throw InvalidArgument(msg, fmt::format("{}:{}", basename_of(file), line));
 }
 
 void throw_errno(const char* file, int line, const std::string& what) {

@@ -12,11 +12,13 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "cli_util.hpp"
 #include "plan_cmd.hpp"
 #include "weft/bench/collectives_bench.hpp"
 #include "weft/bench/devapi_bench.hpp"
 #include "weft/bench/gemm_bench.hpp"
 #include "weft/bench/gemm_overlap_bench.hpp"
+#include "weft/bench/shape.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ops/trace.hpp"
 #include "weft/runtime/backend.hpp"
@@ -50,6 +52,11 @@ int relaunch_as_ranks(int argc, char** argv) {
   std::cerr << fmt::format("weft: launching {} rank(s) on the {} backend\n", n, to_string(kind));
   return launch_exit_code(launch_exec(args, opt));
 }
+
+// Printed above every table the host backend measures: its times are CPU times.
+constexpr const char* kCpuFigures =
+    "host backend: CPU figures (wall clock of ranks sharing this machine's cores; they swing between runs and say "
+    "nothing about GPUs)\n";
 
 std::string utc_stamp(const char* f) {
   std::time_t t = std::time(nullptr);
@@ -94,9 +101,11 @@ void write_json(nlohmann::json j, const std::string& out_dir, const std::string&
   j["date"] = utc_stamp("%Y-%m-%dT%H:%M:%SZ");
   j["commit"] = WEFT_GIT_COMMIT;
   j["quick"] = quick;
-  std::filesystem::create_directories(out_dir);
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) throw Error(fmt::format("cannot create the results directory '{}': {}", out_dir, ec.message()));
   std::string path = fmt::format("{}/{}-{}.json", out_dir, name, utc_stamp("%Y%m%d-%H%M%S"));
-  std::ofstream(path) << j.dump(2) << "\n";
+  cli::write_file(path, j.dump(2) + "\n");
   std::cout << "wrote " << path << "\n";
 }
 
@@ -144,6 +153,7 @@ int cmd_bench_overlap(const std::string& what, bool quick, const std::string& ou
   auto r = bench::bench_gemm_overlap(*b, opt);
   if (b->rank() == 0) {
     write_json(bench::to_json(r), out_dir, fmt::format("{}-{}-{}r", what, r.backend, r.world), quick);
+    if (b->kind() == BackendKind::kHost) std::cout << kCpuFigures;
     std::cout << bench::to_table(r);
   }
   // A method whose output disagrees with the baseline's fails the command (after the table).
@@ -174,8 +184,13 @@ int cmd_trace(const std::string& file, const std::string& png) {
   if (!png.empty()) {
     std::string script = "tools/plot_timeline.py";  // a checkout here, else the one weft was built from
     if (!std::filesystem::exists(script)) script = std::string(WEFT_SOURCE_DIR) + "/tools/plot_timeline.py";
-    const std::string cmd = fmt::format("python3 '{}' '{}' '{}'", script, file, png);
-    WEFT_REQUIRE(std::system(cmd.c_str()) == 0, fmt::format("drawing the PNG failed: {}", cmd));
+    // An argument vector, no shell: the file names reach the script as they are.
+    if (cli::run_program({"python3", "-c", "import matplotlib"}, /*quiet=*/true) != 0)
+      throw InvalidArgument(
+          "trace --png needs matplotlib, which python3 cannot import: install it with `python3 -m pip install "
+          "matplotlib` (or the python3-matplotlib package)");
+    const int rc = cli::run_program({"python3", script, file, png});
+    if (rc != 0) throw Error(fmt::format("drawing the PNG failed: python3 {} exited with status {}", script, rc));
   }
   return 0;
 }
@@ -204,6 +219,7 @@ int cmd_bench(const std::string& what, bool quick, const std::string& out_dir, c
       nlohmann::json j = bench::to_json(res);
       j["bench"] = "devapi";
       write_json(j, out_dir, fmt::format("devapi-{}-{}r", res.backend, res.world), quick);
+      if (b->kind() == BackendKind::kHost) std::cout << kCpuFigures;
       std::cout << bench::to_table(res);
     }
   }
@@ -226,10 +242,49 @@ int cmd_bench(const std::string& what, bool quick, const std::string& out_dir, c
                         : "host backend: eager calls, wall clock (CPU numbers)";
       j["points"] = bench::to_json(pts);
       write_json(j, out_dir, fmt::format("collectives-{}-{}r", to_string(b->kind()), b->size()), quick);
+      if (b->kind() == BackendKind::kHost) std::cout << kCpuFigures;
       std::cout << bench::to_table(pts);
     }
   }
   return 0;
+}
+
+// Where `weft bench` writes its JSON without --out: a user location outside any source tree
+// ($XDG_DATA_HOME/weft/results, else ~/.local/share/weft/results); empty when neither
+// variable is set.
+std::string default_results_dir() {
+  if (const char* x = std::getenv("XDG_DATA_HOME"); x && *x == '/') return std::string(x) + "/weft/results";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/share/weft/results";
+  return {};
+}
+
+bool is_bench_name(const std::string& s) {
+  return s == "all" || s == "devapi" || s == "collectives" || s == "gemm" || is_overlap_bench(s);
+}
+
+// The bench arguments that would fail (or be ignored) only after the ranks have started.
+void validate_bench(const std::string& what, const std::vector<std::string>& shapes, int chunks) {
+  if (!is_bench_name(what))
+    throw cli::UsageError(fmt::format(
+        "bench {}: unknown benchmark; expected devapi, collectives, gemm, ag_gemm, gemm_rs, gemm_ar or all", what));
+  if (chunks < 0) throw cli::UsageError(fmt::format("--chunks must be 0 (auto) or more, not {}", chunks));
+  if (!shapes.empty() && what != "gemm" && !is_overlap_bench(what)) {
+    // `--shapes A B` takes every word after it: `--shapes 64x64x64 gemm` would run `all`.
+    for (const auto& s : shapes)
+      if (is_bench_name(s))
+        throw cli::UsageError(fmt::format("--shapes '{}': that is a benchmark, not a shape MxKxN; name the benchmark "
+                                          "first (weft bench {} --shapes ...)",
+                                          s, s));
+    throw cli::UsageError(fmt::format("--shapes applies to gemm, ag_gemm, gemm_rs and gemm_ar, not to bench '{}'", what));
+  }
+  const auto phys = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+  for (const auto& s : shapes) {
+    const bench::GemmShape d = bench::parse_gemm_shape(s);
+    if (const int64_t bytes = bench::operand_bytes(d); phys > 0 && bytes > phys)
+      throw cli::UsageError(fmt::format("shape '{}': its operands take {:.1f} GiB, more than this machine's {:.1f} GiB "
+                                        "of memory",
+                                        s, static_cast<double>(bytes) / (1 << 30), static_cast<double>(phys) / (1 << 30)));
+  }
 }
 
 }  // namespace
@@ -237,6 +292,8 @@ int cmd_bench(const std::string& what, bool quick, const std::string& out_dir, c
 int main(int argc, char** argv) {
   CLI::App app{"weft: multi-GPU layers that overlap communication with computation, tile by tile"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", fmt::format("weft {} (commit {})", kVersion, WEFT_GIT_COMMIT),
+                       "print weft's version and exit");
 
   auto* info = app.add_subcommand("info", "What weft sees: build, GPUs, backend, world");
   bool list_tunables = false;
@@ -256,9 +313,11 @@ int main(int argc, char** argv) {
   bench->add_option("--only", only, "collectives to run (all_reduce, all_gather, reduce_scatter, all_to_all)")
       ->delimiter(',');
   bool quick = false;
-  std::string out_dir = "bench/results";
+  std::string out_dir;
   bench->add_flag("--quick", quick, "small sizes, few repetitions");
-  bench->add_option("--out", out_dir, "directory for the JSON results");
+  bench->add_option("--out", out_dir,
+                    "directory for the JSON results (default: $XDG_DATA_HOME/weft/results, else "
+                    "~/.local/share/weft/results)");
   std::vector<std::string> shapes;
   bench->add_option("--shapes", shapes, "gemm: shapes MxKxN (default: docs/anchors.md's four and 8192x8192x8192)")
       ->delimiter(',');
@@ -289,13 +348,33 @@ int main(int argc, char** argv) {
 
   auto run_plan_commands = weft::cli::add_plan_commands(app);
 
+  // An unknown command: name it and list the commands (CLI11 alone says "A subcommand is
+  // required").
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string names;
+    bool known = false;
+    for (const CLI::App* c : app.get_subcommands([](CLI::App*) { return true; })) {
+      names += (names.empty() ? "" : ", ") + c->get_name();
+      known = known || c->get_name() == argv[1];
+    }
+    if (!known) {
+      std::cerr << fmt::format("weft: unknown command '{}'; the commands are {} (weft --help)\n", argv[1], names);
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;  // --help and --version succeed; every other parse error is a usage error
   }
 
   try {
+    if (*bench) {
+      validate_bench(what, shapes, chunks);
+      if (out_dir.empty()) out_dir = default_results_dir();
+      if (out_dir.empty()) throw cli::UsageError("weft bench: neither XDG_DATA_HOME nor HOME is set: give --out DIR");
+    }
     if (*info) return list_tunables ? cmd_tunables() : cmd_info();
     if (int rc = run_plan_commands(); rc >= 0) return rc;
     if (*launch) {
@@ -318,6 +397,13 @@ int main(int argc, char** argv) {
   } catch (const TimeoutError& e) {
     std::cerr << "weft: timeout: " << e.what() << "\n";
     return 3;
+  } catch (const cli::UsageError& e) {
+    std::cerr << "weft: " << e.message() << "\n";
+    return 2;
+  } catch (const InvalidArgument& e) {
+    // The user's mistake: the message alone, without the file:line it was detected at.
+    std::cerr << "weft: error: " << e.message() << "\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "weft: error: " << e.what() << "\n";
     return 1;

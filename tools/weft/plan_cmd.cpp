@@ -2,12 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string_view>
+#include <tuple>
 
+#include "cli_util.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ops/gemm_overlap_model.hpp"
 #include "weft/plan/cost.hpp"
@@ -42,8 +46,83 @@ struct PlanOptions {
   // simulate
   int nodes = 1, gpus = 2;
   double link_gbps = 0, net_gbps = 50;
-  uint64_t bytes = 0;
+  int64_t bytes = 0;
 };
+
+// The transfers and tiles (over all ranks) the CLI builds and simulates for one plan.
+// plan::simulate's time grows with the square of that count (each step scans every waiting
+// item): at this bound it takes a few seconds on one core; all_to_all or a ring at world 64
+// with the default sizes (4,096 transfers, 32,768 tiles) took 20 s, world 128 minutes.
+constexpr int64_t kMaxPlanItems = 16384;
+
+void require_at_least(const char* option, int64_t value, int64_t least) {
+  if (value < least)
+    throw UsageError(fmt::format("{} must be {}, not {}", option, least == 0 ? "0 or more" : "positive", value));
+}
+
+void require_rate(const char* option, double value, bool zero_ok) {
+  if (!std::isfinite(value) || value < 0 || (!zero_ok && value == 0))
+    throw UsageError(fmt::format("{} must be a {} number of GB/s, not {}", option, zero_ok ? "non-negative" : "positive",
+                                 value));
+}
+
+// Every number of plan/simulate: sizes positive, counts non-negative, and the byte count of a
+// rank's output (rows x world x cols x 2 for an all-gather) within 64 bits.
+void validate(const PlanOptions& o, int world, const char* world_option) {
+  require_at_least(world_option, world, 1);
+  require_at_least("--rows", o.rows, 1);
+  require_at_least("--cols", o.cols, 1);
+  require_at_least("--split", o.splits, 1);
+  require_at_least("--workers", o.workers, 0);
+  require_at_least("--ctas", o.ctas, 0);
+  require_at_least("--gemm-n", o.gemm_n, 0);
+  require_at_least("--gemm-k", o.gemm_k, 0);
+  require_at_least("--tile", o.tile, 1);
+  const int64_t out_rows = checked_mul(o.rows, world, fmt::format("--rows {} x world {}", o.rows, world));
+  checked_mul(checked_mul(out_rows, o.cols, fmt::format("--rows {} x world {} x --cols {}", o.rows, world, o.cols)), 2,
+              fmt::format("--rows {} x world {} x --cols {} x 2 bytes", o.rows, world, o.cols));
+  if (o.gemm_n > 0)
+    checked_mul(checked_mul(out_rows, o.gemm_n, "the GEMM's output rows x --gemm-n"), 2,
+                "the GEMM's output rows x --gemm-n x 2 bytes");
+}
+
+std::string too_big(int64_t items) {
+  return fmt::format(
+      "; the CLI builds and simulates at most {} transfers and tiles over all ranks ({} here): the simulation's "
+      "time grows with the square of that count. Use a smaller world, fewer --split, or larger --tile",
+      kMaxPlanItems, items);
+}
+
+// Before building a template: about world^2 x splits transfers (all_to_all and the direct
+// and ring templates; the all-reduces twice that), so a world of 1024 is refused before
+// millions of transfers are allocated.
+void check_template_size(const PlanOptions& o, int world, const char* world_option) {
+  if (!o.file.empty()) return;
+  const int64_t w2 = checked_mul(world, world, "world x world");
+  const int64_t est = checked_mul(w2, o.splits, fmt::format("world^2 x --split {}", o.splits));
+  if (est > kMaxPlanItems)
+    throw UsageError(fmt::format("{} {} with --split {}: {} at this world has about world^2 x splits transfers{}",
+                                 world_option, world, o.splits, o.collective, too_big(est)));
+}
+
+// After building: the exact transfer count plus the tiles of the schedule over tensor 'out'
+// (computed in 64 bits, before the schedule's int tile indices are built).
+void check_plan_size(const PlanOptions& o, const plan::CommPlan& p) {
+  const int t = p.tensor_id("out");
+  if (t < 0) return;  // build_schedule names the missing tensor
+  const int64_t rows = p.tensors[static_cast<size_t>(t)].rows;
+  const int64_t tiles_m = rows / o.tile + (rows % o.tile != 0);
+  const int64_t tiles_n = o.gemm_n > 0 ? o.gemm_n / o.tile + (o.gemm_n % o.tile != 0) : 1;
+  const int64_t per_rank = checked_mul(tiles_m, tiles_n, "tiles per rank");
+  const int64_t tiles = checked_mul(per_rank, p.world, "tiles per rank x world");
+  const auto transfers = static_cast<int64_t>(p.num_transfers());
+  int64_t items = 0;
+  if (__builtin_add_overflow(tiles, transfers, &items) || items > kMaxPlanItems)
+    throw UsageError(fmt::format("plan {} on {} ranks: {} transfers and {} x {} tiles of {} rows on each rank of "
+                                 "'out' ({} rows){}",
+                                 p.name, p.world, transfers, tiles_m, tiles_n, o.tile, rows,
+                                 too_big(items < 0 ? INT64_MAX : items)));
+}
 
 plan::CommPlan build_plan(const PlanOptions& o, int world, int64_t rows) {
   if (!o.file.empty()) {
@@ -117,8 +196,25 @@ void write_trace(const std::string& path, const plan::Prediction& pr) {
                   {"ts", e.start_us},
                   {"dur", e.end_us - e.start_us},
                   {"args", {{"took_us", e.take_us}}}});
-  std::ofstream(path) << nlohmann::json{{"traceEvents", ev}, {"displayTimeUnit", "ns"}}.dump() << "\n";
-  std::cout << "wrote " << path << " (open in Perfetto; tools/plot_timeline.py draws a PNG)\n";
+  write_file(path, nlohmann::json{{"traceEvents", ev}, {"displayTimeUnit", "ns"}}.dump() + "\n");
+}
+
+constexpr const char* kWroteTrace = "wrote {} (open in Perfetto; tools/plot_timeline.py draws a PNG)\n";
+
+// The report of `weft plan`. With --print it follows the plan as `#` comments, so that the
+// whole output reads back with --file (the text format's comment syntax).
+void say(const PlanOptions& o, const std::string& text) {
+  if (!o.print) {
+    std::cout << text;
+    return;
+  }
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    std::cout << "# " << std::string_view(text).substr(begin, end - begin) << "\n";
+    begin = end + 1;
+  }
 }
 
 // The GEMM op's methods predicted by the model GemmOverlap's auto uses (ops::predict_overlap,
@@ -126,6 +222,11 @@ void write_trace(const std::string& path, const plan::Prediction& pr) {
 // auto would take where weft's sm_90a GEMM and stream memory operations are available.
 int run_gemm_op(const PlanOptions& o) {
   WEFT_REQUIRE(o.m > 0 && o.k > 0 && o.n > 0, "--op needs --m, --k and --n (the global GEMM shape)");
+  require_at_least("--world", o.world, 1);
+  require_at_least("--chunks", o.chunks, 0);
+  for (const auto& [what, a, b] : {std::tuple{"--m x --k", o.m, o.k}, std::tuple{"--k x --n", o.k, o.n},
+                                   std::tuple{"--m x --n", o.m, o.n}})
+    checked_mul(checked_mul(a, b, fmt::format("{} ({} x {})", what, a, b)), 2, fmt::format("{} x 2 bytes", what));
   const ops::OverlapModelInput in{ops::parse_gemm_op(o.gemm_op), o.world, o.m, o.n, o.k, 2};
   const plan::DeviceConstants dev = constants(o);
   const ops::RsFold fold = ops::default_rs_fold(in, dev, /*weft_fold_ok=*/true);
@@ -145,29 +246,31 @@ int run_gemm_op(const PlanOptions& o) {
 
 int run_plan(const PlanOptions& o) {
   if (!o.gemm_op.empty()) return run_gemm_op(o);
+  validate(o, o.world, "--world");
+  check_template_size(o, o.world, "--world");
   const plan::CommPlan p = build_plan(o, o.world, o.rows);
+  check_plan_size(o, p);
   if (o.print) std::cout << plan::print_plan(p);
   plan::VerifyOptions vo;
   vo.workers_per_rank = o.workers;
   const auto v = plan::verify(p, vo);
   const size_t transfers = p.num_transfers();
-  std::cout << fmt::format("plan: {} ranks, {} transfers; verifier: {}\n", p.world, transfers,
-                           v.ok ? "ok" : "REJECTED");
+  say(o, fmt::format("plan: {} ranks, {} transfers; verifier: {}\n", p.world, transfers, v.ok ? "ok" : "REJECTED"));
   if (!v.ok) {
-    std::cout << v.text();
+    say(o, v.text());
     return 1;
   }
   const auto s = build_schedule(o, p);
   const auto sv = plan::verify_schedule(p, s, plan::ScheduleVerifyOptions{o.workers, 0, 32});
   if (!sv.ok) {
-    std::cout << "schedule: REJECTED\n" << sv.text();
+    say(o, "schedule: REJECTED\n" + sv.text());
     return 1;
   }
-  std::cout << fmt::format("schedule: {} x {} tiles of {} rows, order '{}' (rank 0 first tiles:", s.tiles_m(),
-                           s.tiles_n(), s.tile_rows, o.order);
+  std::string line = fmt::format("schedule: {} x {} tiles of {} rows, order '{}' (rank 0 first tiles:", s.tiles_m(),
+                                 s.tiles_n(), s.tile_rows, o.order);
   for (size_t i = 0; i < std::min<size_t>(8, s.order[0].size()); ++i)
-    std::cout << fmt::format(" ({},{})", s.order[0][i].m, s.order[0][i].n);
-  std::cout << ")\n";
+    line += fmt::format(" ({},{})", s.order[0][i].m, s.order[0][i].n);
+  say(o, line + ")\n");
   const auto lowered = plan::lower(p, s);
   const auto dev = constants(o);
   plan::SimOptions so;
@@ -176,19 +279,34 @@ int run_plan(const PlanOptions& o) {
   so.ctas = o.ctas;
   so.entry_barrier = o.entry_barrier;
   const auto pr = plan::simulate(p, s, lowered, dev, so);
-  std::cout << fmt::format("predicted on {}: {:.2f} us (communication ends {:.2f} us, tiles end {:.2f} us)\n",
-                           dev.device, pr.total_us, pr.comm_us, pr.compute_us);
-  if (!o.trace.empty()) write_trace(o.trace, pr);
+  say(o, fmt::format("predicted on {}: {:.2f} us (communication ends {:.2f} us, tiles end {:.2f} us)\n", dev.device,
+                     pr.total_us, pr.comm_us, pr.compute_us));
+  if (!o.trace.empty()) {
+    write_trace(o.trace, pr);
+    say(o, fmt::format(kWroteTrace, o.trace));
+  }
   return 0;
 }
 
 // A cluster of nodes x gpus: ranks on different nodes talk over the network engine.
 int run_simulate(PlanOptions o) {
-  WEFT_REQUIRE(o.nodes >= 1 && o.gpus >= 1, "--nodes and --gpus must be at least 1");
-  const int world = o.nodes * o.gpus;
-  int64_t rows = o.rows;
-  if (o.bytes > 0) rows = std::max<int64_t>(1, static_cast<int64_t>(o.bytes / (2 * o.cols)));
+  require_at_least("--nodes", o.nodes, 1);
+  require_at_least("--gpus", o.gpus, 1);
+  require_at_least("--cols", o.cols, 1);
+  require_at_least("--bytes", o.bytes, 0);
+  require_rate("--link-gbps", o.link_gbps, /*zero_ok=*/true);  // 0: the constants file's
+  require_rate("--net-gbps", o.net_gbps, /*zero_ok=*/false);
+  const int64_t world64 = checked_mul(o.nodes, o.gpus, fmt::format("--nodes {} x --gpus {}", o.nodes, o.gpus));
+  if (world64 > 1024)
+    throw UsageError(fmt::format("--nodes {} x --gpus {} is a world of {}; the plan templates take 1..1024 ranks",
+                                 o.nodes, o.gpus, world64));
+  const int world = static_cast<int>(world64);
+  if (o.bytes > 0) o.rows = std::max<int64_t>(1, o.bytes / checked_mul(o.cols, 2, "--cols x 2 bytes"));
+  const int64_t rows = o.rows;
+  validate(o, world, "--nodes x --gpus");
+  check_template_size(o, world, "--nodes x --gpus");
   plan::CommPlan p = build_plan(o, world, rows);
+  check_plan_size(o, p);
   int crossing = 0;
   for (auto& q : p.queues)
     for (auto& t : q)
@@ -210,7 +328,10 @@ int run_simulate(PlanOptions o) {
       "{} ({}) on {} node(s) x {} GPU(s), {} rows x {} cols bf16 per rank ({:.1f} MiB), {} of the transfers cross "
       "nodes at {} GB/s\npredicted: {:.2f} us\n",
       o.collective, o.algo, o.nodes, o.gpus, rows, o.cols, bytes / 1048576.0, crossing, o.net_gbps, pr.total_us);
-  if (!o.trace.empty()) write_trace(o.trace, pr);
+  if (!o.trace.empty()) {
+    write_trace(o.trace, pr);
+    std::cout << fmt::format(kWroteTrace, o.trace);
+  }
   return 0;
 }
 

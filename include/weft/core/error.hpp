@@ -10,6 +10,14 @@ namespace weft {
 class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  // what() is "<message> (<where>)": WEFT_REQUIRE and WEFT_CHECK record file:line this way.
+  Error(const std::string& message, const std::string& where)
+      : std::runtime_error(message + " (" + where + ")"), message_(message) {}
+  // The message without the source location (a frontend shows this for user errors).
+  const char* message() const noexcept { return message_.empty() ? what() : message_.c_str(); }
+
+ private:
+  std::string message_;
 };
 
 // Bad input from the user: shapes, sizes, environment, world sizes that disagree.

@@ -1,0 +1,32 @@
+// Helpers shared by the CLI's commands: usage errors, checked arithmetic on sizes a user
+// gives, file writes that report failure, and running a program without a shell.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "weft/core/error.hpp"
+
+namespace weft::cli {
+
+// A bad command line (an option's value out of range, an unknown command): the CLI prints
+// the message alone and exits with status 2.
+class UsageError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+// a * b for sizes that come from the command line; throws UsageError naming `what` (e.g.
+// "--nodes 65536 x --gpus 65536") when the product does not fit in int64_t. a, b >= 0.
+int64_t checked_mul(int64_t a, int64_t b, const std::string& what);
+
+// Writes `text` to `path` (created or truncated); throws Error "cannot write '<path>': <OS
+// error>" when opening, writing or closing fails, so "wrote <path>" is printed only after it.
+void write_file(const std::string& path, const std::string& text);
+
+// Runs argv[0] (searched in PATH) with `argv` as its argument vector: no shell, so nothing
+// in an argument is interpreted. Returns its exit status; throws Error when it cannot start
+// or is killed by a signal.
+int run_program(const std::vector<std::string>& argv, bool quiet = false);
+
+}  // namespace weft::cli
