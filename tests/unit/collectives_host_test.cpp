@@ -14,29 +14,6 @@
 using namespace weft;
 using namespace weft::testing;
 
-namespace {
-
-class HostMemory final : public LocalMemory {
- public:
-  void* alloc(size_t bytes) override {
-    blocks_.emplace_back(new char[bytes + 16]);
-    return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(blocks_.back().get()) + 15) & ~uintptr_t{15});
-  }
-  // Empty vectors hand over null pointers: memcpy must not see them, even for 0 bytes.
-  void to_device(void* dst, const void* src, size_t bytes) override {
-    if (bytes) std::memcpy(dst, src, bytes);
-  }
-  void to_host(void* dst, const void* src, size_t bytes) override {
-    if (bytes) std::memcpy(dst, src, bytes);
-  }
-  void sync() override {}
-
- private:
-  std::vector<std::unique_ptr<char[]>> blocks_;
-};
-
-}  // namespace
-
 class CollectivesHost : public ::testing::TestWithParam<int> {};
 
 TEST_P(CollectivesHost, ExactForEveryMethodDtypeAndSize) {

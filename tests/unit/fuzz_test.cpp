@@ -196,9 +196,6 @@ TEST(Fuzz, RandomShapesEveryOpIsExact) {
       std::mt19937_64 rng(1000 + static_cast<uint64_t>(w));  // the same on every rank
       Budget budget(12.0, 24);
       int64_t e = 0;
-      ops::Collectives coll(*b);
-      HostMemory mem;
-      CollectivesSuite suite(*b, coll, mem);
       while (true) {
         // Every rank draws the same case; the budget's clock may differ, so rank 0 decides.
         int go = budget.more() ? 1 : 0;
@@ -224,6 +221,10 @@ TEST(Fuzz, RandomShapesEveryOpIsExact) {
                                            dev::dtype_name(t), ops::to_string(layout), chunks,
                                            ops::to_string(meth)));
         }
+        // A collectives object per case: its per-shape state goes back to the heap with it.
+        ops::Collectives coll(*b);
+        HostMemory mem;
+        CollectivesSuite suite(*b, coll, mem);
         suite.run_all({1 + rng() % 5000});
       }
     }));
