@@ -12,8 +12,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <sstream>
+#include <cctype>
+#include <cstring>
 #include <string>
 
 #include "weft/core/error.hpp"
@@ -276,13 +277,28 @@ TEST(CliHardening, VersionFlag) {
 
 // Item 23: user errors print the message without the source location it was detected at.
 TEST(CliHardening, UserErrorsCarryNoSourceLocation) {
-  const std::regex location(R"(\([A-Za-z0-9_]+\.(cpp|hpp|cu):[0-9]+\))");
+  // "(name.cpp:123)", "(name.hpp:1)", "(name.cu:9)" anywhere in the output (no std::regex:
+  // GCC 12's <regex> fails the ASan/UBSan build).
+  auto location = [](const std::string& s) {
+    for (size_t p = s.find('('); p != std::string::npos; p = s.find('(', p + 1)) {
+      size_t i = p + 1;
+      while (i < s.size() && (std::isalnum(static_cast<unsigned char>(s[i])) || s[i] == '_')) ++i;
+      if (i == p + 1) continue;
+      for (const char* ext : {".cpp:", ".hpp:", ".cu:"})
+        if (s.compare(i, std::strlen(ext), ext) == 0) {
+          size_t j = i + std::strlen(ext), d = j;
+          while (j < s.size() && std::isdigit(static_cast<unsigned char>(s[j]))) ++j;
+          if (j > d && j < s.size() && s[j] == ')') return true;
+        }
+    }
+    return false;
+  };
   for (const std::string args : {"launch -n 2", "plan --op ag_gemm --world 2", "plan --collective nope",
                                  "plan --collective all_gather --algo nope", "trace /nonexistent-weft.json"}) {
     const CliRun r = run(kWeft + " " + args);
     EXPECT_NE(r.status, 0) << args << "\n" << r.out;
     EXPECT_TRUE(has(r.out, "weft: ")) << args << "\n" << r.out;
-    EXPECT_FALSE(std::regex_search(r.out, location)) << args << "\n" << r.out;
+    EXPECT_FALSE(location(r.out)) << args << "\n" << r.out;
   }
 }
 
@@ -293,7 +309,10 @@ TEST(CliHardening, ErrorKeepsMessageAndLocationApart) {
     FAIL();
   } catch (const weft::InvalidArgument& e) {
     EXPECT_STREQ(e.message(), "bad size");
-    EXPECT_TRUE(std::regex_search(e.what(), std::regex(R"(^bad size \(cli_hardening_test\.cpp:[0-9]+\)$)"))) << e.what();
+    const std::string w = e.what(), head = "bad size (cli_hardening_test.cpp:";
+    EXPECT_TRUE(w.compare(0, head.size(), head) == 0 && w.size() > head.size() + 1 && w.back() == ')' &&
+                w.find_first_not_of("0123456789", head.size()) == w.size() - 1)
+        << w;
   }
   const weft::Error plain("no location");
   EXPECT_STREQ(plain.message(), "no location");
