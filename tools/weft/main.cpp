@@ -253,8 +253,8 @@ int cmd_bench(const std::string& what, bool quick, const std::string& out_dir, c
 // ($XDG_DATA_HOME/weft/results, else ~/.local/share/weft/results); empty when neither
 // variable is set.
 std::string default_results_dir() {
-  if (const char* x = std::getenv("XDG_DATA_HOME"); x && *x == '/') return std::string(x) + "/weft/results";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/share/weft/results";
+  if (const auto x = env_var("XDG_DATA_HOME"); x && !x->empty() && x->front() == '/') return *x + "/weft/results";
+  if (const auto h = env_var("HOME"); h && !h->empty()) return *h + "/.local/share/weft/results";
   return {};
 }
 

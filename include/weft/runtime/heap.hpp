@@ -52,6 +52,7 @@ class SymmetricHeap {
 
   // A fresh owner id (local: every rank hands out the same sequence).
   uint64_t new_owner() { return ++owners_; }
+  uint64_t owner() const { return owner_; }  // the current one
   // While alive, allocations belong to `owner`; restores the previous owner after.
   class Scope {
    public:

@@ -50,10 +50,7 @@ void OpBase::check_ptr(const void* p, size_t align, std::string_view what, std::
 }
 
 uint64_t OpBase::workspace(size_t bytes, std::string_view what) const {
-  if (share_) {
-    const SymmetricHeap::Scope in = share_->scope();
-    return b_.heap().alloc_bytes(bytes, fmt::format("{}.{}", name_, what));
-  }
+  const SymmetricHeap::Scope in(b_.heap(), share_ ? share_->owner() : b_.heap().owner());
   return b_.heap().alloc_bytes(bytes, fmt::format("{}.{}", name_, what));
 }
 

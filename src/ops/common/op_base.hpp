@@ -32,6 +32,7 @@ class HeapShare {
   HeapShare(const HeapShare&) = delete;
   HeapShare& operator=(const HeapShare&) = delete;
   SymmetricHeap::Scope scope() const { return SymmetricHeap::Scope(b_.heap(), owner_); }
+  uint64_t owner() const { return owner_; }
 
  private:
   Backend& b_;

@@ -4,6 +4,7 @@
 // decisions (chunks, the gemm_rs fold) need, in the same order on every rank.
 #include <fmt/format.h>
 
+#include "../collectives/collectives_impl.hpp"
 #include "gemm_overlap_impl.hpp"
 #include "stream_memops.hpp"
 #include "weft/core/error.hpp"
@@ -209,12 +210,55 @@ void DecomposedGpu::setup() {
     const size_t nchains = ar_tables.chains.size();
     WEFT_CUDA_CHECK(cudaMalloc(&ar_arrivals, std::max<size_t>(nchains, 1) * sizeof(unsigned long long)));
     WEFT_CUDA_CHECK(cudaMemset(ar_arrivals, 0, std::max<size_t>(nchains, 1) * sizeof(unsigned long long)));
-    // CTAs per sum as the collectives' two-shot all-reduce takes for the same rows of every
-    // rank (one CTA per 32 KiB; at most 64, 128 from 32 MiB).
-    for (const auto& ch : ar_tables.chains) {
-      const uint64_t call = static_cast<uint64_t>(world) * static_cast<uint64_t>((ch.r1 - ch.r0) * cfg.n) * eb;
-      const uint64_t cap = call >= (32ull << 20) ? 128 : 64;
-      ar_ctas.push_back(static_cast<int>(std::clamp<uint64_t>((call + (32ull << 10) - 1) >> 15, 1, cap)));
+    // What every call issues, resolved to heap offsets once: per tile its counter's slot and
+    // the ranks it is set on (this one and those whose sums read it); per sum its kernel's
+    // arguments (C's rows, dst[0], added per call), its waits where they pass one kernel's
+    // list, and its CTAs (the collectives' rule for a two-shot all-reduce of the same rows of
+    // every rank); per landing its waits.
+    const plan::LoweredRank& lr = ar.lowered.ranks[static_cast<size_t>(rank)];
+    const int64_t counters = static_cast<int64_t>(ar.lowered.counters.size());
+    auto counter_off = [&](int32_t tiles_rank, int32_t counter) {
+      return ar_counters.at(static_cast<uint32_t>(tiles_rank * counters + counter));
+    };
+    const auto row_bytes = [&](int64_t r) { return static_cast<uint64_t>(r * cfg.n) * eb; };
+    const dev::DeviceCtx& ctx = op_.b.ctx();
+    for (const plan::TileEntry& t : lr.tiles) {
+      ArTile tile{counter_off(rank, t.notify), {rank}};
+      for (int32_t k = lr.notify_begin[static_cast<size_t>(t.notify)];
+           k < lr.notify_begin[static_cast<size_t>(t.notify) + 1]; ++k)
+        if (lr.notify_ranks[static_cast<size_t>(k)] != rank) tile.to.push_back(lr.notify_ranks[static_cast<size_t>(k)]);
+      ar_tile.push_back(std::move(tile));
+    }
+    for (size_t j = 0; j < ar_tables.chains.size(); ++j) {
+      const detail::ArChainTables::Chain& ch = ar_tables.chains[j];
+      std::vector<std::tuple<int, uint64_t, int64_t>> waits;
+      for (const plan::CounterWait& w : ch.tile_waits)
+        waits.emplace_back(w.rank, counter_off(w.rank, w.counter), w.threshold);
+      kernels::OverlapChain k;
+      if (waits.size() <= static_cast<size_t>(kernels::kOverlapListMax)) {
+        k.waits = op_.overlap_waits(waits);
+        waits.clear();
+      }
+      for (int32_t q : ch.sources) k.src[k.nsrc++] = ctx.peer_base[q] + ar_in + row_bytes(ch.r0);
+      k.dst[k.ndst++] = nullptr;  // this call's C
+      for (const auto& [p, sig] : ch.signals) {
+        k.dst[k.ndst++] = ctx.peer_base[p] + ar_out + row_bytes(ch.r0);
+        const int32_t i = k.signals.count++;
+        k.signals.peer[i] = p;
+        k.signals.off[i] = ar_signals.at(static_cast<uint32_t>(sig));
+        k.signals.inc[i] = 1;
+      }
+      k.n = static_cast<uint64_t>((ch.r1 - ch.r0) * cfg.n);
+      k.arrivals = ar_arrivals + j;
+      ar_chain_args.push_back(k);
+      ar_chain_waits.push_back(std::move(waits));
+      ar_ctas.push_back(detail::coll_ctas(coll::Algo::kAllReduceTwoShot, static_cast<uint64_t>(world) * row_bytes(ch.r1 - ch.r0), 0));
+    }
+    for (const detail::ArChainTables::Landing& l : ar_tables.landings) {
+      std::vector<std::tuple<int, uint64_t, int64_t>> waits;
+      for (size_t i = 0; i < l.waits.size(); ++i)
+        waits.emplace_back(l.producers[i], ar_signals.at(static_cast<uint32_t>(l.waits[i].signal)), l.waits[i].threshold);
+      ar_landing_waits.push_back(std::move(waits));
     }
     WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cn, cudaStreamNonBlocking));
     WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cl, cudaStreamNonBlocking));
@@ -526,24 +570,17 @@ void DecomposedGpu::gpu_decomposed(const void* a, const void* bp, void* c, cudaS
 // reading this rank's tiles of them in the same call, which follow its previous call's end.
 void DecomposedGpu::ar_sums(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
   const GemmOverlapConfig& cfg = op_.cfg;
-  const int rank = op_.rank;
   const size_t eb = op_.eb;
   const int64_t k_local = op_.k_local;
   const int64_t N = cfg.n;
   const dev::DeviceCtx& ctx = op_.b.ctx();
-  const plan::LoweredRank& lr = ar.lowered.ranks[static_cast<size_t>(rank)];
-  const plan::TileSchedule& sch = ar.schedule;
-  const int64_t counters = static_cast<int64_t>(ar.lowered.counters.size());
+  const plan::LoweredRank& lr = ar.lowered.ranks[static_cast<size_t>(op_.rank)];
   const auto row_bytes = [&](int64_t r) { return static_cast<uint64_t>(r * N) * eb; };
-  auto counter_off = [&](int32_t tiles_rank, int32_t counter) {
-    return ar_counters.at(static_cast<uint32_t>(tiles_rank * counters + counter));
-  };
   WEFT_CUDA_CHECK(cudaStreamWaitEvent(cn, ev_fork, 0));
   WEFT_CUDA_CHECK(cudaStreamWaitEvent(cl, ev_fork, 0));
-  char* in_local = ctx.peer_base[rank] + ar_in;
+  char* in_local = ctx.peer_base[op_.rank] + ar_in;
   for (size_t i = 0; i < lr.tiles.size(); ++i) {
-    const plan::TileEntry& t = lr.tiles[i];
-    const auto [r0, r1] = sch.block_rows(t.m);
+    const auto [r0, r1] = ar.schedule.block_rows(lr.tiles[i].m);
     size_t x = op_.mark(s, TraceKind::kTile, static_cast<int64_t>(i), 0, "compute stream",
                         fmt::format("gemm rows [{},{})", r0, r1), tracing);
     op_.gemm(s, at(a, static_cast<uint64_t>(r0 * k_local) * eb), bp, in_local + row_bytes(r0), r1 - r0, k_local, 0,
@@ -551,36 +588,19 @@ void DecomposedGpu::ar_sums(const void* a, const void* bp, void* c, cudaStream_t
     op_.mark_end(x, s, tracing);
     WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[i], s));
     WEFT_CUDA_CHECK(cudaStreamWaitEvent(cn, ev_piece[i], 0));
-    std::vector<int32_t> to{rank};
-    for (int32_t k = lr.notify_begin[static_cast<size_t>(t.notify)]; k < lr.notify_begin[static_cast<size_t>(t.notify) + 1]; ++k)
-      if (lr.notify_ranks[static_cast<size_t>(k)] != rank) to.push_back(lr.notify_ranks[static_cast<size_t>(k)]);
-    for (int32_t q : to) {
+    for (int32_t q : ar_tile[i].to) {
       if (op_.sm_copies)
-        op_.signal(q, counter_off(rank, t.notify), 1, cn);
+        op_.signal(q, ar_tile[i].counter, 1, cn);
       else
-        op_.put_count(q, counter_off(rank, t.notify), cn);
+        op_.put_count(q, ar_tile[i].counter, cn);
     }
   }
   for (size_t j = 0; j < ar_tables.chains.size(); ++j) {
     const detail::ArChainTables::Chain& ch = ar_tables.chains[j];
     WEFT_CUDA_CHECK(cudaStreamWaitEvent(cs, ev_piece[static_cast<size_t>(ch.after_tile - 1)], 0));
-    std::vector<std::tuple<int, uint64_t, int64_t>> waits;
-    for (const plan::CounterWait& w : ch.tile_waits) waits.emplace_back(w.rank, counter_off(w.rank, w.counter), w.threshold);
-    const bool in_kernel = waits.size() <= static_cast<size_t>(kernels::kOverlapListMax);
-    if (!in_kernel) op_.wait_list(cs, waits);
-    kernels::OverlapChain k;
-    if (in_kernel) k.waits = op_.overlap_waits(waits);
-    for (int32_t q : ch.sources) k.src[k.nsrc++] = ctx.peer_base[q] + ar_in + row_bytes(ch.r0);
-    k.dst[k.ndst++] = at(c, row_bytes(ch.r0));
-    for (const auto& [p, sig] : ch.signals) {
-      k.dst[k.ndst++] = ctx.peer_base[p] + ar_out + row_bytes(ch.r0);
-      const int32_t i = k.signals.count++;
-      k.signals.peer[i] = p;
-      k.signals.off[i] = ar_signals.at(static_cast<uint32_t>(sig));
-      k.signals.inc[i] = 1;
-    }
-    k.n = static_cast<uint64_t>((ch.r1 - ch.r0) * N);
-    k.arrivals = ar_arrivals + j;
+    if (!ar_chain_waits[j].empty()) op_.wait_list(cs, ar_chain_waits[j]);
+    kernels::OverlapChain k = ar_chain_args[j];
+    k.dst[0] = at(c, row_bytes(ch.r0));
     size_t x = op_.mark(cs, TraceKind::kChunk, static_cast<int64_t>(j), 1, "sum stream",
                         fmt::format("sum rows [{},{}) of {} ranks -> C, {} peers", ch.r0, ch.r1, ch.sources.size(),
                                     ch.signals.size()),
@@ -592,13 +612,10 @@ void DecomposedGpu::ar_sums(const void* a, const void* bp, void* c, cudaStream_t
   for (size_t j = 0; j < ar_tables.landings.size(); ++j) {
     const detail::ArChainTables::Landing& l = ar_tables.landings[j];
     WEFT_CUDA_CHECK(cudaStreamWaitEvent(cl, ev_piece[std::min(static_cast<size_t>(l.after_tile), ntiles - 1)], 0));
-    std::vector<std::tuple<int, uint64_t, int64_t>> waits;
-    for (size_t i = 0; i < l.waits.size(); ++i)
-      waits.emplace_back(l.producers[i], ar_signals.at(static_cast<uint32_t>(l.waits[i].signal)), l.waits[i].threshold);
-    op_.wait_list(cl, waits);
+    op_.wait_list(cl, ar_landing_waits[j]);
     size_t x = op_.mark(cl, TraceKind::kChunk, static_cast<int64_t>(ar_tables.chains.size() + j), 2, "landing stream",
                         fmt::format("rows [{},{}) from rank {} -> C", l.r0, l.r1, l.producers.front()), tracing);
-    WEFT_CUDA_CHECK(cudaMemcpyAsync(at(c, row_bytes(l.r0)), ctx.peer_base[rank] + ar_out + row_bytes(l.r0),
+    WEFT_CUDA_CHECK(cudaMemcpyAsync(at(c, row_bytes(l.r0)), ctx.peer_base[op_.rank] + ar_out + row_bytes(l.r0),
                                     row_bytes(l.r1 - l.r0), cudaMemcpyDeviceToDevice, cl));
     op_.mark_end(x, cl, tracing);
   }

@@ -304,12 +304,22 @@ class DecomposedGpu final : public GemmMethodImpl {
   // gemm_ar (2+ ranks; ar_sums): the two-shot plan, what this rank runs of it, its "in" (the
   // GEMM's rows) and "out" (the peers' sums land there) in the window, its signals and tile
   // counters (world x counters: slot q * counters + c is rank q's counter c), an arrival word
-  // and a CTA count per sum, the streams of the counters' copies (cn) and of the landings (cl).
+  // per sum, the streams of the counters' copies (cn) and of the landings (cl); and what each
+  // call issues, resolved at setup: per tile its counter and the ranks it is set on, per sum
+  // its kernel's arguments (dst[0], C, per call), waits past one kernel's list and CTA count,
+  // per landing its waits.
+  struct ArTile {
+    uint64_t counter;
+    std::vector<int32_t> to;
+  };
   OpPlan ar;
   ArChainTables ar_tables;
   uint64_t ar_in = 0, ar_out = 0;
   dev::SignalSlab ar_signals{}, ar_counters{};
   unsigned long long* ar_arrivals = nullptr;
+  std::vector<ArTile> ar_tile;
+  std::vector<kernels::OverlapChain> ar_chain_args;
+  std::vector<std::vector<std::tuple<int, uint64_t, int64_t>>> ar_chain_waits, ar_landing_waits;
   std::vector<int> ar_ctas;
   cudaStream_t cn = nullptr, cl = nullptr;
   cudaEvent_t ev_cn = nullptr, ev_cl = nullptr;
