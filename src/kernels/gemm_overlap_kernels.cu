@@ -29,6 +29,27 @@ __device__ inline void wait_all(const dev::DeviceCtx& c, uint64_t epoch_off, con
 
 __global__ void wait_kernel(dev::DeviceCtx c, uint64_t epoch_off, OverlapWaits w) { wait_all(c, epoch_off, w); }
 
+// Thread q waits until peer q's call counter (its heap word at epoch_off) has reached this
+// rank's, under the deadline that names q. Reads the peer's word in place: the counter is the
+// peer's own, bumped by nobody else, never reset.
+__global__ void peer_epochs_kernel(dev::DeviceCtx c, uint64_t epoch_off, uint64_t op) {
+  const int q = static_cast<int>(threadIdx.x);
+  if (q >= c.world || q == c.rank) return;
+  const uint64_t e = *c.local<volatile uint64_t>(epoch_off);
+  const uint64_t* p = c.ptr<const uint64_t>(q, epoch_off);
+  uint64_t v = dev::load_acquire(p);
+  if (v >= e) return;
+  const uint64_t t0 = dev::now_ns();
+  uint32_t spins = 0;
+  while ((v = dev::load_acquire(p)) < e) {
+    dev::spin_pause(++spins);
+    if ((spins & 63u) == 0u) {
+      const uint64_t waited = dev::now_ns() - t0;
+      if (waited > c.timeout_ns) dev::fail_wait(c, dev::WaitKind::kSignal, q, epoch_off, e, v, waited, op);
+    }
+  }
+}
+
 // The reduce kernels' waits (none when w.count is 0): thread 0 of every CTA waits, the CTA
 // barrier orders the other threads' reads after its acquire; their reads go to L2 (__ldcg),
 // never to a line this SM's L1 may hold from before the peers wrote it.
@@ -155,6 +176,7 @@ cudaError_t overlap_preload() {
   const void* fns[] = {reinterpret_cast<const void*>(epoch_bump_kernel),
                        reinterpret_cast<const void*>(signal_kernel),
                        reinterpret_cast<const void*>(wait_kernel),
+                       reinterpret_cast<const void*>(peer_epochs_kernel),
                        reinterpret_cast<const void*>(copy_kernel),
                        reinterpret_cast<const void*>(reduce_kernel<dev::bf16_t>),
                        reinterpret_cast<const void*>(reduce_kernel<dev::f16_t>),
@@ -177,6 +199,11 @@ cudaError_t overlap_signal(const dev::DeviceCtx& c, const OverlapSignals& sig, c
 
 cudaError_t overlap_wait(const dev::DeviceCtx& c, uint64_t epoch_off, const OverlapWaits& w, cudaStream_t s) {
   wait_kernel<<<1, 1, 0, s>>>(c, epoch_off, w);
+  return cudaGetLastError();
+}
+
+cudaError_t overlap_peer_epochs(const dev::DeviceCtx& c, uint64_t epoch_off, uint64_t op, cudaStream_t s) {
+  peer_epochs_kernel<<<1, dev::kMaxPeers, 0, s>>>(c, epoch_off, op);
   return cudaGetLastError();
 }
 

@@ -464,10 +464,11 @@ TEST(GemmOverlapGpuTrace, DecomposedCallIsTraced) {
 }
 
 // gemm_rs (2 ranks) when the peer never comes, with the gathered inputs and with the reduce
-// pass: their guards (the peer began this call) are stream memory operations with no deadline,
-// so the waits for the peer's data must not sit behind them -- the surviving rank's call ends in
-// a TimeoutError naming the missing rank within the deadline, not a hang. gemm_ar: its sums wait
-// for the peer's tiles in the summing kernel.
+// pass: their guards (the peer began this call) are stream memory operations, whose deadline is
+// a kernel beside them (memop_guard) -- the surviving rank's call ends in a TimeoutError naming
+// the missing rank within the deadline, not a hang, also where device work runs serialised
+// (compute-sanitizer: tools/gpu/fault_memcheck.sh). gemm_ar: its sums wait for the peer's tiles
+// in the summing kernel.
 namespace {
 void expect_missing_peer_named(const char* fold, GemmOp o = GemmOp::kGemmRs) {
   ScopedEnv env;
@@ -492,7 +493,7 @@ void expect_missing_peer_named(const char* fold, GemmOp o = GemmOp::kGemmRs) {
         op.run(a.p, wt.p, c.p, {.method = GemmMethod::kDecomposed, .stream = s});  // the peer is gone
         b->synchronize();
       },
-      /*heap_mib=*/256, /*deadline_ms=*/120000, timeout_ms);
+      /*heap_mib=*/256, /*deadline_ms=*/300000, timeout_ms);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("[gpu] fault test, %s, WEFT_RS_FOLD=%s: run ended after %.1f s; wait deadline %.1f s\n", to_string(o),
               fold, secs, timeout_ms / 1e3);

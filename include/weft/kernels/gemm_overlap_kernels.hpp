@@ -56,6 +56,11 @@ cudaError_t overlap_preload();
 cudaError_t overlap_epoch_bump(const dev::DeviceCtx& c, uint64_t epoch_off, cudaStream_t s);
 cudaError_t overlap_signal(const dev::DeviceCtx& c, const OverlapSignals& sig, cudaStream_t s);
 cudaError_t overlap_wait(const dev::DeviceCtx& c, uint64_t epoch_off, const OverlapWaits& w, cudaStream_t s);
+// Waits (one thread per peer) until every peer's call counter at epoch_off has reached this
+// rank's, under the deadline that names the peer (op: an op_tag for the message). The
+// deadline of a stream memory-operation wait on the peers, which has none of its own: beside
+// it, a peer that never comes traps this kernel instead of hanging the stream.
+cudaError_t overlap_peer_epochs(const dev::DeviceCtx& c, uint64_t epoch_off, uint64_t op, cudaStream_t s);
 // A 2-D copy by SMs (rows x width bytes; pitches in bytes) with `ctas` CTAs: the decomposed
 // method's fallback where the copy engine cannot take a pointer (WEFT_OVERLAP_ENGINE=sm).
 cudaError_t overlap_copy(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, int ctas,

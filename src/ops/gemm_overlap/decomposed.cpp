@@ -89,6 +89,8 @@ void DecomposedGpu::setup() {
                      (rs_fold == RsFold::kNone && world > 1 && !op_.sm_copies && detail::stream_memops_available());
     if (rs_memop_guard) {
       rs_guard = heap.alloc_signals(static_cast<uint32_t>(world), tag + ".decomposed.guard");
+      WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cg, cudaStreamNonBlocking));
+      WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_watch, cudaEventDisableTiming));
       WEFT_CUDA_CHECK(cudaMalloc(&one, sizeof(uint64_t)));
       const uint64_t v = 1;
       WEFT_CUDA_CHECK(cudaMemcpy(one, &v, sizeof v, cudaMemcpyHostToDevice));
@@ -149,8 +151,6 @@ void DecomposedGpu::setup() {
       WEFT_CHECK(!lr.tiles.empty() && lr.tiles.size() <= ev_piece.size() && lr.tiles.size() <= ev_recv.size(),
                  fmt::format("{}: {} tiles for {} chunks", who, lr.tiles.size(), chunks));
       WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cw, cudaStreamNonBlocking));
-      WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&cb, cudaStreamNonBlocking));
-      WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&ev_backup, cudaEventDisableTiming));
       ev_out.resize(lr.tiles.size());
       for (auto& e : ev_out) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
@@ -278,8 +278,8 @@ void DecomposedGpu::release() {
   if (ev_join) cudaEventDestroy(ev_join);
   if (cs) cudaStreamDestroy(cs);
   if (cw) cudaStreamDestroy(cw);
-  if (cb) cudaStreamDestroy(cb);
-  if (ev_backup) cudaEventDestroy(ev_backup);
+  if (cg) cudaStreamDestroy(cg);
+  if (ev_watch) cudaEventDestroy(ev_watch);
   if (one) cudaFree(one);
   if (rs_fold_tables) cudaFree(rs_fold_tables);
   if (ev_guard) cudaEventDestroy(ev_guard);
@@ -302,6 +302,14 @@ void DecomposedGpu::memop_guard(cudaStream_t s) {
   const int world = op_.world;
   const int rank = op_.rank;
   const dev::DeviceCtx& ctx = op_.b.ctx();
+  // The guard's deadline: a kernel on cg waits for every peer's call counter to reach this
+  // rank's (the peer began this call: it bumps its counter before it writes the guard) and
+  // traps naming a peer that never comes -- the stream wait below has no deadline of its own.
+  // Issued first, so that it runs even where device work executes in issue order (under
+  // compute-sanitizer); the call's end waits for it (gpu_decomposed).
+  WEFT_CUDA_CHECK(cudaStreamWaitEvent(cg, ev_fork, 0));
+  WEFT_CUDA_CHECK(kernels::overlap_peer_epochs(ctx, op_.epoch_off, dev::op_tag("gemm_rs"), cg));
+  WEFT_CUDA_CHECK(cudaEventRecord(ev_watch, cg));
   for (int q = 0; q < world; ++q) {
     if (q == rank) continue;
     char* word = ctx.peer_base[q] + rs_guard.at(static_cast<uint32_t>(rank));
@@ -555,6 +563,7 @@ void DecomposedGpu::gpu_decomposed(const void* a, const void* bp, void* c, cudaS
   }
   WEFT_CUDA_CHECK(cudaEventRecord(ev_join, cs));
   WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_join, 0));
+  if (rs_memop_guard) WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_watch, 0));  // the guard's deadline kernel
 }
 
 // gemm_ar decomposed (2+ ranks; the fork to cs is done): the two-shot plan's tables
@@ -639,9 +648,7 @@ void DecomposedGpu::ar_sums(const void* a, const void* bp, void* c, cudaStream_t
 // find an SM in the last wave of the GEMM before the one that needs it: once this rank's push
 // mirroring the last one it waits for is out (the peer's arrives about then; g_out_after) and
 // (after the first) the previous tile's GEMM is launched. Those pushes sit behind the guard,
-// which has no deadline; so a second wait for the first tile, on its own stream once the own
-// K-half's GEMM is done (its data is in by then: it passes at once), names a peer that never
-// comes.
+// whose deadline kernel (memop_guard) names a peer that never comes.
 void DecomposedGpu::gather_rs(const void* a, const void* bp, void* c, cudaStream_t s, bool tracing) {
   const GemmOverlapConfig& cfg = op_.cfg;
   const int rank = op_.rank;
@@ -660,8 +667,8 @@ void DecomposedGpu::gather_rs(const void* a, const void* bp, void* c, cudaStream
     return ctx.peer_base[r] + g_tensor_off[static_cast<size_t>(t)] + o;
   };
   // (The epoch guard, memop_guard, is on cs already: the peer began this call, so it has read
-  // what this rank wrote into it last call. No deadline: a missing peer is named by the data
-  // waits below, which do not wait for this stream.)
+  // what this rank wrote into it last call; a peer that never comes is named by its deadline
+  // kernel.)
   // Out: the plan's transfers, each followed by its signal = this rank's call counter (the
   // copy engine runs them in order).
   for (size_t i = 0; i < lr.transfers.size(); ++i) {
@@ -690,9 +697,6 @@ void DecomposedGpu::gather_rs(const void* a, const void* bp, void* c, cudaStream
   op_.gemm(s, at(a, static_cast<uint64_t>(r0 * k_local) * eb), bp, c, m_shard, k_local, 0, N, GemmOpContext::Blas::kLt);
   op_.mark_end(x, s, tracing);
   WEFT_CUDA_CHECK(cudaEventRecord(ev_piece[0], s));  // the own K-half is done
-  WEFT_CUDA_CHECK(cudaStreamWaitEvent(cb, ev_piece[0], 0));
-  op_.wait_list(cb, g_waits[0]);
-  WEFT_CUDA_CHECK(cudaEventRecord(ev_backup, cb));
   const char* pa = ctx.peer_base[rank] + g_tensor_off[static_cast<size_t>(gp.gemm)];
   const char* pb = ctx.peer_base[rank] + g_tensor_off[static_cast<size_t>(gp.plan.tensor_id("g_b"))];
   for (size_t j = 0; j < lr.tiles.size(); ++j) {
@@ -708,7 +712,6 @@ void DecomposedGpu::gather_rs(const void* a, const void* bp, void* c, cudaStream
     op_.gemm(s, pa, pb, c, m_shard, k_local, c0, c1 - c0, GemmOpContext::Blas::kLt, c);
     op_.mark_end(x, s, tracing);
   }
-  WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, ev_backup, 0));
 }
 
 }  // namespace weft::ops::detail

@@ -298,8 +298,7 @@ class DecomposedGpu final : public GemmMethodImpl {
   std::vector<std::vector<std::tuple<int, uint64_t, int64_t>>> g_waits;
   std::vector<int32_t> g_out_after;
   uint64_t* one = nullptr;
-  cudaStream_t cw = nullptr, cb = nullptr;  // the data waits; the deadline-bearing second wait
-  cudaEvent_t ev_backup = nullptr;
+  cudaStream_t cw = nullptr;  // the data waits
   std::vector<cudaEvent_t> ev_out;  // this rank's pushes up to g_out_after[tile] (and their flags) are done
   // gemm_ar (2+ ranks; ar_sums): the two-shot plan, what this rank runs of it, its "in" (the
   // GEMM's rows) and "out" (the peers' sums land there) in the window, its signals and tile
@@ -341,6 +340,10 @@ class DecomposedGpu final : public GemmMethodImpl {
   // replays for an SM until the first GEMM's last wave, delaying the first copy.)
   bool rs_memop_guard = false;
   dev::SignalSlab rs_guard{};
+  // ... and its deadline: a kernel on cg waiting for the peers' call counters (memop_guard),
+  // joined at the call's end (ev_watch).
+  cudaStream_t cg = nullptr;
+  cudaEvent_t ev_watch = nullptr;
   // ... with the own block on weft's GEMM (RsFold::kWeft): one launch that waits per M-block
   // for the peers' pieces and adds them in its epilogue -- no reduce pass. Its wait tables.
   void* rs_fold_tables = nullptr;
