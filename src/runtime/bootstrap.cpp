@@ -228,4 +228,96 @@ std::unique_ptr<Bootstrap> make_bootstrap(const World& w, const EnvMap& env) {
                             ));
 }
 
+// ---------------------------------------------------------------------------------------
+// The failure report's exchange (Backend::raise_failure).
+
+bool Bootstrap::failure_exchange(const void* mine, size_t bytes, void* all, std::vector<bool>& present,
+                                 int64_t timeout_ms) {
+  (void)timeout_ms;
+  present.assign(static_cast<size_t>(size_), false);
+  present[static_cast<size_t>(rank_)] = true;
+  if (bytes) std::memcpy(static_cast<char*>(all) + bytes * static_cast<size_t>(rank_), mine, bytes);
+  return size_ == 1;
+}
+
+namespace {
+struct FailureFileHeader {
+  uint64_t magic;  // "weftfail"
+  int64_t pid;     // the writer's: a file of an earlier run in the same directory is not a join
+  uint64_t bytes;
+};
+constexpr uint64_t kFailureMagic = 0x6c69616674666577ull;
+}  // namespace
+
+bool FileBootstrap::failure_exchange(const void* mine, size_t bytes, void* all, std::vector<bool>& present,
+                                     int64_t timeout_ms) {
+  present.assign(static_cast<size_t>(size_), false);
+  char* out = static_cast<char*>(all);
+  if (bytes) std::memcpy(out + bytes * static_cast<size_t>(rank_), mine, bytes);
+  present[static_cast<size_t>(rank_)] = true;
+  auto file = [&](int r) { return fmt::format("{}/failure.{}", dir_, r); };
+  {  // write-then-rename: a reader sees the whole file or none of it
+    std::string body(sizeof(FailureFileHeader) + bytes, '\0');
+    const FailureFileHeader h{kFailureMagic, static_cast<int64_t>(getpid()), bytes};
+    std::memcpy(body.data(), &h, sizeof h);
+    if (bytes) std::memcpy(body.data() + sizeof h, mine, bytes);
+    const std::string tmp = file(rank_) + ".tmp";
+    int fd = ::open(tmp.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    bool ok = fd >= 0;
+    for (size_t done = 0; ok && done < body.size();) {
+      const ssize_t n = ::write(fd, body.data() + done, body.size() - done);
+      ok = n > 0;
+      if (ok) done += static_cast<size_t>(n);
+    }
+    if (fd >= 0) ok = ::close(fd) == 0 && ok;
+    ok = ok && ::rename(tmp.c_str(), file(rank_).c_str()) == 0;
+    if (!ok) {  // the report is a courtesy on the way to an error: never a new error of its own
+      ::unlink(tmp.c_str());
+      return false;
+    }
+  }
+  // Whether rank r's file is there, whole and of this run; reads it into its place.
+  auto read_one = [&](int r) {
+    const int fd = ::open(file(r).c_str(), O_RDONLY);
+    if (fd < 0) return false;
+    std::string body(sizeof(FailureFileHeader) + bytes, '\0');
+    size_t got = 0;
+    while (got < body.size()) {
+      const ssize_t n = ::read(fd, body.data() + got, body.size() - got);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    ::close(fd);
+    FailureFileHeader h{};
+    if (got != body.size()) return false;
+    std::memcpy(&h, body.data(), sizeof h);
+    if (h.magic != kFailureMagic || h.bytes != bytes || h.pid != peers_[static_cast<size_t>(r)].pid) return false;
+    if (bytes) std::memcpy(out + bytes * static_cast<size_t>(r), body.data() + sizeof h, bytes);
+    return true;
+  };
+  const auto start = std::chrono::steady_clock::now();
+  auto sleep = std::chrono::microseconds(50);
+  while (true) {
+    bool waiting = false;
+    for (int r = 0; r < size_; ++r) {
+      if (present[static_cast<size_t>(r)]) continue;
+      if (read_one(r)) {
+        present[static_cast<size_t>(r)] = true;
+        continue;
+      }
+      // Gone: it will not come. It may have written its file and exited between the look and
+      // this check: read once more.
+      if (peer_exited(r)) {
+        present[static_cast<size_t>(r)] = read_one(r);
+        continue;
+      }
+      waiting = true;
+    }
+    if (!waiting) return true;
+    if (std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(timeout_ms)) return true;
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, std::chrono::microseconds(5000));
+  }
+}
+
 }  // namespace weft

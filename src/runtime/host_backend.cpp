@@ -117,6 +117,7 @@ class HostBackend final : public Backend {
                                      r == w.rank ? std::string(": ") + std::strerror(open_errno) : ""));
     for (int p = 0; p < w.size; ++p) ctx_.peer_base[p] = base_ + heap_bytes_ * static_cast<size_t>(p);
     ctx_.error = &slot_;
+    host_slot_ = &slot_;
     init_heap(heap_bytes_);
   }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "weft/core/cuda_check.hpp"
+#include "weft/core/error.hpp"
 #include "weft/kernels/runtime_kernels.hpp"
 #include "weft/runtime/nccl_backend.hpp"
 
@@ -50,6 +51,7 @@ class NcclBackend final : public Backend {
     *slot_host_ = dev::ErrorSlot{};
     WEFT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&slot_dev_), slot_host_, 0));
     ctx_.error = slot_dev_;
+    host_slot_ = slot_host_;
 
     char** bases_dev = nullptr;
     WEFT_CUDA_CHECK(cudaMalloc(&bases_dev, sizeof(char*) * w.size));
@@ -104,7 +106,15 @@ class NcclBackend final : public Backend {
     cudaError_t e = cudaDeviceSynchronize();
     if (e == cudaSuccess) return;
     failed_ = true;
-    if (slot_host_->claimed) raise_timeout(*slot_host_, ctx_.timeout_ns);
+    if (slot_host_->claimed) {
+      // A wait passed its deadline: the failure report turns this rank's view (its peer, maybe
+      // waiting itself) into the rank that actually failed, or the calls that differ.
+      try {
+        raise_timeout(*slot_host_, ctx_.timeout_ns);  // InvalidArgument for a refused all_to_all_v
+      } catch (const TimeoutError& t) {
+        raise_failure(t);
+      }
+    }
     throw_error(__FILE__, __LINE__, fmt::format("rank {}: device failure: {}", rank(), cudaGetErrorString(e)));
   }
 

@@ -13,7 +13,21 @@
 
 namespace weft {
 
+class TimeoutError;
+
 enum class BackendKind { kHost, kNccl };
+
+// The op call this rank was last asked to make: set by every op call before it launches (a
+// few stores: no formatting, no allocation), read only by the failure report. `op` and
+// `method` point to static text (the ops' name tables).
+struct CallRecord {
+  uint64_t seq = 0;              // op calls recorded on this backend (0: none yet)
+  const char* op = nullptr;      // "all_reduce", "gemm_rs"
+  const char* method = nullptr;  // as the caller asked for it ("auto" included)
+  uint64_t count = 0;            // elements (collectives) or rows M (GEMM ops)
+  int32_t dtype = -1;            // dev::DType (-1: none)
+  bool count_is_rows = false;    // count is M
+};
 const char* to_string(BackendKind k);
 
 class Backend {
@@ -50,6 +64,38 @@ class Backend {
   // Throws the TimeoutError recorded in the error slot, if any.
   void check_error_slot() const;
 
+  // Every op call, before it launches anything (see CallRecord).
+  void record_call(const char* op, const char* method, uint64_t count, int32_t dtype, bool count_is_rows) {
+    call_.op = op;
+    call_.method = method;
+    call_.count = count;
+    call_.dtype = dtype;
+    call_.count_is_rows = count_is_rows;
+    ++call_.seq;
+  }
+  const CallRecord& current_call() const { return call_; }
+
+  // Whether ops agree across ranks on every call (a host exchange per call: the host backend)
+  // or on set-up and the first call of each shape only (GPUs: a per-call exchange would cost
+  // a host round trip and break CUDA-graph capture). A test seam sets it off on the host
+  // backend to reproduce what GPUs do with a mismatch after set-up.
+  bool agrees_every_call() const { return agree_every_call_; }
+  void set_agree_every_call(bool on) { agree_every_call_ = on; }
+
+  // The failure report (docs/failure.md, "A rank dies"): what a TimeoutError of this rank
+  // becomes before it leaves an op (host backend: where the op rethrows its workers'
+  // exceptions; nccl: synchronize(), where the error slot becomes an exception). Every rank
+  // that times out joins a bounded exchange through the bootstrap, out of band
+  // (Bootstrap::failure_exchange), telling what it waited for and its current call. Then:
+  //  - following "waited for" from this rank through the ranks that joined ends at one that
+  //    did not (dead, or hung past WEFT_TIMEOUT_MS more): a TimeoutError naming that one
+  //    (peer()), not this rank's own peer (a ring's predecessor, waiting itself);
+  //  - else the ranks' calls differ: InvalidArgument "ranks disagree on the call", naming
+  //    both calls (what GPUs' per-call agreement does not catch);
+  //  - else `e`'s message with every joined rank's wait added.
+  // Once per backend: after a failure the world is broken, later failures throw `e` as is.
+  [[noreturn]] void raise_failure(const TimeoutError& e);
+
  protected:
   Backend(BackendKind kind, const World& w, std::unique_ptr<Bootstrap> bs);
   void init_heap(size_t capacity);
@@ -59,6 +105,11 @@ class Backend {
   std::unique_ptr<Bootstrap> bootstrap_;
   std::unique_ptr<SymmetricHeap> heap_;
   dev::DeviceCtx ctx_{};
+  // The error slot as host code reads it (ctx_.error is the device's address on nccl).
+  const dev::ErrorSlot* host_slot_ = nullptr;
+  CallRecord call_{};
+  bool agree_every_call_ = false;
+  bool failure_reported_ = false;
 };
 
 // GPUs visible to this process (0 in a build without CUDA). Initialises CUDA: call it in

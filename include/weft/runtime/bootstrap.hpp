@@ -44,6 +44,17 @@ class Bootstrap {
   int rank_;
   int size_;
   std::vector<PeerInfo> peers_;
+
+ public:
+  // The failure report's exchange (Backend::raise_failure): out of band, beside the
+  // allgather rounds (which it never disturbs: ranks reach it from different rounds). Every
+  // rank contributes `bytes` (the same on every rank); all[r * bytes ...] receives rank r's,
+  // present[r] says whether it came. Returns when every rank has joined, every rank missing
+  // has exited (peer_exited), or after timeout_ms. Returns false where the bootstrap has no
+  // such exchange (MPI: a rank that timed out cannot count on a collective): then only this
+  // rank is present. One exchange per world.
+  virtual bool failure_exchange(const void* mine, size_t bytes, void* all, std::vector<bool>& present,
+                                int64_t timeout_ms);
 };
 
 // Ranks of one node rendezvous through files in a directory they share (weft launch makes
@@ -59,6 +70,12 @@ class FileBootstrap final : public Bootstrap {
   std::string dir_;
   int64_t timeout_ms_;
   uint64_t round_ = 0;
+
+ public:
+  // Files `failure.<rank>` in the directory (write-then-rename), each headed by its writer's
+  // pid, so that a file left by an earlier run in the same directory is not read as a join.
+  bool failure_exchange(const void* mine, size_t bytes, void* all, std::vector<bool>& present,
+                        int64_t timeout_ms) override;
 };
 
 // The bootstrap for this world: a single rank needs none; WEFT_BOOTSTRAP_DIR (set by

@@ -19,13 +19,16 @@ struct Collectives::Impl {
   detail::BaselineCollective baseline;
   detail::AlgoCollective algos;
 
-  // Every call on the host backend: the ranks agree on the collective, count, type and method
-  // (an allgather of a line through shared memory), so a mismatch is reported as one, naming
-  // both, on every rank -- not a wrong result on one and a timeout on another. On GPUs the
-  // first call of each shape is checked (AlgoCollective::args; a per-call exchange would cost
-  // a host round trip and break CUDA-graph capture).
+  // Every call: recorded for the failure report (Backend::record_call: a few stores), then,
+  // where the backend agrees on every call (host), the ranks agree on the collective, count,
+  // type and method (an allgather of a line through shared memory), so a mismatch is reported
+  // as one, naming both, on every rank -- not a wrong result on one and a timeout on another.
+  // On GPUs the first call of each shape is agreed (AlgoCollective::args; a per-call exchange
+  // would cost a host round trip and break CUDA-graph capture); a later call that differs
+  // makes the waits time out, and the failure report names both calls from the records.
   void agree_call(const char* coll, uint64_t count, dev::DType t, Method m) const {
-    if (op.backend().kind() != BackendKind::kHost || op.world() < 2) return;
+    op.backend().record_call(coll, to_string(m), count, static_cast<int32_t>(t), false);
+    if (!op.backend().agrees_every_call() || op.world() < 2) return;
     op.agree("the call", fmt::format("{} of {} {} elements, method {}", coll, count, dev::dtype_name(t), to_string(m)));
   }
   void check_pointer(const void* p, dev::DType t, const char* what) const {
@@ -73,48 +76,56 @@ Method Collectives::auto_all_reduce(uint64_t bytes) const { return detail::auto_
 Method Collectives::auto_exchange(uint64_t bytes_to_peers) const { return detail::auto_exchange(bytes_to_peers); }
 
 void Collectives::baseline_all_gather(const void* in, void* out, uint64_t count, dev::DType t, void* stream) {
-  impl_->agree_call("all_gather", count, t, Method::kBaseline);
-  if (count == 0) return;
-  impl_->check_pointer(in, t, "all_gather input");
-  impl_->check_pointer(out, t, "all_gather output");
-  impl_->baseline.run(coll::Algo::kAllGather, in, out, count, t, stream);
+  impl_->op.guarded([&] {
+    impl_->agree_call("all_gather", count, t, Method::kBaseline);
+    if (count == 0) return;
+    impl_->check_pointer(in, t, "all_gather input");
+    impl_->check_pointer(out, t, "all_gather output");
+    impl_->baseline.run(coll::Algo::kAllGather, in, out, count, t, stream);
+  });
 }
 
 void Collectives::baseline_all_to_all(const void* in, void* out, uint64_t count, dev::DType t, void* stream) {
-  impl_->agree_call("all_to_all", count, t, Method::kBaseline);
-  if (count == 0) return;
-  impl_->check_pointer(in, t, "all_to_all input");
-  impl_->check_pointer(out, t, "all_to_all output");
-  impl_->baseline.run(coll::Algo::kAllToAll, in, out, count, t, stream);
+  impl_->op.guarded([&] {
+    impl_->agree_call("all_to_all", count, t, Method::kBaseline);
+    if (count == 0) return;
+    impl_->check_pointer(in, t, "all_to_all input");
+    impl_->check_pointer(out, t, "all_to_all output");
+    impl_->baseline.run(coll::Algo::kAllToAll, in, out, count, t, stream);
+  });
 }
 
 void Collectives::all_to_all_v(const void* in, const uint64_t* send_counts, uint64_t out_off, uint64_t out_capacity,
                                uint64_t* recv_counts, dev::DType t, Method m, void* stream) {
-  Impl& I = *impl_;
-  WEFT_REQUIRE(send_counts && recv_counts, "all_to_all_v: send_counts and recv_counts must not be null");
-  I.agree_call("all_to_all_v (output capacity)", out_capacity, t, m);
-  I.check_symmetric_out(out_off, out_capacity, t, "all_to_all_v");
-  if (m == Method::kBaseline)
-    return I.baseline.all_to_all_v(in, send_counts, out_off, out_capacity, recv_counts, t, stream);
-  Impl::check_method(m, {Method::kAuto, Method::kDirect}, "all_to_all_v");
-  coll::Args a = I.algos.args(coll::Algo::kAllToAllV, out_capacity, t, stream);
-  a.in = in;
-  a.out_off = out_off;
-  a.send_counts = send_counts;
-  a.recv_counts = recv_counts;
-  a.out_capacity = out_capacity;
-  I.algos.run(a, t, stream);
+  impl_->op.guarded([&] {
+    Impl& I = *impl_;
+    WEFT_REQUIRE(send_counts && recv_counts, "all_to_all_v: send_counts and recv_counts must not be null");
+    I.agree_call("all_to_all_v (output capacity)", out_capacity, t, m);
+    I.check_symmetric_out(out_off, out_capacity, t, "all_to_all_v");
+    if (m == Method::kBaseline)
+      return I.baseline.all_to_all_v(in, send_counts, out_off, out_capacity, recv_counts, t, stream);
+    Impl::check_method(m, {Method::kAuto, Method::kDirect}, "all_to_all_v");
+    coll::Args a = I.algos.args(coll::Algo::kAllToAllV, out_capacity, t, stream);
+    a.in = in;
+    a.out_off = out_off;
+    a.send_counts = send_counts;
+    a.recv_counts = recv_counts;
+    a.out_capacity = out_capacity;
+    I.algos.run(a, t, stream);
+  });
 }
 
 void Collectives::all_reduce(const void* in, void* out, uint64_t count, dev::DType t, Method m, void* stream) {
-  Impl& I = *impl_;
-  I.agree_call("all_reduce", count, t, m);
-  if (count == 0) return;
-  I.check_pointer(in, t, "all_reduce input");
-  I.check_pointer(out, t, "all_reduce output");
-  if (m == Method::kAuto) m = auto_all_reduce(count * dev::dtype_size(t));
-  if (m == Method::kBaseline) return I.baseline.run(coll::Algo::kAllReduceOneShot, in, out, count, t, stream);
-  I.run_algo(all_reduce_algo(m), count, t, stream, in, out, 0);
+  impl_->op.guarded([&] {
+    Impl& I = *impl_;
+    I.agree_call("all_reduce", count, t, m);
+    if (count == 0) return;
+    I.check_pointer(in, t, "all_reduce input");
+    I.check_pointer(out, t, "all_reduce output");
+    if (m == Method::kAuto) m = auto_all_reduce(count * dev::dtype_size(t));
+    if (m == Method::kBaseline) return I.baseline.run(coll::Algo::kAllReduceOneShot, in, out, count, t, stream);
+    I.run_algo(all_reduce_algo(m), count, t, stream, in, out, 0);
+  });
 }
 
 void Collectives::prepare_all_reduce(uint64_t count, dev::DType t, Method m) {
@@ -126,43 +137,49 @@ void Collectives::prepare_all_reduce(uint64_t count, dev::DType t, Method m) {
 }
 
 void Collectives::all_gather(const void* in, uint64_t out_off, uint64_t count, dev::DType t, Method m, void* stream) {
-  Impl& I = *impl_;
-  I.agree_call("all_gather", count, t, m);
-  if (count == 0) return;
-  I.check_pointer(in, t, "all_gather input");
-  I.check_symmetric_out(out_off, count * I.op.world(), t, "all_gather");
-  if (m == Method::kBaseline)
-    return I.baseline.run(coll::Algo::kAllGather, in, I.op.backend().local_ptr(out_off), count, t, stream);
-  if (m == Method::kAuto) m = auto_exchange(count * dev::dtype_size(t) * static_cast<uint64_t>(I.op.world() - 1));
-  Impl::check_method(m, {Method::kDirect, Method::kLowLatency}, "all_gather");
-  I.run_algo(m == Method::kDirect ? coll::Algo::kAllGather : coll::Algo::kAllGatherLL, count, t, stream, in, nullptr,
-             out_off);
+  impl_->op.guarded([&] {
+    Impl& I = *impl_;
+    I.agree_call("all_gather", count, t, m);
+    if (count == 0) return;
+    I.check_pointer(in, t, "all_gather input");
+    I.check_symmetric_out(out_off, count * I.op.world(), t, "all_gather");
+    if (m == Method::kBaseline)
+      return I.baseline.run(coll::Algo::kAllGather, in, I.op.backend().local_ptr(out_off), count, t, stream);
+    if (m == Method::kAuto) m = auto_exchange(count * dev::dtype_size(t) * static_cast<uint64_t>(I.op.world() - 1));
+    Impl::check_method(m, {Method::kDirect, Method::kLowLatency}, "all_gather");
+    I.run_algo(m == Method::kDirect ? coll::Algo::kAllGather : coll::Algo::kAllGatherLL, count, t, stream, in, nullptr,
+               out_off);
+  });
 }
 
 void Collectives::reduce_scatter(const void* in, void* out, uint64_t count, dev::DType t, Method m, void* stream) {
-  Impl& I = *impl_;
-  I.agree_call("reduce_scatter", count, t, m);
-  if (count == 0) return;
-  I.check_pointer(in, t, "reduce_scatter input");
-  I.check_pointer(out, t, "reduce_scatter output");
-  if (m == Method::kBaseline) return I.baseline.run(coll::Algo::kReduceScatter, in, out, count, t, stream);
-  if (m == Method::kAuto) m = auto_exchange(count * dev::dtype_size(t) * static_cast<uint64_t>(I.op.world() - 1));
-  Impl::check_method(m, {Method::kDirect, Method::kLowLatency}, "reduce_scatter");
-  I.run_algo(m == Method::kDirect ? coll::Algo::kReduceScatter : coll::Algo::kReduceScatterLL, count, t, stream, in,
-             out, 0);
+  impl_->op.guarded([&] {
+    Impl& I = *impl_;
+    I.agree_call("reduce_scatter", count, t, m);
+    if (count == 0) return;
+    I.check_pointer(in, t, "reduce_scatter input");
+    I.check_pointer(out, t, "reduce_scatter output");
+    if (m == Method::kBaseline) return I.baseline.run(coll::Algo::kReduceScatter, in, out, count, t, stream);
+    if (m == Method::kAuto) m = auto_exchange(count * dev::dtype_size(t) * static_cast<uint64_t>(I.op.world() - 1));
+    Impl::check_method(m, {Method::kDirect, Method::kLowLatency}, "reduce_scatter");
+    I.run_algo(m == Method::kDirect ? coll::Algo::kReduceScatter : coll::Algo::kReduceScatterLL, count, t, stream, in,
+               out, 0);
+  });
 }
 
 void Collectives::all_to_all(const void* in, uint64_t out_off, uint64_t count, dev::DType t, Method m, void* stream) {
-  Impl& I = *impl_;
-  I.agree_call("all_to_all", count, t, m);
-  if (count == 0) return;
-  I.check_pointer(in, t, "all_to_all input");
-  I.check_symmetric_out(out_off, count * I.op.world(), t, "all_to_all");
-  if (m == Method::kBaseline) return I.baseline.all_to_all_symmetric(in, out_off, count, t, stream);
-  if (m == Method::kAuto) m = auto_exchange(count * dev::dtype_size(t) * static_cast<uint64_t>(I.op.world() - 1));
-  Impl::check_method(m, {Method::kDirect, Method::kLowLatency}, "all_to_all");
-  I.run_algo(m == Method::kDirect ? coll::Algo::kAllToAll : coll::Algo::kAllToAllLL, count, t, stream, in, nullptr,
-             out_off);
+  impl_->op.guarded([&] {
+    Impl& I = *impl_;
+    I.agree_call("all_to_all", count, t, m);
+    if (count == 0) return;
+    I.check_pointer(in, t, "all_to_all input");
+    I.check_symmetric_out(out_off, count * I.op.world(), t, "all_to_all");
+    if (m == Method::kBaseline) return I.baseline.all_to_all_symmetric(in, out_off, count, t, stream);
+    if (m == Method::kAuto) m = auto_exchange(count * dev::dtype_size(t) * static_cast<uint64_t>(I.op.world() - 1));
+    Impl::check_method(m, {Method::kDirect, Method::kLowLatency}, "all_to_all");
+    I.run_algo(m == Method::kDirect ? coll::Algo::kAllToAll : coll::Algo::kAllToAllLL, count, t, stream, in, nullptr,
+               out_off);
+  });
 }
 
 }  // namespace weft::ops

@@ -6,6 +6,8 @@
 //  - cross-rank agreement: agree() compares a description of what every rank is about to do
 //    (shape, dtype, method) and refuses a mismatch on every rank, naming both values, instead
 //    of letting the ranks allocate or move different things and hang;
+//  - the failure report: every call runs inside guarded(), so that a timeout leaving it goes
+//    through Backend::raise_failure (which rank actually died, or which calls differ);
 //  - argument checks with the op's name in the message (null, alignment);
 //  - the symmetric workspace: heap allocations tagged "<op>.<what>", made at construction or
 //    at a shape's first call, never inside a CUDA graph capture.
@@ -15,6 +17,7 @@
 #include <string>
 #include <string_view>
 
+#include "weft/core/error.hpp"
 #include "weft/runtime/backend.hpp"
 #include "weft/runtime/heap.hpp"
 
@@ -54,6 +57,18 @@ class OpBase {
   // every rank means they agree). Throws InvalidArgument on every rank when any differs:
   // "<op>: ranks disagree on <what>: rank 0 has <...>, rank r has <...>".
   void agree(std::string_view what, const std::string& description) const;
+
+  // Runs one call of the op: a TimeoutError leaving it (a wait of its workers on the host
+  // backend, a bootstrap exchange anywhere) becomes what the failure report finds
+  // (Backend::raise_failure). No cost unless something throws.
+  template <class F>
+  void guarded(F&& call) const {
+    try {
+      call();
+    } catch (const TimeoutError& e) {
+      b_.raise_failure(e);
+    }
+  }
 
   // Throws InvalidArgument "<op>: <what>: null pointer" / "...: pointer P is not aligned to
   // <align_name>" (align_name empty: "<align> bytes").

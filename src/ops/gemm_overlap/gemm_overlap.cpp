@@ -333,11 +333,18 @@ void GemmOverlap::run(const void* a, const void* b, void* c, const GemmRunOption
   Impl& R = S.root();
   const int64_t m = opt.m ? opt.m : R.cfg.m;
   check_m(R.cfg, R.world, m, "this call's");
-  // Every call on the host backend: the ranks agree on M and the method, so a mismatch is
+  // Every call: recorded for the failure report (a few stores), then, where the backend
+  // agrees on every call (host), the ranks agree on M and the method, so a mismatch is
   // reported as one, naming both, on every rank. On GPUs the configuration is agreed at
-  // construction (a per-call exchange would cost a host round trip and break graph capture).
-  if (R.b.kind() == BackendKind::kHost && R.world > 1)
-    R.op.agree("the call", fmt::format("M = {}, method {}", m, to_string(opt.method)));
+  // construction (a per-call exchange would cost a host round trip and break graph capture);
+  // a later call that differs makes the waits time out, and the failure report names both
+  // calls from the records.
+  R.b.record_call(to_string(R.cfg.op), to_string(opt.method), static_cast<uint64_t>(m),
+                  static_cast<int32_t>(R.cfg.dtype), true);
+  R.op.guarded([&] {
+    if (R.b.agrees_every_call() && R.world > 1)
+      R.op.agree("the call", fmt::format("M = {}, method {}", m, to_string(opt.method)));
+  });
   Impl* prepared = S.prepared(m);
   Impl& I = prepared ? *prepared : R;
   const uint64_t a_bytes = static_cast<uint64_t>(a_rows(m) * I.a_cols) * I.eb;
@@ -365,7 +372,7 @@ void GemmOverlap::run(const void* a, const void* b, void* c, const GemmRunOption
     I.trace.clear();
     S.traced = &I;
   }
-  I.dispatch(method, m, a, b, c, opt.stream, opt.trace);
+  I.op.guarded([&] { I.dispatch(method, m, a, b, c, opt.stream, opt.trace); });
 }
 
 void GemmOverlap::run_gemm_only(const void* a, const void* b, void* c, void* stream, GemmAlone which) {
