@@ -1,0 +1,153 @@
+/* weft's C API: a plain C ABI over the runtime and the ops, for language bindings (the Python
+ * package reaches it through ctypes, so one build serves every Python and PyTorch version).
+ * Library: libweft_c.so (target weft::weft_c).
+ *
+ * Conventions:
+ *  - Every function returns WEFT_OK (0) or an error code; weft_last_error() then holds the
+ *    message (per thread, valid until this thread's next call into the API).
+ *  - Pointers are this rank's memory: device memory on the nccl backend, host memory on the
+ *    host backend. `stream` is a cudaStream_t on the nccl backend (NULL: the legacy default
+ *    stream), ignored on the host backend. Work is enqueued on `stream`; the host backend's
+ *    calls are complete on return.
+ *  - dtype: WEFT_F32, WEFT_F16, WEFT_BF16. method: a method's name ("auto" or NULL for auto).
+ *  - Calls marked "collective" must be made by every rank of the world, in the same order with
+ *    the same arguments (where an argument must agree, a disagreement is an error naming both
+ *    values). Objects are not thread-safe: one thread at a time per world and its ops.
+ *  - Nothing here allocates or synchronises during CUDA-graph capture except where it says
+ *    so: the first call of a shape (which allocates symmetric state) is refused while
+ *    `stream` is capturing, with a message saying to make one call eagerly first.
+ */
+#ifndef WEFT_C_API_H
+#define WEFT_C_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WEFT_C_API_VERSION 1
+
+enum weft_status {
+  WEFT_OK = 0,
+  WEFT_EINVAL = 1,   /* invalid argument, disagreeing ranks, a buffer too small */
+  WEFT_ETIMEOUT = 2, /* a wait passed WEFT_TIMEOUT_MS: a peer did not arrive (the message names it) */
+  WEFT_EFAIL = 3     /* anything else (CUDA, NCCL, system errors) */
+};
+
+enum weft_dtype { WEFT_F32 = 0, WEFT_F16 = 1, WEFT_BF16 = 2 };
+enum weft_backend_kind { WEFT_BACKEND_HOST = 0, WEFT_BACKEND_NCCL = 1 };
+
+const char* weft_last_error(void);
+int weft_api_version(void);      /* WEFT_C_API_VERSION of the library */
+const char* weft_version(void);  /* the project's version, e.g. "0.1.0" */
+int weft_has_cuda(void);         /* 1 when built with the nccl backend */
+
+/* ---- World: the ranks, their bootstrap, the backend and its symmetric heap --------------- */
+
+/* The caller's exchange (e.g. a torch.distributed store): every rank of the world contributes
+ * `bytes` bytes from `in`; `out` receives world_size * bytes, rank-major. Called from the
+ * thread that called into the API, with the same sequence of sizes on every rank. Returns 0,
+ * or non-zero with a message in err (at most errlen bytes, NUL-terminated); `timed_out` set to
+ * 1 means a peer did not arrive in time (then `missing_rank` names it, or -1). */
+typedef int (*weft_allgather_fn)(void* user, const void* in, size_t bytes, void* out, int* timed_out,
+                                 int* missing_rank, char* err, size_t errlen);
+
+typedef struct weft_world_options {
+  int rank, size;             /* this rank in the world, and the world's size */
+  int local_rank, local_size; /* on this node (local_size 0: the same as size) */
+  int device;                 /* CUDA device for the nccl backend (-1: the current device) */
+  const char* backend;        /* "host", "nccl", or "auto"/NULL (nccl where GPUs and CUDA are) */
+  weft_allgather_fn allgather; /* the bootstrap; NULL: weft's own, from the environment */
+  void* user;                 /* passed to allgather */
+  int64_t heap_mib;           /* the symmetric heap per rank, MiB (0: WEFT_GPU_HEAP_MIB / WEFT_HOST_HEAP_MIB) */
+  int64_t timeout_ms;         /* the deadline of every wait (0: WEFT_TIMEOUT_MS) */
+} weft_world_options;
+
+typedef struct weft_world weft_world;
+
+/* Collective: builds the bootstrap (or wraps opt->allgather), the backend and its heap.
+ * Several worlds may live in one process (e.g. a tensor-parallel group and another group). */
+int weft_world_create(const weft_world_options* opt, weft_world** out);
+/* Local. Destroy a world's ops first. */
+int weft_world_destroy(weft_world* w);
+int weft_world_info(const weft_world* w, int* rank, int* size, int* backend_kind);
+/* This rank's outstanding device work on every stream is done (raises a peer's timeout). */
+int weft_world_synchronize(weft_world* w);
+int weft_world_barrier(weft_world* w); /* collective, host-side */
+
+/* ---- Symmetric memory ------------------------------------------------------------------ */
+
+/* Collective: `bytes` of every rank's heap at the same offset. *handle identifies the block
+ * for weft_free; *ptr is this rank's address of it (device pointer on nccl). Zeroed. */
+int weft_alloc(weft_world* w, uint64_t bytes, uint64_t* handle, uint64_t* offset, void** ptr);
+/* Local (every rank frees the same blocks in the same order, as it allocated them). */
+int weft_free(weft_world* w, uint64_t handle);
+int weft_heap_info(const weft_world* w, uint64_t* capacity, uint64_t* used);
+/* *offset = ptr's offset in this rank's heap when [ptr, ptr + bytes) lies in it (returns 1),
+ * else 0. */
+int weft_heap_contains(const weft_world* w, const void* ptr, uint64_t bytes, uint64_t* offset);
+
+/* ---- Collectives (sum; f32, f16, bf16) --------------------------------------------------
+ * Outputs may be any memory: a symmetric output (in the heap) is written in place, any other
+ * is staged through a symmetric workspace of the call's shape and copied out (one device
+ * copy more: docs/python.md). Methods as ops::Collectives' ("baseline", "one-shot",
+ * "two-shot", "ll", "ll128", "direct", "auto"). */
+typedef struct weft_coll weft_coll;
+int weft_coll_create(weft_world* w, weft_coll** out);
+int weft_coll_destroy(weft_coll* c);
+/* out[count] = sum over ranks of in[count]; in == out allowed. */
+int weft_all_reduce(weft_coll* c, const void* in, void* out, uint64_t count, int dtype, const char* method,
+                    void* stream);
+/* out[world][count] = every rank's in[count]. */
+int weft_all_gather(weft_coll* c, const void* in, void* out, uint64_t count, int dtype, const char* method,
+                    void* stream);
+/* in[world][count]; out[count] = sum over ranks of their in[rank]. */
+int weft_reduce_scatter(weft_coll* c, const void* in, void* out, uint64_t count, int dtype, const char* method,
+                        void* stream);
+/* in[world][count]: block p goes to rank p; out[world][count] receives block `rank` of every rank. */
+int weft_all_to_all(weft_coll* c, const void* in, void* out, uint64_t count, int dtype, const char* method,
+                    void* stream);
+/* By counts: in packed by destination (send_counts[p] elements for rank p); out (out_capacity
+ * elements) receives the blocks packed by source; recv_counts[s] = what rank s sent here.
+ * send_counts / recv_counts: world-long uint64 arrays in the backend's memory (device memory
+ * on nccl), so counts may change every call without the host. A call in which any rank would
+ * receive more than out_capacity is refused on every rank (WEFT_EINVAL). */
+int weft_all_to_all_v(weft_coll* c, const void* in, const uint64_t* send_counts, void* out, uint64_t out_capacity,
+                      uint64_t* recv_counts, int dtype, const char* method, void* stream);
+/* Collective: allocates what a later call of this collective ("all_reduce", "all_gather",
+ * "reduce_scatter", "all_to_all", "all_to_all_v": count = out_capacity) of this shape will use
+ * (its symmetric state, the output staging), so that the call can be captured in a CUDA graph. */
+int weft_coll_prepare(weft_coll* c, const char* collective, uint64_t count, int dtype, const char* method);
+
+/* ---- GEMM + communication (ops::GemmOverlap) -------------------------------------------
+ * ag_gemm: C[M, N] = allgather(A[M/world, K]) · B; gemm_rs: C[M/world, N] = reduce_scatter(
+ * A[M, K/world] · B); gemm_ar: C[M, N] = allreduce(A[M, K/world] · B). B is [N, K_local]
+ * ("nk", torch.nn.functional.linear's weight layout) or [K_local, N] ("kn"). */
+typedef struct weft_gemm_config {
+  const char* op;       /* "ag_gemm", "gemm_rs", "gemm_ar" */
+  int64_t m, n, k;      /* the global problem: M rows (all ranks), N columns, K the full depth */
+  int dtype;            /* WEFT_BF16 or WEFT_F16 */
+  const char* b_layout; /* "nk" (NULL) or "kn" */
+  int chunks;           /* decomposed's chunks per shard (0: auto) */
+  const int64_t* m_buckets; /* further Ms a call may have (each prepared at creation), or NULL */
+  int n_m_buckets;
+} weft_gemm_config;
+
+typedef struct weft_gemm weft_gemm;
+/* Collective (allocates, agrees the configuration across ranks). */
+int weft_gemm_create(weft_world* w, const weft_gemm_config* cfg, weft_gemm** out);
+int weft_gemm_destroy(weft_gemm* g);
+/* Collective: one call with M rows (0: the configured M; a bucket's M). */
+int weft_gemm_run(weft_gemm* g, const void* a, const void* b, void* c, int64_t m, const char* method, void* stream);
+/* The operands' shapes of a call with M rows (0: the configured M). */
+int weft_gemm_shapes(const weft_gemm* g, int64_t m, int64_t* a_rows, int64_t* a_cols, int64_t* b_rows, int64_t* b_cols,
+                     int64_t* c_rows, int64_t* c_cols);
+/* What `auto` runs for M rows: the method's name (static storage). */
+int weft_gemm_auto_method(const weft_gemm* g, int64_t m, const char** method);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WEFT_C_API_H */
