@@ -6,10 +6,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "weft/core/error.hpp"
@@ -68,44 +78,195 @@ void Bootstrap::handshake(const World& w) {
 }
 
 // ---------------------------------------------------------------------------------------
-FileBootstrap::FileBootstrap(const World& w, std::string dir, int64_t timeout_ms)
-    : Bootstrap(w.rank, w.size), dir_(std::move(dir)), timeout_ms_(timeout_ms) {
+namespace {
+
+// The start time of a process (clock ticks after boot, /proc/<pid>/stat's 22nd field): with
+// the pid it names one process, whatever reuses the pid later. Empty when unknown.
+std::optional<uint64_t> process_start_ticks(int pid) {
+  std::ifstream f(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!std::getline(f, line)) return std::nullopt;
+  const auto close = line.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::istringstream fields(line.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22; ++i)  // fields 3 (state) to 22 (starttime)
+    if (!(fields >> field)) return std::nullopt;
+  char* end = nullptr;
+  const uint64_t v = std::strtoull(field.c_str(), &end, 10);
+  if (!end || *end != '\0') return std::nullopt;
+  return v;
+}
+
+// What rank 0 writes to <dir>/session.
+struct Session {
+  int pid = 0;
+  uint64_t start_ticks = 0;
+  uint64_t host = 0;
+  std::string nonce;
+};
+
+std::optional<Session> read_session(const std::string& file) {
+  std::ifstream f(file);
+  Session s;
+  if (!(f >> s.pid >> s.start_ticks >> s.host >> s.nonce)) return std::nullopt;
+  if (s.nonce.size() != 16 || s.nonce.find_first_not_of("0123456789abcdef") != std::string::npos) return std::nullopt;
+  return s;
+}
+
+// Still running: same host, its pid alive and started when the session says. A session of
+// another host cannot be checked and counts as live.
+bool session_live(const Session& s) {
+  if (s.host != this_host_hash()) return true;
+  if (process_exited(s.pid)) return false;
+  const auto ticks = process_start_ticks(s.pid);
+  return ticks && *ticks == s.start_ticks;
+}
+
+// Nonces of the sessions this process has taken part in: a later FileBootstrap in the same
+// directory (a second backend of the same ranks) must wait for rank 0's new session rather
+// than adopt the last one, whose rank 0 is this same live process.
+std::mutex g_used_mutex;
+std::set<std::string> g_used_nonces;
+
+bool nonce_used(const std::string& n) {
+  std::lock_guard<std::mutex> lock(g_used_mutex);
+  return g_used_nonces.count(n) != 0;
+}
+void mark_nonce_used(const std::string& n) {
+  std::lock_guard<std::mutex> lock(g_used_mutex);
+  g_used_nonces.insert(n);
+}
+
+// Writes `data` to `file` whole or not at all (write a temporary, then rename).
+void write_file_atomically(const std::string& file, const void* data, size_t bytes) {
+  const std::string tmp = fmt::format("{}.tmp.{}", file, getpid());
+  int fd = ::open(tmp.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+  if (fd < 0) throw_errno(__FILE__, __LINE__, "open " + tmp);
+  const char* p = static_cast<const char*>(data);
+  size_t left = bytes;
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw_errno(__FILE__, __LINE__, "write " + tmp);
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  WEFT_SYSCHECK(::close(fd));
+  if (::rename(tmp.c_str(), file.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    throw_errno(__FILE__, __LINE__, "rename " + tmp);
+  }
+}
+
+std::string random_nonce() {
+  std::random_device rd;
+  const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                     static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+                     (static_cast<uint64_t>(getpid()) << 17);
+  return fmt::format("{:016x}", r);
+}
+
+}  // namespace
+
+FileBootstrap::FileBootstrap(const World& w, std::string dir, int64_t timeout_ms, bool owns_dir)
+    : Bootstrap(w.rank, w.size), dir_(std::move(dir)), timeout_ms_(timeout_ms), owns_dir_(owns_dir) {
   struct stat st{};
   WEFT_REQUIRE(::stat(dir_.c_str(), &st) == 0 && S_ISDIR(st.st_mode),
                fmt::format("bootstrap directory '{}' does not exist", dir_));
-  handshake(w);
+  open_session();
+  try {
+    handshake(w);
+  } catch (...) {
+    leave();  // the destructor does not run for a constructor that throws
+    throw;
+  }
 }
 
 FileBootstrap::~FileBootstrap() {
   // Our last file may still be read by a slower rank; unlink only older rounds' files,
   // which every rank has read by the time we finished the last round.
   if (round_ >= 2) ::unlink(path(round_ - 2, rank_).c_str());
+  leave();
+}
+
+void FileBootstrap::open_session() {
+  const std::string file = dir_ + "/session";
+  if (rank_ == 0) {
+    // An existing session is either stale (its rank 0 has exited: replaced) or another
+    // bootstrap's that is still running in this directory (refused: two worlds would read
+    // each other's files). rename() replaces a stale file whole; O_EXCL could not, and which
+    // file is stale needs the liveness check either way.
+    if (auto old = read_session(file); old && old->pid != static_cast<int>(getpid()) && session_live(*old))
+      throw_invalid(__FILE__, __LINE__,
+                    fmt::format("rank 0: bootstrap directory '{}' is in use by another run (its rank 0, pid {}, is "
+                                "still running): give each run a directory of its own",
+                                dir_, old->pid));
+    const int pid = static_cast<int>(getpid());
+    Session s{pid, process_start_ticks(pid).value_or(0), this_host_hash(), random_nonce()};
+    const std::string text = fmt::format("{} {} {} {}\n", s.pid, s.start_ticks, s.host, s.nonce);
+    write_file_atomically(file, text.data(), text.size());
+    nonce_ = s.nonce;
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    auto sleep = std::chrono::microseconds(20);
+    while (true) {
+      if (auto s = read_session(file); s && !nonce_used(s->nonce) && session_live(*s)) {
+        nonce_ = s->nonce;
+        break;
+      }
+      const auto waited =
+          std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+      if (waited.count() >= timeout_ms_)
+        throw TimeoutError(fmt::format("rank {}: bootstrap timed out after {} ms waiting for rank 0 to open a "
+                                       "session in '{}' (WEFT_TIMEOUT_MS; did it start, or exit early?)",
+                                       rank_, waited.count(), dir_),
+                           rank_, 0);
+      std::this_thread::sleep_for(sleep);
+      sleep = std::min(sleep * 2, std::chrono::microseconds(2000));
+    }
+  }
+  mark_nonce_used(nonce_);
+}
+
+void FileBootstrap::leave() noexcept {
+  if (!owns_dir_ || nonce_.empty()) return;
+  try {
+    const char mark = 1;
+    try {
+      write_file_atomically(fmt::format("{}/{}.leave.{}", dir_, nonce_, rank_), &mark, 1);
+    } catch (...) {
+      // Without its mark this rank cannot be counted by the others; it still counts itself
+      // as left below (it is done with the directory).
+    }
+    // The last rank to leave sees every mark (a rank writes its own before it looks): it
+    // removes the directory. A mark missing for a rank whose process has exited (it died)
+    // is not waited for, so after a failure the last survivor removes it. Two ranks that
+    // both see every mark both remove it; the second finds nothing to do.
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      if (::access(fmt::format("{}/{}.leave.{}", dir_, nonce_, r).c_str(), F_OK) == 0) continue;
+      if (!peer_exited(r)) return;  // it will leave later, and remove the directory then
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  } catch (...) {
+    // Nothing may escape a destructor; a directory left behind is removed by a later
+    // make_bootstrap once its agent or attempt is gone.
+  }
 }
 
 std::string FileBootstrap::path(uint64_t round, int rank) const {
-  return fmt::format("{}/{}.{}", dir_, round, rank);
+  return fmt::format("{}/{}.{}.{}", dir_, nonce_, round, rank);
 }
 
 void FileBootstrap::allgather(const void* in, size_t bytes, void* out) {
   const uint64_t round = round_++;
-  {  // write-then-rename: a reader sees the whole file or none of it
-    std::string tmp = path(round, rank_) + ".tmp";
-    int fd = ::open(tmp.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
-    WEFT_SYSCHECK(fd);
-    const char* p = static_cast<const char*>(in);
-    size_t left = bytes;
-    while (left > 0) {
-      ssize_t n = ::write(fd, p, left);
-      if (n < 0) {
-        ::close(fd);
-        throw_errno(__FILE__, __LINE__, "write " + tmp);
-      }
-      p += n;
-      left -= static_cast<size_t>(n);
-    }
-    WEFT_SYSCHECK(::close(fd));
-    WEFT_SYSCHECK(::rename(tmp.c_str(), path(round, rank_).c_str()));
-  }
+  write_file_atomically(path(round, rank_), in, bytes);  // a reader sees the whole file or none of it
   auto start = std::chrono::steady_clock::now();
   auto sleep = std::chrono::microseconds(20);
   std::vector<bool> have(size_, false);
@@ -200,6 +361,56 @@ class MpiBootstrap final : public Bootstrap {
 
 }  // namespace
 
+// ---------------------------------------------------------------------------------------
+// torchrun's bootstrap directories.
+namespace {
+
+// A launcher's value as part of a file name: [A-Za-z0-9._] kept, anything else (a '/', a
+// '-', which separates the name's fields) becomes '_', at most 64 characters.
+std::string path_safe(const std::string& v) {
+  std::string out;
+  for (char c : v.substr(0, 64)) out += std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ? c : '_';
+  return out.empty() ? std::string("_") : out;
+}
+
+// TORCHELASTIC_RESTART_COUNT: 0 for the first attempt, +1 for each elastic restart.
+uint64_t restart_count(const EnvMap& env) {
+  const std::string v = env_get(env, "TORCHELASTIC_RESTART_COUNT").value_or("0");
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+  WEFT_REQUIRE(!v.empty() && end && *end == '\0' && errno != ERANGE && v[0] != '-',
+               fmt::format("TORCHELASTIC_RESTART_COUNT='{}' is not a non-negative integer", v));
+  return n;
+}
+
+// Removes this user's torchrun directories under `base` that no rank can use any more: whose
+// agent (the first number of the name) has exited, and earlier attempts (`attempt` with a
+// smaller restart count) of this agent's run. Ranks killed by a signal (SIGKILL, or the
+// agent's SIGTERM before a restart) never remove theirs; this is the clean-up of last resort.
+void remove_stale_torchrun_dirs(const std::string& base, int agent, const std::string& attempt, uint64_t restart) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(base, ec)) {
+    const std::string name = e.path().filename().string();
+    static const std::string kPrefix = "weft-torchrun-";
+    if (name.rfind(kPrefix, 0) != 0) continue;
+    struct stat st{};
+    if (::lstat(e.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid()) continue;
+    bool stale = false;
+    const int pid = std::atoi(name.c_str() + kPrefix.size());
+    if (pid > 0 && pid != agent && process_exited(pid)) stale = true;
+    if (name.rfind(attempt, 0) == 0) {  // <attempt><restart>-<n>: an attempt of this run
+      const char* rest = name.c_str() + attempt.size();
+      char* end = nullptr;
+      const unsigned long long r = std::strtoull(rest, &end, 10);
+      if (end != rest && *end == '-' && r < restart) stale = true;
+    }
+    if (stale) std::filesystem::remove_all(e.path(), ec);
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Bootstrap> make_bootstrap(const World& w, const EnvMap& env) {
   const int64_t timeout_ms = tunable_value(tunables::kTimeoutMs, env);
   if (w.size == 1) return std::make_unique<SelfBootstrap>(w);
@@ -208,13 +419,27 @@ std::unique_ptr<Bootstrap> make_bootstrap(const World& w, const EnvMap& env) {
   if (w.source == "Open MPI") return std::make_unique<MpiBootstrap>(w);
 #endif
   if (w.source == "torchrun" && w.num_nodes() == 1) {
-    auto run_id = env_get(env, "TORCHELASTIC_RUN_ID").value_or("none");
-    auto port = env_get(env, "MASTER_PORT").value_or("0");
-    // torchrun's agent is the parent of every local worker: its pid makes the directory
-    // unique to this run, so files of an earlier run are never read.
-    std::string dir = fmt::format("/tmp/weft-torchrun-{}-{}-{}", getppid(), run_id, port);
-    ::mkdir(dir.c_str(), 0700);  // every rank tries; EEXIST is fine
-    return std::make_unique<FileBootstrap>(w, dir, timeout_ms);
+    std::string base = env_get(env, "TMPDIR").value_or("");
+    if (base.empty()) base = "/tmp";
+    // torchrun's agent is the parent of every local worker: its pid, the run id, the port and
+    // the restart count make the directory unique to one attempt of one run; the count of
+    // this process's torchrun bootstraps (the same on every rank: bootstraps are collective)
+    // gives each bootstrap a directory of its own, which its last rank removes whole.
+    const int agent = static_cast<int>(getppid());
+    const std::string attempt =
+        fmt::format("weft-torchrun-{}-{}-{}-", agent, path_safe(env_get(env, "TORCHELASTIC_RUN_ID").value_or("none")),
+                    path_safe(env_get(env, "MASTER_PORT").value_or("0")));
+    const auto restart = restart_count(env);
+    remove_stale_torchrun_dirs(base, agent, attempt, restart);
+    static std::atomic<uint64_t> bootstraps{0};
+    const std::string dir = fmt::format("{}/{}{}-{}", base, attempt, restart, bootstraps++);
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) throw_errno(__FILE__, __LINE__, "mkdir " + dir);
+    // Every rank tries mkdir; EEXIST is fine when the directory is ours (not another user's,
+    // not a link planted in a shared /tmp).
+    struct stat st{};
+    WEFT_REQUIRE(::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid(),
+                 fmt::format("torchrun bootstrap directory '{}' is not a directory of this user", dir));
+    return std::make_unique<FileBootstrap>(w, dir, timeout_ms, /*owns_dir=*/true);
   }
   throw_invalid(__FILE__, __LINE__,
                 fmt::format("no way to bootstrap {} ranks from the {} environment: run under `weft launch`, set "

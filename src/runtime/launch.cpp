@@ -72,12 +72,20 @@ int64_t ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t).count();
 }
 
+// The file a rank writes its final error to (report_error_to_launcher).
+std::string error_file(const std::string& dir, int rank) { return fmt::format("{}/error.{}", dir, rank); }
+
+// Called in the forked rank (before exec, which keeps the pid).
 void set_rank_env(int rank, const LaunchOptions& opt, const std::string& dir) {
   setenv("WEFT_RANK", std::to_string(rank).c_str(), 1);
   setenv("WEFT_WORLD_SIZE", std::to_string(opt.nranks).c_str(), 1);
   setenv("WEFT_LOCAL_RANK", std::to_string(rank).c_str(), 1);
   setenv("WEFT_LOCAL_SIZE", std::to_string(opt.nranks).c_str(), 1);
   setenv("WEFT_BOOTSTRAP_DIR", dir.c_str(), 1);
+  // "<pid> <file>": only the rank's own process reports through the file; a command it runs
+  // (another pid) prints its errors itself, as they would otherwise be lost when the rank
+  // exits 0.
+  setenv("WEFT_ERROR_FILE", fmt::format("{} {}", getpid(), error_file(dir, rank)).c_str(), 1);
   for (const auto& [k, v] : opt.extra_env) setenv(k.c_str(), v.c_str(), 1);
 }
 
@@ -198,6 +206,7 @@ std::vector<RankResult> RankSession::wait() {
   int64_t grace = grace_ms_;
   std::optional<clock::time_point> first_failure;
   auto sleep = std::chrono::microseconds(100);
+  bool said_waiting = false;
   auto record = [&](int r, int st) {  // st: a waitpid status (0 when waitpid failed)
     reaped_[r] = true;
     --left;
@@ -230,6 +239,14 @@ std::vector<RankResult> RankSession::wait() {
       if (!first_failure) first_failure = clock::now();  // then the grace period, then SIGKILL
       grace = std::min<int64_t>(grace, 3000);
     }
+    // The failed ranks' errors are printed together once every rank has exited: say why
+    // nothing is printed yet when the others keep running.
+    if (first_failure && !said_waiting && !opt_.quiet && !g_stop_signal && ms_since(*first_failure) > 1000) {
+      said_waiting = true;
+      std::cerr << fmt::format("weft launch: a rank failed; the {} still running get up to {} ms to finish "
+                               "(WEFT_TIMEOUT_MS + 5 s), then their errors are printed\n",
+                               left, grace);
+    }
     const bool grace_over = first_failure && ms_since(*first_failure) > grace;
     const bool deadline_over = opt_.deadline_ms > 0 && ms_since(start) > opt_.deadline_ms;
     if (grace_over || deadline_over) {
@@ -257,7 +274,51 @@ std::vector<RankResult> RankSession::wait() {
   return res;
 }
 
+// The errors the ranks wrote (error.<rank>), into their results.
+void read_errors(const std::string& dir, std::vector<RankResult>& res) {
+  for (auto& r : res) {
+    std::ifstream f(error_file(dir, r.rank));
+    if (!f) continue;
+    std::stringstream ss;
+    ss << f.rdbuf();
+    r.message = ss.str();
+    while (!r.message.empty() && (r.message.back() == '\n' || r.message.back() == ' ')) r.message.pop_back();
+  }
+}
+
+// Ascending ranks as "0-3, 5, 7, 8": runs of three or more as ranges.
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (j - i < 2) j = i;
+    out += (out.empty() ? "" : ", ") + (j == i ? std::to_string(ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]));
+    i = j + 1;
+  }
+  return out;
+}
+
+// A rank's message without its own "rank <r>: " at the start, so that the same error from
+// every rank reads the same.
+std::string without_own_rank(const std::string& msg, int rank) {
+  const std::string own = fmt::format("rank {}: ", rank);
+  return msg.rfind(own, 0) == 0 ? msg.substr(own.size()) : msg;
+}
+
 }  // namespace
+
+bool report_error_to_launcher(const std::string& message) {
+  const auto v = env_var("WEFT_ERROR_FILE");
+  if (!v) return false;
+  const auto space = v->find(' ');
+  if (space == std::string::npos || v->substr(0, space) != std::to_string(getpid())) return false;
+  const std::string file = v->substr(space + 1);
+  std::ofstream f(file, std::ios::trunc);
+  f << message << "\n";
+  f.flush();
+  return static_cast<bool>(f);
+}
 
 bool inside_launcher(const EnvMap& env) {
   for (const char* k : {"WEFT_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"})
@@ -279,6 +340,7 @@ std::vector<RankResult> launch_exec(const std::vector<std::string>& argv, const 
       _exit(127);
     });
     res = session.wait();
+    read_errors(session.dir(), res);
   }
   if (!opt.quiet && launch_exit_code(res) != 0) std::cerr << describe_results(res);
   return res;
@@ -302,25 +364,16 @@ std::vector<RankResult> run_ranks(const std::function<void()>& fn, const LaunchO
         msg = "unknown exception";
         code = 1;
       }
-      if (code) {
-        std::ofstream(fmt::format("{}/error.{}", dir, r)) << msg;
-        if (!opt.quiet) std::fprintf(stderr, "[rank %d] error: %s\n", r, msg.c_str());
-      }
+      if (code) std::ofstream(error_file(dir, r)) << msg;
       std::fflush(stdout);
       std::fflush(stderr);
       _exit(code);
     });
     res = session.wait();
-    for (auto& r : res) {
-      std::ifstream f(fmt::format("{}/error.{}", dir, r.rank));
-      if (f) {
-        std::stringstream ss;
-        ss << f.rdbuf();
-        r.message = ss.str();
-      }
-    }
+    read_errors(dir, res);
     stop_signal = session.stop_signal();
   }
+  if (!opt.quiet && launch_exit_code(res) != 0) std::cerr << describe_results(res);
   // Stopped by SIGINT/SIGTERM: the ranks and their files are gone; now this process goes the
   // way the signal meant (its own disposition, restored by the session).
   if (stop_signal) raise(stop_signal);
@@ -336,21 +389,39 @@ int launch_exit_code(const std::vector<RankResult>& results) {
 }
 
 std::string describe_results(const std::vector<RankResult>& results) {
-  std::string out;
+  // One line per distinct outcome (how the rank ended, and its message without its own rank
+  // number), naming every rank it happened to, in the order of each outcome's first rank.
+  struct Outcome {
+    bool passive;  // "was/were <text>" rather than "<text>"
+    std::string text;
+    std::vector<int> ranks;
+  };
+  std::vector<Outcome> outcomes;
+  auto add = [&](int rank, bool passive, std::string text) {
+    for (auto& o : outcomes)
+      if (o.passive == passive && o.text == text) {
+        o.ranks.push_back(rank);
+        return;
+      }
+    outcomes.push_back({passive, std::move(text), {rank}});
+  };
   for (const auto& r : results) {
     if (r.exit_code == 0) continue;
+    const std::string msg = r.message.empty() ? "" : ": " + without_own_rank(r.message, r.rank);
     if (r.killed_by_launcher && r.pid == 0)
-      out += fmt::format("weft launch: rank {} was not started (the launch was stopped)\n", r.rank);
+      add(r.rank, true, "not started (the launch was stopped)");
     else if (r.killed_by_launcher)
-      out += fmt::format("weft launch: rank {} was still running after another rank failed (or the deadline); "
-                         "killed\n",
-                         r.rank);
+      add(r.rank, true, "still running after another rank failed (or the deadline); killed");
     else if (r.term_signal)
-      out += fmt::format("weft launch: rank {} died of signal {} ({})\n", r.rank, r.term_signal,
-                         strsignal(r.term_signal));
+      add(r.rank, false, fmt::format("died of signal {} ({}){}", r.term_signal, strsignal(r.term_signal), msg));
     else
-      out += fmt::format("weft launch: rank {} exited with status {}{}\n", r.rank, r.exit_code,
-                         r.message.empty() ? "" : ": " + r.message);
+      add(r.rank, false, fmt::format("exited with status {}{}", r.exit_code, msg));
+  }
+  std::string out;
+  for (const auto& o : outcomes) {
+    const bool many = o.ranks.size() > 1;
+    out += fmt::format("weft launch: rank{} {} {}{}\n", many ? "s" : "", rank_list(o.ranks),
+                       o.passive ? (many ? "were " : "was ") : "", o.text);
   }
   return out;
 }

@@ -148,7 +148,7 @@ TEST(Tunables, ListingHasEveryVariableOnce) {
 TEST(Tunables, EveryVariableTheLibraryNamesIsRegistered) {
   const std::set<std::string> names = registry_names();
   const std::set<std::string> launcher = {"WEFT_RANK", "WEFT_WORLD_SIZE", "WEFT_LOCAL_RANK", "WEFT_LOCAL_SIZE",
-                                          "WEFT_BOOTSTRAP_DIR"};
+                                          "WEFT_BOOTSTRAP_DIR", "WEFT_ERROR_FILE"};
   // Quoted names "WEFT_[A-Z0-9_]+" (a hand scan: GCC 12's std::regex trips -Wmaybe-uninitialized
   // in the sanitizer build).
   auto is_name_char = [](char ch) { return (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_'; };

@@ -247,3 +247,72 @@ TEST(LaunchCleanup, SegmentsOfKilledRanksAreRemoved) {
     shm_unlink(("/weft-" + std::to_string(r.pid) + "-launchtest").c_str());
   }
 }
+
+// ---------------------------------------------------------------------------------------
+// Issue 28, item 18: the same error from many ranks is printed once, with the ranks.
+namespace {
+
+// Runs a shell command; its stdout and stderr together, and its exit status.
+std::pair<std::string, int> shell(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  const int st = pclose(p);
+  return {out, WIFEXITED(st) ? WEXITSTATUS(st) : -1};
+}
+
+size_t count_of(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+// Ranks that report through WEFT_ERROR_FILE (as weft's CLI does): one line per distinct
+// message naming its ranks, compared without each rank's own "rank <r>: "; a rank killed by a
+// signal is still named with its signal.
+TEST(LaunchErrors, TheSameErrorFromManyRanksIsOneLineNamingThem) {
+  TempDir tmp;
+  ScopedEnv tmpdir("TMPDIR", tmp.path.string());
+  LaunchOptions opt;
+  opt.nranks = 8;
+  opt.quiet = true;
+  // WEFT_ERROR_FILE is "<pid> <file>": the rank writes the file its pid is paired with.
+  const std::string report = "f=${WEFT_ERROR_FILE#* }; ";
+  auto res = launch_exec({"sh", "-c",
+                          report + "if [ $WEFT_RANK = 7 ]; then kill -9 $$; fi; "
+                                   "if [ $WEFT_RANK -lt 5 ]; then echo \"rank $WEFT_RANK: the same check failed\" > $f; "
+                                   "else echo 'rank 2: another error' > $f; fi; exit 1"},
+                         opt);
+  for (int r = 0; r < 5; ++r) EXPECT_EQ(res[r].message, "rank " + std::to_string(r) + ": the same check failed");
+  const std::string out = describe_results(res);
+  EXPECT_EQ(out,
+            "weft launch: ranks 0-4 exited with status 1: the same check failed\n"
+            "weft launch: ranks 5, 6 exited with status 1: rank 2: another error\n"
+            "weft launch: rank 7 died of signal 9 (" +
+                std::string(strsignal(9)) + ")\n");
+  EXPECT_TRUE(tmp.entries().empty()) << "the session directory was left";
+}
+
+// The CLI relaunched as ranks (item 18's "per-rank checks after relaunch"): every rank fails
+// the same way; the error is printed once, naming ranks 0-3. A command that a rank runs
+// (another process than the rank) prints its own error: it is not lost when the rank exits 0.
+TEST(LaunchErrors, CliRanksFailingAlikePrintTheErrorOnce) {
+  TempDir tmp, out;
+  const std::string env = "TMPDIR=" + tmp.path.string() + " WEFT_BACKEND=host WEFT_HOST_HEAP_MIB=1 WEFT_TIMEOUT_MS=20000 ";
+  const std::string bench = std::string(WEFT_CLI_PATH) + " bench ag_gemm --quick --shapes 512x512x512 --out " +
+                            out.path.string();
+  const auto [all, rc] = shell(env + "WEFT_HOST_RANKS=4 " + bench);
+  EXPECT_EQ(rc, 1) << all;
+  EXPECT_EQ(count_of(all, "symmetric heap exhausted"), 1u) << all;
+  EXPECT_NE(all.find("weft launch: ranks 0-3 exited with status 1: symmetric heap exhausted"), std::string::npos)
+      << all;
+
+  const auto [nested, nested_rc] =
+      shell(env + std::string(WEFT_CLI_PATH) + " launch -n 2 -- sh -c '" + bench + "; true'");
+  EXPECT_EQ(nested_rc, 0) << nested;
+  EXPECT_EQ(count_of(nested, "weft: error: symmetric heap exhausted"), 2u) << nested;
+  EXPECT_TRUE(tmp.entries().empty()) << "left in TMPDIR";
+}

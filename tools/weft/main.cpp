@@ -287,6 +287,14 @@ void validate_bench(const std::string& what, const std::vector<std::string>& sha
   }
 }
 
+// The command's final error; returns `code`. A rank of `weft launch` hands it to the launcher,
+// which prints each distinct error once with the ranks that reported it (not once per rank).
+int report_error(const char* kind, const std::string& message, int code) {
+  // One write: lines of ranks sharing a terminal do not interleave.
+  if (!report_error_to_launcher(message)) std::cerr << std::string("weft: ") + kind + message + "\n" << std::flush;
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -395,18 +403,14 @@ int main(int argc, char** argv) {
       return rc >= 0 ? rc : cmd_bench(what, quick, out_dir, only);
     }
   } catch (const TimeoutError& e) {
-    std::cerr << "weft: timeout: " << e.what() << "\n";
-    return 3;
+    return report_error("timeout: ", e.what(), 3);
   } catch (const cli::UsageError& e) {
-    std::cerr << "weft: " << e.message() << "\n";
-    return 2;
+    return report_error("", e.message(), 2);
   } catch (const InvalidArgument& e) {
     // The user's mistake: the message alone, without the file:line it was detected at.
-    std::cerr << "weft: error: " << e.message() << "\n";
-    return 1;
+    return report_error("error: ", e.message(), 1);
   } catch (const std::exception& e) {
-    std::cerr << "weft: error: " << e.what() << "\n";
-    return 1;
+    return report_error("error: ", e.what(), 1);
   }
   return 0;
 }

@@ -58,17 +58,36 @@ class Bootstrap {
 };
 
 // Ranks of one node rendezvous through files in a directory they share (weft launch makes
-// one and sets WEFT_BOOTSTRAP_DIR). Every exchange is a round of files `<round>.<rank>`.
+// one and sets WEFT_BOOTSTRAP_DIR; under torchrun make_bootstrap makes one per bootstrap).
+//
+// A directory may hold files of an earlier bootstrap (an attempt that died, or an earlier
+// bootstrap of the same processes), so rank 0 first opens a session: it writes
+// `<dir>/session` (its pid, the pid's start time, its host and a random nonce), and every file
+// of this bootstrap is named after the nonce: rounds `<nonce>.<round>.<rank>`, leave marks
+// `<nonce>.leave.<rank>`. The other ranks adopt a session only from a rank 0 that is still
+// running (same host: pid alive with the recorded start time; another host cannot be checked)
+// and whose nonce this process has not used before, so no rank ever reads an earlier
+// bootstrap's files.
+//
+// owns_dir: the bootstrap made the directory (torchrun) and removes it once every rank has
+// left: each rank's destructor writes its leave mark, and the rank that finds every rank's
+// mark, or the marks of all but ranks whose process has exited, removes the directory. A
+// directory given by a launcher is never removed here (the launcher owns it).
 class FileBootstrap final : public Bootstrap {
  public:
-  FileBootstrap(const World& w, std::string dir, int64_t timeout_ms);
+  FileBootstrap(const World& w, std::string dir, int64_t timeout_ms, bool owns_dir = false);
   ~FileBootstrap() override;
   void allgather(const void* in, size_t bytes, void* out) override;
+  const std::string& dir() const { return dir_; }
 
  private:
+  void open_session();
+  void leave() noexcept;
   std::string path(uint64_t round, int rank) const;
   std::string dir_;
   int64_t timeout_ms_;
+  bool owns_dir_;
+  std::string nonce_;
   uint64_t round_ = 0;
 
  public:
@@ -79,8 +98,13 @@ class FileBootstrap final : public Bootstrap {
 };
 
 // The bootstrap for this world: a single rank needs none; WEFT_BOOTSTRAP_DIR (set by
-// weft launch) or a directory derived from torchrun's run id on one node; MPI where weft
-// was built with it and the world came from Open MPI. Throws InvalidArgument otherwise.
+// weft launch); under torchrun on one node a FileBootstrap in a directory of its own,
+// `$TMPDIR/weft-torchrun-<agent pid>-<run id>-<port>-<restart count>-<n>` (TMPDIR from `env`,
+// else /tmp; n counts this process's torchrun bootstraps), which it removes when the ranks
+// are done; MPI where weft was built with it and the world came from Open MPI. Throws
+// InvalidArgument otherwise. Before making a torchrun directory it removes those left by
+// runs that cannot use them any more: an agent that has exited, or an earlier restart of
+// this run (torchelastic stops every worker of an attempt before the next).
 std::unique_ptr<Bootstrap> make_bootstrap(const World& w, const EnvMap& env);
 
 uint64_t this_host_hash();
