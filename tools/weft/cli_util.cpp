@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <string_view>
 
 extern char** environ;
 
@@ -19,6 +20,18 @@ int64_t checked_mul(int64_t a, int64_t b, const std::string& what) {
   if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &out))
     throw UsageError(fmt::format("{}: the product {} x {} does not fit in 64 bits", what, a, b));
   return out;
+}
+
+std::string error_text(const std::exception& e, bool location) {
+  const auto* w = dynamic_cast<const Error*>(&e);
+  std::string s = w && !location ? w->message() : e.what();
+  static constexpr std::string_view kId = "[json.exception.";
+  for (size_t at = s.find(kId); at != std::string::npos; at = s.find(kId, at)) {
+    const size_t close = s.find("] ", at);
+    if (close == std::string::npos) break;
+    s.erase(at, close + 2 - at);
+  }
+  return s;
 }
 
 void write_file(const std::string& path, const std::string& text) {

@@ -53,6 +53,9 @@ int relaunch_as_ranks(int argc, char** argv) {
   return launch_exit_code(launch_exec(args, opt));
 }
 
+// The most ranks `weft launch` starts on one node (WEFT_HOST_RANKS's bound too).
+constexpr int kMaxLaunchRanks = static_cast<int>(tunables::kHostRanks.max_value);
+
 // Printed above every table the host backend measures: its times are CPU times.
 constexpr const char* kCpuFigures =
     "host backend: CPU figures (wall clock of ranks sharing this machine's cores; they swing between runs and say "
@@ -177,10 +180,17 @@ int cmd_trace(const std::string& file, const std::string& png) {
   try {
     j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
-    throw InvalidArgument(fmt::format("trace '{}' is not JSON: {}", file, e.what()));
+    throw InvalidArgument(fmt::format("trace '{}' is not JSON: {}", file, cli::error_text(e)));
+  }
+  std::vector<ops::RankTraceSummary> summary;
+  try {
+    summary = ops::summarize_trace(text);
+  } catch (const nlohmann::json::exception& e) {
+    // JSON, but not a Chrome trace (an event's field of another type, an array of numbers).
+    throw InvalidArgument(fmt::format("trace '{}' is not a Chrome trace: {}", file, cli::error_text(e)));
   }
   if (j.is_object() && j.contains("weft")) std::cout << "run: " << j["weft"].dump() << "\n";
-  std::cout << ops::format_trace_summary(ops::summarize_trace(text));
+  std::cout << ops::format_trace_summary(summary);
   if (!png.empty()) {
     std::string script = "tools/plot_timeline.py";  // a checkout here, else the one weft was built from
     if (!std::filesystem::exists(script)) script = std::string(WEFT_SOURCE_DIR) + "/tools/plot_timeline.py";
@@ -378,6 +388,11 @@ int main(int argc, char** argv) {
     if (*info) return list_tunables ? cmd_tunables() : cmd_info();
     if (int rc = run_plan_commands(); rc >= 0) return rc;
     if (*launch) {
+      // One process per rank on this node: beyond the bound a typo (-n 2147483647) would fork
+      // until the process limit, or allocate the ranks' table until bad_alloc.
+      if (nranks < 1 || nranks > kMaxLaunchRanks)
+        throw cli::UsageError(
+            fmt::format("launch -n {}: weft launch starts 1 to {} ranks on this node", nranks, kMaxLaunchRanks));
       LaunchOptions opt;
       opt.nranks = nranks;
       return launch_exit_code(launch_exec(command, opt));
@@ -395,17 +410,17 @@ int main(int argc, char** argv) {
       return rc >= 0 ? rc : cmd_bench(what, quick, out_dir, only);
     }
   } catch (const TimeoutError& e) {
-    std::cerr << "weft: timeout: " << e.what() << "\n";
+    std::cerr << "weft: timeout: " << cli::error_text(e, /*location=*/true) << "\n";
     return 3;
   } catch (const cli::UsageError& e) {
-    std::cerr << "weft: " << e.message() << "\n";
+    std::cerr << "weft: " << cli::error_text(e) << "\n";
     return 2;
   } catch (const InvalidArgument& e) {
     // The user's mistake: the message alone, without the file:line it was detected at.
-    std::cerr << "weft: error: " << e.message() << "\n";
+    std::cerr << "weft: error: " << cli::error_text(e) << "\n";
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "weft: error: " << e.what() << "\n";
+    std::cerr << "weft: error: " << cli::error_text(e, /*location=*/true) << "\n";
     return 1;
   }
   return 0;
