@@ -350,7 +350,7 @@ class Gen {
 
   // A path the child reads: prepared files in its cwd, and hostile ones.
   std::string in_path(const std::vector<std::string>& prepared) {
-    static const std::vector<std::string> k = {"",        ".",         "/nonexistent-weft-fuzz", "/dev/null",
+    static const std::vector<std::string> k = {"",        ".",         "/nonexistent-weft-fuzz", "/dev/null", "/dev/zero", "/dev/full",
                                                "/proc/self/status", "/etc",   "missing.json", "a b", "-",
                                                "--help",  "%s{}"};
     return chance(0.6) ? pick(prepared) : pick(k);
@@ -555,7 +555,8 @@ Case make_case(Gen& g, const Env& base, const Files& f) {
     if (g.chance(0.85)) {
       a.emplace_back(g.chance(0.5) ? "-n" : "--nranks");
       std::string n = g.number();
-      if (n.find_first_not_of("0123456789") == std::string::npos && n.size() < 5 && std::stoi(n) > 3) n = "3";
+      if (!n.empty() && n.find_first_not_of("0123456789") == std::string::npos && n.size() < 5 && std::stoi(n) > 3)
+        n = "3";
       a.push_back(n);
     }
     if (g.chance(0.85)) {

@@ -385,3 +385,17 @@ TEST(CliHardening, LaunchRankCountIsBounded) {
     EXPECT_LT(r.secs, 5) << n << "\n" << r.out;
   }
 }
+
+// `trace /dev/full` (and `plan --file /dev/zero`, `--constants /dev/zero`) read a file that
+// never ends until memory ran out; input files are read up to a bound, then refused by name.
+TEST(CliHardening, EndlessInputFilesAreRefused) {
+  for (const std::string args : {"trace /dev/full", "plan --file /dev/zero", "plan --constants /dev/zero"}) {
+    const CliRun r = run(kWeft + " " + args);
+    EXPECT_EQ(r.signal, 0) << args << "\n" << r.out;
+    EXPECT_EQ(r.status, 1) << args << "\n" << r.out;
+    EXPECT_TRUE(has(r.out, "/dev/") && has(r.out, "MiB; is it the right file?")) << args << "\n" << r.out;
+  }
+  const CliRun r = run(kWeft + " plan --file /");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "--file '/': cannot read it")) << r.out;
+}

@@ -34,6 +34,30 @@ std::string error_text(const std::exception& e, bool location) {
   return s;
 }
 
+std::string read_input(const std::string& path, const std::string& what, size_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw InvalidArgument(fmt::format("{} '{}': cannot read it: {}", what, path, std::strerror(errno)));
+  std::string text;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      ::close(fd);
+      throw InvalidArgument(fmt::format("{} '{}': cannot read it: {}", what, path, std::strerror(e)));
+    }
+    if (n == 0) break;
+    if (text.size() + static_cast<size_t>(n) > max_bytes) {
+      ::close(fd);
+      throw InvalidArgument(fmt::format("{} '{}': more than {} MiB; is it the right file?", what, path, max_bytes >> 20));
+    }
+    text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return text;
+}
+
 void write_file(const std::string& path, const std::string& text) {
   auto fail = [&](int e) { throw Error(fmt::format("cannot write '{}': {}", path, std::strerror(e))); };
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

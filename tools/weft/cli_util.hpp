@@ -26,6 +26,11 @@ int64_t checked_mul(int64_t a, int64_t b, const std::string& what);
 // removed wherever they occur, leaving the parser's own words ("parse error at line 1, ...").
 std::string error_text(const std::exception& e, bool location = false);
 
+// The contents of the file `path` that the user named as `what` ("trace", "--file"), up to
+// `max_bytes`; throws InvalidArgument naming both when it cannot be read or holds more (a
+// device such as /dev/zero never ends: it would be read until memory runs out).
+std::string read_input(const std::string& path, const std::string& what, size_t max_bytes);
+
 // Writes `text` to `path` (created or truncated); throws Error "cannot write '<path>': <OS
 // error>" when opening, writing or closing fails, so "wrote <path>" is printed only after it.
 void write_file(const std::string& path, const std::string& text);

@@ -56,6 +56,9 @@ int relaunch_as_ranks(int argc, char** argv) {
 // The most ranks `weft launch` starts on one node (WEFT_HOST_RANKS's bound too).
 constexpr int kMaxLaunchRanks = static_cast<int>(tunables::kHostRanks.max_value);
 
+// The largest trace `weft trace` reads (a traced bench call is a few MiB).
+constexpr size_t kMaxTraceBytes = size_t{256} << 20;
+
 // Printed above every table the host backend measures: its times are CPU times.
 constexpr const char* kCpuFigures =
     "host backend: CPU figures (wall clock of ranks sharing this machine's cores; they swing between runs and say "
@@ -173,9 +176,7 @@ int cmd_bench_overlap(const std::string& what, bool quick, const std::string& ou
 // `weft trace FILE.json [--png OUT.png]`: per rank communication and computation time and
 // the fraction of communication hidden behind computation.
 int cmd_trace(const std::string& file, const std::string& png) {
-  std::ifstream f(file);
-  WEFT_REQUIRE(f.good(), fmt::format("cannot read trace '{}'", file));
-  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string text = cli::read_input(file, "trace", kMaxTraceBytes);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
