@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -112,6 +113,16 @@ DeviceConstants device_constants_from_json(std::string_view text, std::string_vi
 }
 
 DeviceConstants load_device_constants(const std::string& path) {
+  // A small JSON file: a device, FIFO or directory, or one over 64 MiB, is refused by name
+  // rather than read without end.
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (!ec && std::filesystem::exists(st)) {
+    WEFT_REQUIRE(std::filesystem::is_regular_file(st),
+                 fmt::format("device constants file {} is not a regular file", path));
+    WEFT_REQUIRE(std::filesystem::file_size(path, ec) <= (64ull << 20) && !ec,
+                 fmt::format("device constants file {} is larger than 64 MiB", path));
+  }
   std::ifstream f(path);
   if (!f) throw InvalidArgument(fmt::format("cannot open device constants file {}", path));
   std::stringstream ss;

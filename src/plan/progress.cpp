@@ -34,7 +34,10 @@ std::string simulate_progress(const ProgressGraph& g, const std::function<std::s
       if (w <= 0) {
         while (next[r] < q.size()) held[r].push_back(q[next[r]++]);
       } else {
-        if (held[r].size() < static_cast<size_t>(w)) held[r].resize(static_cast<size_t>(w), -1);
+        // Workers beyond the queue's length never hold an item: a pool of 10^9 (a user's
+        // --workers) costs what one of the queue's length does.
+        const size_t slots = std::min(static_cast<size_t>(w), q.size());
+        if (held[r].size() < slots) held[r].resize(slots, -1);
         for (auto& h : held[r])
           if (h < 0 && next[r] < q.size()) h = q[next[r]++];
       }

@@ -80,6 +80,8 @@ class HostBackend final : public Backend {
         }
         ::close(fd);
         std::memcpy(ann.name, seg.name, sizeof seg.name);
+      } catch (const Error& e) {  // the message without the source location it was found at
+        std::snprintf(ann.error, sizeof ann.error, "%s", e.message());
       } catch (const std::exception& e) {
         std::snprintf(ann.error, sizeof ann.error, "%s", e.what());
       }

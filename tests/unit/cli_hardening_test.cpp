@@ -341,3 +341,61 @@ TEST(CliHardening, HostBenchTablesSayCpu) {
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_TRUE(has(r.out, "host backend: CPU figures")) << r.out;
 }
+
+// Found by the CLI fuzzer (cli_fuzz_test.cpp): each case is its minimal reproducer.
+
+// `plan --workers 1000000000` gave the verifier's progress check a slot per worker: 8 GB and
+// 40 s. Workers beyond a queue's length are now free, so any count answers at once.
+TEST(CliHardening, HugeWorkerCountsAnswerQuickly) {
+  for (const std::string args : {"plan --workers 1000000000", "plan --workers 2147483647 --collective all_to_all --world 4",
+                                 "simulate --workers 2147483647"}) {
+    const CliRun r = run(kWeft + " " + args);
+    EXPECT_EQ(r.status, 0) << args << "\n" << r.out;
+    EXPECT_LT(r.secs, 5) << args << "\n" << r.out;
+  }
+}
+
+// `trace` on JSON that is not a Chrome trace printed nlohmann's raw exception
+// ("[json.exception.type_error.302] type must be string"), with no file named; a file that is
+// not JSON kept the exception id too.
+TEST(CliHardening, TraceOfBadJsonNamesTheFile) {
+  TempDir d;
+  const std::string types = d.path + "/types.json", empty = d.path + "/empty.json";
+  std::ofstream(types) << R"({"traceEvents":[{"name":1,"ph":[],"pid":"x","ts":null}]})";
+  std::ofstream(empty) << "";
+  for (const std::string& f : {types, empty}) {
+    const CliRun r = run(kWeft + " trace " + f);
+    EXPECT_EQ(r.status, 1) << r.out;
+    EXPECT_TRUE(has(r.out, "weft: error: trace '" + f + "'")) << r.out;
+    EXPECT_FALSE(has(r.out, "json.exception")) << r.out;
+  }
+  const CliRun r = run(kWeft + " plan --constants " + empty);
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_TRUE(has(r.out, empty)) << r.out;
+  EXPECT_FALSE(has(r.out, "json.exception")) << r.out;
+}
+
+// `launch -n 2147483647` forked until the process limit (or died of bad_alloc sizing the
+// ranks' table); -n is bounded like WEFT_HOST_RANKS, a usage error naming the value.
+TEST(CliHardening, LaunchRankCountIsBounded) {
+  for (const std::string n : {"2147483647", "1025", "0", "-3"}) {
+    const CliRun r = run(kWeft + " launch -n " + n + " -- true");
+    EXPECT_EQ(r.status, 2) << n << "\n" << r.out;
+    EXPECT_TRUE(has(r.out, "-n " + n) && has(r.out, "1 to 1024")) << n << "\n" << r.out;
+    EXPECT_LT(r.secs, 5) << n << "\n" << r.out;
+  }
+}
+
+// `trace /dev/full` (and `plan --file /dev/zero`, `--constants /dev/zero`) read a file that
+// never ends until memory ran out; input files are read up to a bound, then refused by name.
+TEST(CliHardening, EndlessInputFilesAreRefused) {
+  for (const std::string args : {"trace /dev/full", "plan --file /dev/zero", "plan --constants /dev/zero"}) {
+    const CliRun r = run(kWeft + " " + args);
+    EXPECT_EQ(r.signal, 0) << args << "\n" << r.out;
+    EXPECT_EQ(r.status, 1) << args << "\n" << r.out;
+    EXPECT_TRUE(has(r.out, "/dev/") && has(r.out, "MiB; is it the right file?")) << args << "\n" << r.out;
+  }
+  const CliRun r = run(kWeft + " plan --file /");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_TRUE(has(r.out, "--file '/': cannot read it")) << r.out;
+}

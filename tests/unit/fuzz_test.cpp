@@ -19,6 +19,7 @@
 #include "weft/core/error.hpp"
 #include "weft/ops/collectives.hpp"
 #include "weft/ops/gemm_overlap.hpp"
+#include "weft/plan/cost.hpp"
 #include "weft/plan/templates.hpp"
 #include "weft/plan/text.hpp"
 #include "weft/plan/verify.hpp"
@@ -182,6 +183,32 @@ TEST(Fuzz, TuningCache) {
     }
   }));
   std::remove(path.c_str());
+}
+
+// Files that never end (/dev/zero) or are not files: a tuning cache there is ignored (the op
+// runs, exact), a device-constants file there is refused by name -- neither is read without end.
+TEST(Fuzz, EndlessFilesAreNeverRead) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const char* path : {"/dev/zero", "/tmp"}) {
+    try {
+      plan::load_device_constants(path);
+      ADD_FAILURE() << path << " was accepted as device constants";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.message()).find(path), std::string::npos) << e.message();
+    }
+  }
+  expect_all_ok(run_host_ranks(1, [] {
+    auto b = make_backend();
+    ops::GemmOverlapConfig c = overlap_config({ops::GemmOp::kGemmRs, 8, 16, 9});
+    c.tune_cache = "/dev/zero";
+    ops::GemmOverlap op(*b, c);
+    std::vector<uint16_t> a(static_cast<size_t>(op.a_rows() * op.a_cols())),
+        w(static_cast<size_t>(op.b_rows() * op.b_cols())), out(static_cast<size_t>(op.c_rows() * op.c_cols()));
+    fill_overlap_inputs(op, 0, 1, false, a.data(), w.data());
+    op.run(a.data(), w.data(), out.data(), {});
+    check_overlap_output(op, out.data(), 0, 1, 1, false, "cache /dev/zero");
+  }));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
 }
 
 // Random shapes, types, layouts and chunk counts for every GEMM + communication op and

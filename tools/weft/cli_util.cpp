@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <string_view>
 
 extern char** environ;
 
@@ -19,6 +20,42 @@ int64_t checked_mul(int64_t a, int64_t b, const std::string& what) {
   if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &out))
     throw UsageError(fmt::format("{}: the product {} x {} does not fit in 64 bits", what, a, b));
   return out;
+}
+
+std::string error_text(const std::exception& e, bool location) {
+  const auto* w = dynamic_cast<const Error*>(&e);
+  std::string s = w && !location ? w->message() : e.what();
+  static constexpr std::string_view kId = "[json.exception.";
+  for (size_t at = s.find(kId); at != std::string::npos; at = s.find(kId, at)) {
+    const size_t close = s.find("] ", at);
+    if (close == std::string::npos) break;
+    s.erase(at, close + 2 - at);
+  }
+  return s;
+}
+
+std::string read_input(const std::string& path, const std::string& what, size_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw InvalidArgument(fmt::format("{} '{}': cannot read it: {}", what, path, std::strerror(errno)));
+  std::string text;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      ::close(fd);
+      throw InvalidArgument(fmt::format("{} '{}': cannot read it: {}", what, path, std::strerror(e)));
+    }
+    if (n == 0) break;
+    if (text.size() + static_cast<size_t>(n) > max_bytes) {
+      ::close(fd);
+      throw InvalidArgument(fmt::format("{} '{}': more than {} MiB; is it the right file?", what, path, max_bytes >> 20));
+    }
+    text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return text;
 }
 
 void write_file(const std::string& path, const std::string& text) {

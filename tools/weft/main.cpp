@@ -53,6 +53,12 @@ int relaunch_as_ranks(int argc, char** argv) {
   return launch_exit_code(launch_exec(args, opt));
 }
 
+// The most ranks `weft launch` starts on one node (WEFT_HOST_RANKS's bound too).
+constexpr int kMaxLaunchRanks = static_cast<int>(tunables::kHostRanks.max_value);
+
+// The largest trace `weft trace` reads (a traced bench call is a few MiB).
+constexpr size_t kMaxTraceBytes = size_t{256} << 20;
+
 // Printed above every table the host backend measures: its times are CPU times.
 constexpr const char* kCpuFigures =
     "host backend: CPU figures (wall clock of ranks sharing this machine's cores; they swing between runs and say "
@@ -170,17 +176,22 @@ int cmd_bench_overlap(const std::string& what, bool quick, const std::string& ou
 // `weft trace FILE.json [--png OUT.png]`: per rank communication and computation time and
 // the fraction of communication hidden behind computation.
 int cmd_trace(const std::string& file, const std::string& png) {
-  std::ifstream f(file);
-  WEFT_REQUIRE(f.good(), fmt::format("cannot read trace '{}'", file));
-  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string text = cli::read_input(file, "trace", kMaxTraceBytes);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
-    throw InvalidArgument(fmt::format("trace '{}' is not JSON: {}", file, e.what()));
+    throw InvalidArgument(fmt::format("trace '{}' is not JSON: {}", file, cli::error_text(e)));
+  }
+  std::vector<ops::RankTraceSummary> summary;
+  try {
+    summary = ops::summarize_trace(text);
+  } catch (const nlohmann::json::exception& e) {
+    // JSON, but not a Chrome trace (an event's field of another type, an array of numbers).
+    throw InvalidArgument(fmt::format("trace '{}' is not a Chrome trace: {}", file, cli::error_text(e)));
   }
   if (j.is_object() && j.contains("weft")) std::cout << "run: " << j["weft"].dump() << "\n";
-  std::cout << ops::format_trace_summary(ops::summarize_trace(text));
+  std::cout << ops::format_trace_summary(summary);
   if (!png.empty()) {
     std::string script = "tools/plot_timeline.py";  // a checkout here, else the one weft was built from
     if (!std::filesystem::exists(script)) script = std::string(WEFT_SOURCE_DIR) + "/tools/plot_timeline.py";
@@ -386,6 +397,11 @@ int main(int argc, char** argv) {
     if (*info) return list_tunables ? cmd_tunables() : cmd_info();
     if (int rc = run_plan_commands(); rc >= 0) return rc;
     if (*launch) {
+      // One process per rank on this node: beyond the bound a typo (-n 2147483647) would fork
+      // until the process limit, or allocate the ranks' table until bad_alloc.
+      if (nranks < 1 || nranks > kMaxLaunchRanks)
+        throw cli::UsageError(
+            fmt::format("launch -n {}: weft launch starts 1 to {} ranks on this node", nranks, kMaxLaunchRanks));
       LaunchOptions opt;
       opt.nranks = nranks;
       return launch_exit_code(launch_exec(command, opt));
@@ -403,14 +419,14 @@ int main(int argc, char** argv) {
       return rc >= 0 ? rc : cmd_bench(what, quick, out_dir, only);
     }
   } catch (const TimeoutError& e) {
-    return report_error("timeout: ", e.what(), 3);
+    return report_error("timeout: ", cli::error_text(e), 3);
   } catch (const cli::UsageError& e) {
-    return report_error("", e.message(), 2);
+    return report_error("", cli::error_text(e), 2);
   } catch (const InvalidArgument& e) {
     // The user's mistake: the message alone, without the file:line it was detected at.
-    return report_error("error: ", e.message(), 1);
+    return report_error("error: ", cli::error_text(e), 1);
   } catch (const std::exception& e) {
-    return report_error("error: ", e.what(), 1);
+    return report_error("error: ", cli::error_text(e, /*location=*/true), 1);
   }
   return 0;
 }

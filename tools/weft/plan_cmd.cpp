@@ -55,6 +55,9 @@ struct PlanOptions {
 // with the default sizes (4,096 transfers, 32,768 tiles) took 20 s, world 128 minutes.
 constexpr int64_t kMaxPlanItems = 16384;
 
+// The largest plan or constants file read (a plan at kMaxPlanItems is about a MiB of text).
+constexpr size_t kMaxInputBytes = size_t{64} << 20;
+
 void require_at_least(const char* option, int64_t value, int64_t least) {
   if (value < least)
     throw UsageError(fmt::format("{} must be {}, not {}", option, least == 0 ? "0 or more" : "positive", value));
@@ -125,13 +128,7 @@ void check_plan_size(const PlanOptions& o, const plan::CommPlan& p) {
 }
 
 plan::CommPlan build_plan(const PlanOptions& o, int world, int64_t rows) {
-  if (!o.file.empty()) {
-    std::ifstream f(o.file);
-    WEFT_REQUIRE(f.good(), fmt::format("cannot read plan file '{}'", o.file));
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return plan::parse_plan(ss.str(), o.file);
-  }
+  if (!o.file.empty()) return plan::parse_plan(read_input(o.file, "--file", kMaxInputBytes), o.file);
   plan::TemplateOptions t;
   t.splits = o.splits;
   const std::string& a = o.algo;
@@ -176,7 +173,8 @@ plan::TileSchedule build_schedule(const PlanOptions& o, const plan::CommPlan& p)
 }
 
 plan::DeviceConstants constants(const PlanOptions& o) {
-  if (!o.constants.empty()) return plan::load_device_constants(o.constants);
+  if (!o.constants.empty())
+    return plan::device_constants_from_json(read_input(o.constants, "--constants", kMaxInputBytes), o.constants);
   for (std::string path :
        {std::string("bench/constants/h200x2.json"), std::string(WEFT_SOURCE_DIR) + "/bench/constants/h200x2.json"}) {
     if (std::ifstream(path).good()) return plan::load_device_constants(path);

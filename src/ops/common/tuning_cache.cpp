@@ -14,7 +14,15 @@ namespace weft::ops::detail {
 
 namespace {
 
+// A tuning cache is a small JSON file; anything else (a device, a FIFO, a directory, a file
+// over this bound) is ignored like a broken one, never read without end.
+constexpr uintmax_t kMaxCacheBytes = 64ull << 20;
+
 nlohmann::json read_cache(const std::string& path) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::is_regular_file(st) || std::filesystem::file_size(path, ec) > kMaxCacheBytes || ec)
+    return nlohmann::json::object();
   std::ifstream f(path);
   if (!f.good()) return nlohmann::json::object();
   try {
