@@ -1,4 +1,5 @@
-# Install rules: headers, libweft and the CMake package that exports weft::weft, so that
+# Install rules: headers, libweft, libweft_c (the C API, weft::weft_c) and the CMake package
+# that exports weft::weft, so that
 #   find_package(weft REQUIRED)
 #   target_link_libraries(app PRIVATE weft::weft)
 # works against `cmake --install build --prefix DIR` (with DIR in CMAKE_PREFIX_PATH).
@@ -6,11 +7,11 @@ include(CMakePackageConfigHelpers)
 
 set(WEFT_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/weft)
 
-install(TARGETS weft EXPORT weftTargets
+install(TARGETS weft weft_c EXPORT weftTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-        FILES_MATCHING PATTERN "*.hpp" PATTERN "*.cuh")
+        FILES_MATCHING PATTERN "*.hpp" PATTERN "*.cuh" PATTERN "*.h")
 install(FILES ${PROJECT_BINARY_DIR}/include/weft/version.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/weft)
 install(EXPORT weftTargets NAMESPACE weft:: DESTINATION ${WEFT_INSTALL_CMAKEDIR})
 

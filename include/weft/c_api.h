@@ -58,8 +58,10 @@ typedef struct weft_world_options {
   int rank, size;             /* this rank in the world, and the world's size */
   int local_rank, local_size; /* on this node (local_size 0: the same as size) */
   int device;                 /* CUDA device for the nccl backend (-1: the current device) */
-  const char* backend;        /* "host", "nccl", or "auto"/NULL (nccl where GPUs and CUDA are) */
-  weft_allgather_fn allgather; /* the bootstrap; NULL: weft's own, from the environment */
+  const char* backend;        /* "host", "nccl", "auto" (nccl where GPUs and CUDA are), or NULL/""
+                                 (WEFT_BACKEND of the environment, else auto) */
+  weft_allgather_fn allgather; /* the bootstrap; NULL: weft's own, from the environment (a world
+                                  of one needs none; more: WEFT_BOOTSTRAP_DIR or torchrun's) */
   void* user;                 /* passed to allgather */
   int64_t heap_mib;           /* the symmetric heap per rank, MiB (0: WEFT_GPU_HEAP_MIB / WEFT_HOST_HEAP_MIB) */
   int64_t timeout_ms;         /* the deadline of every wait (0: WEFT_TIMEOUT_MS) */
@@ -82,8 +84,10 @@ int weft_world_barrier(weft_world* w); /* collective, host-side */
 /* Collective: `bytes` of every rank's heap at the same offset. *handle identifies the block
  * for weft_free; *ptr is this rank's address of it (device pointer on nccl). Zeroed. */
 int weft_alloc(weft_world* w, uint64_t bytes, uint64_t* handle, uint64_t* offset, void** ptr);
-/* Local (every rank frees the same blocks in the same order, as it allocated them). */
+/* Local (every rank frees the same blocks in the same order, as it allocated them). Waits for
+ * this rank's outstanding device work first (the block's last use). */
 int weft_free(weft_world* w, uint64_t handle);
+/* capacity: the heap's bytes per rank; used: bytes of its live blocks (ops' state included). */
 int weft_heap_info(const weft_world* w, uint64_t* capacity, uint64_t* used);
 /* *offset = ptr's offset in this rank's heap when [ptr, ptr + bytes) lies in it (returns 1),
  * else 0. */
@@ -93,7 +97,14 @@ int weft_heap_contains(const weft_world* w, const void* ptr, uint64_t bytes, uin
  * Outputs may be any memory: a symmetric output (in the heap) is written in place, any other
  * is staged through a symmetric workspace of the call's shape and copied out (one device
  * copy more: docs/python.md). Methods as ops::Collectives' ("baseline", "one-shot",
- * "two-shot", "ll", "ll128", "direct", "auto"). */
+ * "two-shot", "ll", "ll128", "direct", "auto").
+ * Staging: the first call of each (collective, count, dtype) (or weft_coll_prepare) is
+ * collective: the ranks exchange whether their outputs lie outside the heap, and when any
+ * does, every rank allocates the staging. A later call of that shape with an output outside
+ * the heap, where the first had none, is refused (WEFT_EINVAL): prepare the shape first, or
+ * keep one shape's outputs either symmetric or not. The baseline of all_gather / all_to_all
+ * writes any memory directly (no staging).
+ * count 0 is a no-op (pointers may then be NULL); still a collective call. */
 typedef struct weft_coll weft_coll;
 int weft_coll_create(weft_world* w, weft_coll** out);
 int weft_coll_destroy(weft_coll* c);

@@ -28,6 +28,7 @@ Backend::Backend(BackendKind kind, const World& w, std::unique_ptr<Bootstrap> bs
                            dev::kMaxPeers));
   ctx_.rank = w.rank;
   ctx_.world = w.size;
+  // The process environment's; the backends replace it with their EnvMap's value.
   ctx_.timeout_ns = static_cast<uint64_t>(tunable_value(tunables::kTimeoutMs)) * 1000000ull;
 }
 
@@ -283,7 +284,15 @@ BackendKind resolve_backend(const EnvMap& env, int num_gpus) {
 }
 
 std::unique_ptr<Backend> make_backend(const World& w, const EnvMap& env, std::optional<BackendKind> kind) {
-  auto bs = make_bootstrap(w, env);
+  return make_backend(w, env, make_bootstrap(w, env), kind);
+}
+
+std::unique_ptr<Backend> make_backend(const World& w, const EnvMap& env, std::unique_ptr<Bootstrap> bs,
+                                      std::optional<BackendKind> kind, int device) {
+  WEFT_REQUIRE(bs != nullptr, "make_backend: the bootstrap is null");
+  WEFT_REQUIRE(bs->rank() == w.rank && bs->size() == w.size,
+               fmt::format("make_backend: the bootstrap is rank {} of {}, the world rank {} of {}", bs->rank(),
+                           bs->size(), w.rank, w.size));
   const BackendKind k = kind ? *kind : resolve_backend(env, count_gpus());
   // Every rank must pick the same backend and the same heap size: a mixed world would
   // deadlock at the first wait, and heaps of different sizes put rank p's heap at different
@@ -307,8 +316,9 @@ std::unique_ptr<Backend> make_backend(const World& w, const EnvMap& env, std::op
                              w.rank, heap_var.env, mine.heap_mib, r, heap_var.env, all[r].heap_mib));
   if (k == BackendKind::kHost) return make_host_backend(w, env, std::move(bs));
 #ifdef WEFT_HAVE_CUDA
-  return make_nccl_backend(w, env, std::move(bs));
+  return make_nccl_backend(w, env, std::move(bs), device);
 #else
+  (void)device;
   throw_invalid(__FILE__, __LINE__, "the nccl backend needs a build with CUDA");
 #endif
 }

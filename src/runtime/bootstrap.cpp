@@ -320,4 +320,34 @@ bool FileBootstrap::failure_exchange(const void* mine, size_t bytes, void* all, 
   }
 }
 
+
+// ---------------------------------------------------------------------------------------
+// The caller's exchange (the C API).
+
+CallbackBootstrap::CallbackBootstrap(const World& w, AllgatherCallback fn, void* user)
+    : Bootstrap(w.rank, w.size), fn_(fn), user_(user) {
+  WEFT_REQUIRE(fn_ != nullptr, "CallbackBootstrap: the allgather callback is null");
+  handshake(w);
+}
+
+void CallbackBootstrap::allgather(const void* in, size_t bytes, void* out) {
+  const uint64_t round = round_++;
+  char err[512] = {};
+  int timed_out = 0, missing = -1;
+  const int rc = fn_(user_, in, bytes, out, &timed_out, &missing, err, sizeof err);
+  if (rc == 0) return;
+  err[sizeof err - 1] = '\0';
+  const std::string why = err[0] ? std::string(err) : fmt::format("status {}", rc);
+  if (timed_out) {
+    const int peer = missing >= 0 && missing < size_ ? missing : -1;
+    throw TimeoutError(fmt::format("rank {}: bootstrap round {} ({} bytes) timed out in the caller's allgather{}: {}",
+                                   rank_, round, bytes,
+                                   peer >= 0 ? fmt::format(" waiting for rank {}", peer) : std::string(), why),
+                       rank_, peer);
+  }
+  throw_error(__FILE__, __LINE__,
+              fmt::format("rank {}: bootstrap round {} ({} bytes): the caller's allgather failed: {}", rank_, round,
+                          bytes, why));
+}
+
 }  // namespace weft

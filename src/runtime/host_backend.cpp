@@ -50,6 +50,7 @@ class HostBackend final : public Backend {
  public:
   HostBackend(const World& w, const EnvMap& env, std::unique_ptr<Bootstrap> bs)
       : Backend(BackendKind::kHost, w, std::move(bs)) {
+    ctx_.timeout_ns = static_cast<uint64_t>(tunable_value(tunables::kTimeoutMs, env)) * 1000000ull;
     // In range by the registry (at most 1 TiB x 1024 ranks), checked all the same.
     const int64_t mib = tunable_value(tunables::kHostHeapMiB, env);
     WEFT_REQUIRE(!__builtin_mul_overflow(static_cast<size_t>(mib), size_t{1} << 20, &heap_bytes_) &&

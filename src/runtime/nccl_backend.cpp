@@ -14,11 +14,18 @@ namespace {
 
 class NcclBackend final : public Backend {
  public:
-  NcclBackend(const World& w, const EnvMap& env, std::unique_ptr<Bootstrap> bs)
+  NcclBackend(const World& w, const EnvMap& env, std::unique_ptr<Bootstrap> bs, int device)
       : Backend(BackendKind::kNccl, w, std::move(bs)) {
+    ctx_.timeout_ns = static_cast<uint64_t>(tunable_value(tunables::kTimeoutMs, env)) * 1000000ull;
     const int gpus = count_gpus();
-    check_local_ranks_fit(w, gpus);
-    device_ = w.local_rank;
+    if (device < 0) {
+      check_local_ranks_fit(w, gpus);
+      device_ = w.local_rank;
+    } else {  // the caller's choice (the C API: a framework that already picked its device)
+      WEFT_REQUIRE(device < gpus, fmt::format("rank {}: CUDA device {} asked for, but {} GPU(s) are visible", w.rank,
+                                              device, gpus));
+      device_ = device;
+    }
     WEFT_CUDA_CHECK(cudaSetDevice(device_));
     cudaDeviceProp prop{};
     WEFT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
@@ -155,8 +162,9 @@ class NcclBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_nccl_backend(const World& w, const EnvMap& env, std::unique_ptr<Bootstrap> bs) {
-  return std::make_unique<NcclBackend>(w, env, std::move(bs));
+std::unique_ptr<Backend> make_nccl_backend(const World& w, const EnvMap& env, std::unique_ptr<Bootstrap> bs,
+                                           int device) {
+  return std::make_unique<NcclBackend>(w, env, std::move(bs), device);
 }
 
 }  // namespace weft

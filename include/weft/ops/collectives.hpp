@@ -45,6 +45,13 @@ class Collectives {
   // Collective: allocates the state an all_reduce of `count` elements by `m` will use, so
   // that its first call can be captured into a CUDA graph (the baseline needs none).
   void prepare_all_reduce(uint64_t count, dev::DType t, Method m = Method::kAuto);
+  // The same for the other collectives (all_to_all_v: count is out_capacity). The baseline
+  // needs none (except all_to_all's into a symmetric output on GPUs: its scratch comes with
+  // its first call).
+  void prepare_all_gather(uint64_t count, dev::DType t, Method m = Method::kAuto);
+  void prepare_reduce_scatter(uint64_t count, dev::DType t, Method m = Method::kAuto);
+  void prepare_all_to_all(uint64_t count, dev::DType t, Method m = Method::kAuto);
+  void prepare_all_to_all_v(uint64_t out_capacity, dev::DType t, Method m = Method::kAuto);
   // Symmetric out (heap offset) [world][count] receives every rank's count elements.
   // all-gather, reduce-scatter, all-to-all: methods direct and ll; auto picks ll for small calls.
   void all_gather(const void* in, uint64_t out_off, uint64_t count, dev::DType t, Method m = Method::kAuto,

@@ -124,6 +124,12 @@ BackendKind resolve_backend(const EnvMap& env, int num_gpus);
 // Collective over the world's ranks: builds the bootstrap, the backend and its heap.
 std::unique_ptr<Backend> make_backend(const World& w, const EnvMap& env, std::optional<BackendKind> kind = {});
 std::unique_ptr<Backend> make_backend();
+// The same with the caller's bootstrap (the C API: a framework's store), e.g. a
+// CallbackBootstrap; the world may be any group of ranks (several in one process). env gives
+// the tunables (WEFT_BACKEND, the heap size, WEFT_TIMEOUT_MS), not the process environment.
+// device: the nccl backend's CUDA device (< 0: w.local_rank).
+std::unique_ptr<Backend> make_backend(const World& w, const EnvMap& env, std::unique_ptr<Bootstrap> bs,
+                                      std::optional<BackendKind> kind = {}, int device = -1);
 
 // Turns an error slot into a message that names the rank that did not arrive.
 std::string describe_timeout(const dev::ErrorSlot& s, uint64_t timeout_ns);

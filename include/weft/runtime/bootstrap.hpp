@@ -83,6 +83,26 @@ class FileBootstrap final : public Bootstrap {
 // was built with it and the world came from Open MPI. Throws InvalidArgument otherwise.
 std::unique_ptr<Bootstrap> make_bootstrap(const World& w, const EnvMap& env);
 
+// The caller's exchange (the C API's weft_world_create with an allgather: a framework's store
+// or process group): `fn` does the allgather; it returns 0, or non-zero with a message in
+// err (NUL-terminated, at most errlen bytes), and timed_out = 1 when a peer did not arrive
+// (missing_rank names it, or -1). A failure becomes Error, a timeout TimeoutError naming the
+// missing rank. The callback's own deadline applies (WEFT_TIMEOUT_MS does not). No failure
+// exchange (the default's: only this rank reports): a second exchange beside the caller's
+// rounds could not be told apart from them.
+using AllgatherCallback = int (*)(void* user, const void* in, size_t bytes, void* out, int* timed_out,
+                                  int* missing_rank, char* err, size_t errlen);
+class CallbackBootstrap final : public Bootstrap {
+ public:
+  CallbackBootstrap(const World& w, AllgatherCallback fn, void* user);
+  void allgather(const void* in, size_t bytes, void* out) override;
+
+ private:
+  AllgatherCallback fn_;
+  void* user_;
+  uint64_t round_ = 0;
+};
+
 uint64_t this_host_hash();
 // True when a process with this pid is gone or a zombie (exited, not yet reaped).
 bool process_exited(int pid);

@@ -8,6 +8,8 @@
 
 namespace weft {
 
-std::unique_ptr<Backend> make_nccl_backend(const World& w, const EnvMap& env, std::unique_ptr<Bootstrap> bs);
+// device: the CUDA device of this rank (< 0: w.local_rank, one process per GPU of the node).
+std::unique_ptr<Backend> make_nccl_backend(const World& w, const EnvMap& env, std::unique_ptr<Bootstrap> bs,
+                                           int device = -1);
 
 }  // namespace weft

@@ -136,6 +136,43 @@ void Collectives::prepare_all_reduce(uint64_t count, dev::DType t, Method m) {
   I.algos.args(all_reduce_algo(m), count, t, nullptr);
 }
 
+namespace {
+// all-gather, reduce-scatter, all-to-all: the algorithm `m` runs (auto resolved as the calls do).
+coll::Algo exchange_algo(const Collectives& c, Method m, uint64_t count, dev::DType t, int world, const char* call,
+                         coll::Algo direct, coll::Algo ll) {
+  if (m == Method::kAuto) m = c.auto_exchange(count * dev::dtype_size(t) * static_cast<uint64_t>(world - 1));
+  Collectives::Impl::check_method(m, {Method::kDirect, Method::kLowLatency}, call);
+  return m == Method::kDirect ? direct : ll;
+}
+}  // namespace
+
+void Collectives::prepare_all_gather(uint64_t count, dev::DType t, Method m) {
+  if (count == 0 || m == Method::kBaseline) return;
+  impl_->algos.args(exchange_algo(*this, m, count, t, impl_->op.world(), "all_gather", coll::Algo::kAllGather,
+                                  coll::Algo::kAllGatherLL),
+                    count, t, nullptr);
+}
+
+void Collectives::prepare_reduce_scatter(uint64_t count, dev::DType t, Method m) {
+  if (count == 0 || m == Method::kBaseline) return;
+  impl_->algos.args(exchange_algo(*this, m, count, t, impl_->op.world(), "reduce_scatter",
+                                  coll::Algo::kReduceScatter, coll::Algo::kReduceScatterLL),
+                    count, t, nullptr);
+}
+
+void Collectives::prepare_all_to_all(uint64_t count, dev::DType t, Method m) {
+  if (count == 0 || m == Method::kBaseline) return;
+  impl_->algos.args(exchange_algo(*this, m, count, t, impl_->op.world(), "all_to_all", coll::Algo::kAllToAll,
+                                  coll::Algo::kAllToAllLL),
+                    count, t, nullptr);
+}
+
+void Collectives::prepare_all_to_all_v(uint64_t out_capacity, dev::DType t, Method m) {
+  if (m == Method::kBaseline) return;
+  Impl::check_method(m, {Method::kAuto, Method::kDirect}, "all_to_all_v");
+  impl_->algos.args(coll::Algo::kAllToAllV, out_capacity, t, nullptr);
+}
+
 void Collectives::all_gather(const void* in, uint64_t out_off, uint64_t count, dev::DType t, Method m, void* stream) {
   impl_->op.guarded([&] {
     Impl& I = *impl_;

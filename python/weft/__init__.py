@@ -1,0 +1,335 @@
+"""weft: multi-GPU ops that overlap communication with computation.
+
+This module is the torch-free, low-level binding of weft's C API (include/weft/c_api.h)
+through ctypes: worlds (ranks, bootstrap, backend, symmetric heap), symmetric memory,
+collectives and GEMM+communication ops, all on raw pointers (ints) and streams (ints). The
+PyTorch frontend (weft.torch) is built on it.
+
+Errors: every failing call raises WeftError or one of its kinds: InvalidArgument (also a
+ValueError: bad input, ranks that disagree, a buffer too small) and PeerTimeout (also a
+TimeoutError: a peer did not arrive within the world's timeout; the message names it).
+"""
+
+import ctypes
+import weakref
+
+from . import _lib
+
+__all__ = [
+    "F32", "F16", "BF16", "WeftError", "InvalidArgument", "PeerTimeout", "World", "Collectives", "GemmOverlap",
+    "has_cuda", "library_path",
+]
+
+# dtypes (enum weft_dtype)
+F32, F16, BF16 = 0, 1, 2
+
+
+class WeftError(RuntimeError):
+    """A failure in weft (WEFT_EFAIL: CUDA, NCCL, system errors), or the base of the others."""
+
+
+class InvalidArgument(WeftError, ValueError):
+    """Bad input (WEFT_EINVAL): null or misaligned pointers, shapes, dtypes, method names, ranks
+    that disagree (the message names both), a buffer too small."""
+
+
+class PeerTimeout(WeftError, TimeoutError):
+    """A wait passed the world's deadline (WEFT_ETIMEOUT): the message names the rank that did
+    not arrive."""
+
+
+_ERRORS = {_lib.EINVAL: InvalidArgument, _lib.ETIMEOUT: PeerTimeout, _lib.EFAIL: WeftError}
+
+
+def _check(status):
+    if status != _lib.OK:
+        raise _ERRORS.get(status, WeftError)(_lib.last_error() or f"weft: status {status}")
+
+
+def _text(s):
+    return None if s is None else s.encode()
+
+
+def _ptr(p):
+    """An int (or None) as the C API's pointer argument."""
+    if p is None or p == 0:
+        return None
+    if not isinstance(p, int):
+        raise InvalidArgument(f"weft: a pointer must be an int, not {type(p).__name__}")
+    return p
+
+
+def has_cuda():
+    """Whether the library was built with CUDA (the nccl backend)."""
+    return bool(_lib.lib().weft_has_cuda())
+
+
+def library_path():
+    """The path of the loaded libweft_c.so."""
+    return str(_lib.lib().path)
+
+
+def __getattr__(name):
+    if name == "__version__":  # the library's, loaded on first use
+        return _lib.lib().weft_version().decode()
+    raise AttributeError(f"module 'weft' has no attribute '{name}'")
+
+
+def _make_allgather(fn, size):
+    """The C callback around a Python allgather(data: bytes) -> list[bytes] of `size` items."""
+
+    def callback(_user, in_ptr, nbytes, out_ptr, timed_out, missing_rank, err, errlen):
+        try:
+            data = ctypes.string_at(in_ptr, nbytes) if nbytes else b""
+            parts = list(fn(data))
+            if len(parts) != size:
+                raise ValueError(f"allgather returned {len(parts)} items for a world of {size}")
+            for r, part in enumerate(parts):
+                part = bytes(part)
+                if len(part) != nbytes:
+                    raise ValueError(f"allgather: rank {r} sent {len(part)} bytes, this rank {nbytes}")
+                if nbytes:
+                    ctypes.memmove(out_ptr + r * nbytes, part, nbytes)
+            return 0
+        except BaseException as e:  # noqa: BLE001 -- nothing may escape into C
+            if isinstance(e, TimeoutError):
+                timed_out[0] = 1
+            missing = getattr(e, "missing_rank", None)
+            if isinstance(missing, int) and not isinstance(missing, bool):
+                missing_rank[0] = missing
+            msg = (f"{type(e).__name__}: {e}".encode("utf-8", "replace"))[: max(int(errlen) - 1, 0)]
+            if errlen:
+                ctypes.memmove(err, msg + b"\0", len(msg) + 1)
+            return 1
+
+    return _lib.ALLGATHER_FN(callback)
+
+
+class World:
+    """The ranks, their bootstrap, the backend and its symmetric heap (collective to create).
+
+    allgather: the exchange, a callable allgather(data: bytes) -> list[bytes] (one item per rank,
+    rank-major; e.g. over a torch.distributed store). A TimeoutError raised in it becomes
+    PeerTimeout (its int attribute missing_rank, if any, names the rank). None: weft's own
+    bootstrap from the environment (a world of one needs none).
+    backend: "host", "nccl", "auto", or None (WEFT_BACKEND, else auto). device: the CUDA device
+    on nccl (-1: the current one). heap_mib, timeout_ms: 0 for the environment's values.
+    """
+
+    def __init__(self, rank, size, *, local_rank=None, local_size=None, device=-1, backend=None, allgather=None,
+                 heap_mib=0, timeout_ms=0):
+        self._handle = None
+        self._ops = weakref.WeakSet()
+        L = _lib.lib()
+        self._lib = L
+        opt = _lib.WorldOptions()
+        opt.rank, opt.size = int(rank), int(size)
+        opt.local_size = 0 if local_size is None else int(local_size)
+        if local_rank is None:
+            local_rank = rank if local_size is None else rank % int(local_size)
+        opt.local_rank = int(local_rank)
+        opt.device = int(device)
+        opt.backend = _text(backend)
+        self._callback = _make_allgather(allgather, int(size)) if allgather is not None else None
+        if self._callback is not None:
+            opt.allgather = self._callback  # kept alive on the object: the world calls it until closed
+        opt.heap_mib, opt.timeout_ms = int(heap_mib), int(timeout_ms)
+        h = ctypes.c_void_p()
+        _check(L.weft_world_create(ctypes.byref(opt), ctypes.byref(h)))
+        self._handle = h.value
+        r, s, k = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        _check(L.weft_world_info(self._handle, ctypes.byref(r), ctypes.byref(s), ctypes.byref(k)))
+        self._rank, self._size = r.value, s.value
+        self._backend = "host" if k.value == _lib.BACKEND_HOST else "nccl"
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise InvalidArgument("weft: the world is closed")
+        return self._handle
+
+    @property
+    def rank(self):
+        return self._rank
+
+    @property
+    def size(self):
+        return self._size
+
+    @property
+    def backend(self):
+        return self._backend
+
+    @property
+    def closed(self):
+        return self._handle is None
+
+    def synchronize(self):
+        _check(self._lib.weft_world_synchronize(self.handle))
+
+    def barrier(self):
+        _check(self._lib.weft_world_barrier(self.handle))
+
+    def alloc(self, nbytes):
+        """Collective: nbytes of every rank's heap at the same offset, zeroed -> (handle, offset, ptr)."""
+        h, off, p = ctypes.c_uint64(), ctypes.c_uint64(), ctypes.c_void_p()
+        _check(self._lib.weft_alloc(self.handle, int(nbytes), ctypes.byref(h), ctypes.byref(off), ctypes.byref(p)))
+        return h.value, off.value, p.value or 0
+
+    def free(self, handle):
+        _check(self._lib.weft_free(self.handle, int(handle)))
+
+    def heap_contains(self, ptr, nbytes):
+        """ptr's offset in this rank's heap when [ptr, ptr + nbytes) lies in it, else None."""
+        off = ctypes.c_uint64()
+        if self._lib.weft_heap_contains(self.handle, _ptr(ptr), int(nbytes), ctypes.byref(off)):
+            return off.value
+        return None
+
+    def heap_info(self):
+        """(capacity, used) in bytes, this rank's heap."""
+        cap, used = ctypes.c_uint64(), ctypes.c_uint64()
+        _check(self._lib.weft_heap_info(self.handle, ctypes.byref(cap), ctypes.byref(used)))
+        return cap.value, used.value
+
+    def _register(self, op):
+        self._ops.add(op)
+
+    def close(self):
+        """Destroys the world's ops, then the world (idempotent; local)."""
+        if self._handle is None:
+            return
+        for op in list(self._ops):
+            op.close()
+        h, self._handle = self._handle, None
+        _check(self._lib.weft_world_destroy(h))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 -- interpreter shutdown, a broken world: nothing to report to
+            pass
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"backend={self._backend}"
+        return f"weft.World(rank={getattr(self, '_rank', '?')}, size={getattr(self, '_size', '?')}, {state})"
+
+
+class _Op:
+    _destroy = None
+
+    def __init__(self, world):
+        self._world = world
+        self._handle = None
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise InvalidArgument(f"weft: the {type(self).__name__} object is closed")
+        return self._handle
+
+    def close(self):
+        if self._handle is None:
+            return
+        h, self._handle = self._handle, None
+        _check(getattr(self._world._lib, self._destroy)(h))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class Collectives(_Op):
+    """Collectives on a world (sum; F32, F16, BF16). Pointers and streams are ints; outputs may be
+    any memory of the backend (symmetric ones are written in place, others through a staging
+    buffer and one copy). method: None or "auto", "baseline", "one-shot", "two-shot", "ll",
+    "ll128", "direct". Every call is collective."""
+
+    _destroy = "weft_coll_destroy"
+
+    def __init__(self, world):
+        super().__init__(world)
+        h = ctypes.c_void_p()
+        _check(world._lib.weft_coll_create(world.handle, ctypes.byref(h)))
+        self._handle = h.value
+        world._register(self)
+
+    def _call(self, name, in_ptr, out_ptr, count, dtype, method, stream):
+        _check(getattr(self._world._lib, name)(self.handle, _ptr(in_ptr), _ptr(out_ptr), int(count), int(dtype),
+                                               _text(method), _ptr(stream)))
+
+    def all_reduce(self, in_ptr, out_ptr, count, dtype, method=None, stream=0):
+        self._call("weft_all_reduce", in_ptr, out_ptr, count, dtype, method, stream)
+
+    def all_gather(self, in_ptr, out_ptr, count, dtype, method=None, stream=0):
+        self._call("weft_all_gather", in_ptr, out_ptr, count, dtype, method, stream)
+
+    def reduce_scatter(self, in_ptr, out_ptr, count, dtype, method=None, stream=0):
+        self._call("weft_reduce_scatter", in_ptr, out_ptr, count, dtype, method, stream)
+
+    def all_to_all(self, in_ptr, out_ptr, count, dtype, method=None, stream=0):
+        self._call("weft_all_to_all", in_ptr, out_ptr, count, dtype, method, stream)
+
+    def all_to_all_v(self, in_ptr, send_counts_ptr, out_ptr, out_capacity, recv_counts_ptr, dtype, method=None,
+                     stream=0):
+        _check(self._world._lib.weft_all_to_all_v(self.handle, _ptr(in_ptr), _ptr(send_counts_ptr), _ptr(out_ptr),
+                                                  int(out_capacity), _ptr(recv_counts_ptr), int(dtype),
+                                                  _text(method), _ptr(stream)))
+
+    def prepare(self, collective, count, dtype, method=None):
+        """Collective: allocates what a call of this shape uses, so that it can be graph-captured."""
+        _check(self._world._lib.weft_coll_prepare(self.handle, _text(collective), int(count), int(dtype),
+                                                  _text(method)))
+
+
+class GemmOverlap(_Op):
+    """A GEMM with communication: op "ag_gemm", "gemm_rs" or "gemm_ar" over the global shape
+    (m, n, k), dtype BF16 or F16 (collective to create). b_layout "nk" (a linear's weight
+    [N, K_local]) or "kn". m_buckets: further Ms a call may have, prepared at creation."""
+
+    _destroy = "weft_gemm_destroy"
+
+    def __init__(self, world, op, m, n, k, dtype, *, b_layout="nk", chunks=0, m_buckets=()):
+        super().__init__(world)
+        buckets = [int(x) for x in m_buckets]
+        arr = (ctypes.c_int64 * len(buckets))(*buckets) if buckets else None
+        cfg = _lib.GemmConfig(op=_text(op), m=int(m), n=int(n), k=int(k), dtype=int(dtype),
+                              b_layout=_text(b_layout), chunks=int(chunks),
+                              m_buckets=ctypes.cast(arr, ctypes.POINTER(ctypes.c_int64)) if arr else None,
+                              n_m_buckets=len(buckets))
+        h = ctypes.c_void_p()
+        _check(world._lib.weft_gemm_create(world.handle, ctypes.byref(cfg), ctypes.byref(h)))
+        self._handle = h.value
+        self.op = op
+        world._register(self)
+
+    def run(self, a_ptr, b_ptr, c_ptr, m=0, method=None, stream=0):
+        """Collective: one call with M rows (0: the configured M)."""
+        _check(self._world._lib.weft_gemm_run(self.handle, _ptr(a_ptr), _ptr(b_ptr), _ptr(c_ptr), int(m),
+                                              _text(method), _ptr(stream)))
+
+    def shapes(self, m=0):
+        """(a_rows, a_cols, b_rows, b_cols, c_rows, c_cols) of this rank's operands for M rows."""
+        v = [ctypes.c_int64() for _ in range(6)]
+        _check(self._world._lib.weft_gemm_shapes(self.handle, int(m), *(ctypes.byref(x) for x in v)))
+        return tuple(x.value for x in v)
+
+    def auto_method(self, m=0):
+        """The method `auto` runs for M rows."""
+        s = ctypes.c_char_p()
+        _check(self._world._lib.weft_gemm_auto_method(self.handle, int(m), ctypes.byref(s)))
+        return s.value.decode()
