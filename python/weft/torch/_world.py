@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import os
 import threading
-import weakref
 
 import torch
 import torch.distributed as dist
@@ -187,21 +186,26 @@ class TorchWorld:
 
     def close(self):
         """Destroys the ops' state and the world (local). Symmetric tensors of this world must
-        be gone first: their memory is unmapped with the heap."""
+        be gone first: their memory is unmapped with the heap. The world is forgotten even when
+        weft reports an error while destroying it (that error is raised after)."""
         if self.closed:
             return
         self.closed = True
-        for g in self._gemms.values():
-            g.close()
+        first = None
+        objs = list(self._gemms.values()) + ([self._coll] if self._coll is not None else [])
         self._gemms.clear()
-        if self._coll is not None:
-            self._coll.close()
-            self._coll = None
-        self.world.close()
+        self._coll = None
+        for obj in objs + [self.world]:
+            try:
+                obj.close()
+            except Exception as e:  # noqa: BLE001 -- keep destroying the rest
+                first = first or e
         self._allgather.cleanup()
         with _lock:
             if _worlds.get(self.group_name) is self:
                 del _worlds[self.group_name]
+        if first is not None:
+            raise first
 
     def __repr__(self):
         return (f"weft.torch.TorchWorld(group={self.group_name!r}, rank={self.rank}, size={self.size}, "
