@@ -173,6 +173,17 @@ class TorchWorld:
             self._gemms[key] = g
         return g
 
+    def release_ops(self):
+        """Destroys the ops' cached state (workspaces on the symmetric heap), e.g. between the
+        shapes of a benchmark. Every rank calls it at the same point (blocks are freed in the
+        same order everywhere); later calls create state again, eagerly."""
+        objs = list(self._gemms.values()) + ([self._coll] if self._coll is not None else [])
+        self._gemms.clear()
+        self._coll = None
+        self._coll_prepared.clear()
+        for obj in objs:
+            obj.close()
+
     # ---- memory -------------------------------------------------------------------------
     def heap_info(self):
         """(capacity, used) of this rank's symmetric heap, bytes."""
