@@ -31,7 +31,7 @@ class _CudaBlock:
 
     def __init__(self, ptr, shape, typestr):
         self.__cuda_array_interface__ = {
-            "shape": tuple(shape), "typestr": typestr, "data": (ptr, False), "version": 2, "strides": None,
+            "shape": tuple(shape), "typestr": typestr, "data": (ptr, False), "version": 3, "strides": None,
             # weft's alloc completes before returning (zeroed, collective): no stream to order.
             "stream": None,
         }
@@ -40,7 +40,9 @@ class _CudaBlock:
 def empty(shape, dtype=torch.bfloat16, device=None, group=None) -> torch.Tensor:
     """A tensor on weft's symmetric heap (collective over the group: every rank calls it with the
     same shape and dtype, in the same order). Zeroed. The block returns to the heap when the
-    tensor's storage dies (ranks must free their blocks in the same order, as they allocate).
+    tensor's storage dies (ranks must free their blocks in the same order, as they allocate), at
+    once: on CUDA, keep a reference until the work queued on it is done (torch's caching
+    allocator would order the reuse on the stream; weft's heap does not).
 
     device: None (the world's device), or a device that must match it (CPU on the host
     backend, the world's CUDA device on nccl).
@@ -76,6 +78,12 @@ def empty(shape, dtype=torch.bfloat16, device=None, group=None) -> torch.Tensor:
             fin()  # nothing references the block
         return flat.view(shape)
     typestr, view_as = _TYPESTR[dtype]
+    try:
+        import numpy  # noqa: F401  (torch parses __cuda_array_interface__'s typestr through NumPy)
+    except ImportError:
+        w.world.free(handle)
+        raise RuntimeError("weft.torch.empty on CUDA needs NumPy (torch reads __cuda_array_interface__ "
+                           "through it): python -m pip install numpy") from None
     block = _CudaBlock(ptr, (numel,), typestr)
     fin = weakref.finalize(block, _free, world_ref, handle)
     fin.atexit = False
