@@ -1,0 +1,390 @@
+// The C API (include/weft/c_api.h) on the host backend: forked ranks build their world through
+// weft_world_create with the test's own allgather (files in the launcher's shared directory);
+// every collective exact on integer data into heap and plain outputs, all_to_all_v, the heap,
+// a GEMM op exact, and the status codes and messages of bad input and timeouts.
+#include "weft/c_api.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rank_harness.hpp"
+#include "weft/core/error.hpp"
+#include "weft/device/dtype.hpp"
+
+using namespace weft;
+using namespace weft::testing;
+
+namespace {
+
+// The caller's exchange: files <dir>/capi.<round>.<rank>, written then renamed.
+struct FileExchange {
+  std::string dir;
+  int rank = 0, size = 1;
+  uint64_t round = 0;
+  int timeout_ms = 5000;
+  int refuse_round = -1;  // a round that reports a timeout naming rank size - 1
+};
+
+int file_allgather(void* user, const void* in, size_t bytes, void* out, int* timed_out, int* missing_rank, char* err,
+                   size_t errlen) {
+  auto* x = static_cast<FileExchange*>(user);
+  const uint64_t round = x->round++;
+  if (static_cast<int>(round) == x->refuse_round) {
+    *timed_out = 1;
+    *missing_rank = x->size - 1;
+    std::snprintf(err, errlen, "the store did not hear from rank %d", x->size - 1);
+    return 1;
+  }
+  auto path = [&](int r) { return fmt::format("{}/capi.{}.{}", x->dir, round, r); };
+  {
+    std::ofstream f(path(x->rank) + ".tmp", std::ios::binary);
+    f.write(static_cast<const char*>(in), static_cast<std::streamsize>(bytes));
+  }
+  if (std::rename((path(x->rank) + ".tmp").c_str(), path(x->rank).c_str()) != 0) {
+    std::snprintf(err, errlen, "rename failed");
+    return 1;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < x->size; ++r) {
+    while (::access(path(r).c_str(), F_OK) != 0) {
+      if (std::chrono::steady_clock::now() - start > std::chrono::milliseconds(x->timeout_ms)) {
+        *timed_out = 1;
+        *missing_rank = r;
+        std::snprintf(err, errlen, "round %llu: rank %d did not arrive", static_cast<unsigned long long>(round), r);
+        return 1;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    std::ifstream f(path(r), std::ios::binary);
+    f.read(static_cast<char*>(out) + bytes * r, static_cast<std::streamsize>(bytes));
+    if (static_cast<size_t>(f.gcount()) != bytes) {
+      std::snprintf(err, errlen, "rank %d sent %lld bytes, expected %zu", r, static_cast<long long>(f.gcount()),
+                    bytes);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+void ok(int status, const char* what) {
+  WEFT_CHECK(status == WEFT_OK, fmt::format("{}: status {}: {}", what, status, weft_last_error()));
+}
+
+// Expects `status` with a message containing every piece.
+void expect_err(int status, int want, std::initializer_list<std::string> pieces, const char* what) {
+  WEFT_CHECK(status == want, fmt::format("{}: status {}, want {} ({})", what, status, want, weft_last_error()));
+  const std::string msg = weft_last_error();
+  for (const auto& p : pieces)
+    WEFT_CHECK(msg.find(p) != std::string::npos, fmt::format("{}: message '{}' lacks '{}'", what, msg, p));
+}
+
+weft_world* make_world(FileExchange& x, int64_t timeout_ms = 5000) {
+  x.dir = std::getenv("WEFT_BOOTSTRAP_DIR") ? std::getenv("WEFT_BOOTSTRAP_DIR") : "/tmp";
+  x.rank = world_rank();
+  x.size = std::stoi(std::getenv("WEFT_WORLD_SIZE"));
+  x.timeout_ms = static_cast<int>(timeout_ms);
+  weft_world_options o{};
+  o.rank = x.rank;
+  o.size = x.size;
+  o.local_rank = x.rank;
+  o.device = -1;
+  o.backend = "host";
+  o.allgather = &file_allgather;
+  o.user = &x;
+  o.heap_mib = 8;
+  o.timeout_ms = timeout_ms;
+  weft_world* w = nullptr;
+  ok(weft_world_create(&o, &w), "weft_world_create");
+  return w;
+}
+
+float val(int rank, uint64_t i) { return static_cast<float>(static_cast<int>((rank * 7 + i * 3) % 16) - 4); }
+
+// A buffer of n floats: in the heap (symmetric) or plain memory.
+struct Buf {
+  weft_world* w;
+  bool sym;
+  std::vector<std::vector<float>> plain;
+  std::vector<uint64_t> handles;
+  float* operator()(size_t n) {
+    if (!sym) {
+      plain.emplace_back(std::max<size_t>(n, 1), -99.f);
+      return plain.back().data();
+    }
+    uint64_t h = 0, off = 0;
+    void* p = nullptr;
+    ok(weft_alloc(w, 4 * std::max<size_t>(n, 1), &h, &off, &p), "weft_alloc");
+    handles.push_back(h);
+    return static_cast<float*>(p);
+  }
+};
+
+void collectives_exact(bool symmetric, const char* method) {
+  FileExchange x;
+  weft_world* w = make_world(x);
+  const int me = x.rank, world = x.size;
+  weft_coll* c = nullptr;
+  ok(weft_coll_create(w, &c), "weft_coll_create");
+  Buf buf{w, symmetric, {}, {}};
+  for (uint64_t n : {1ull, 13ull, 1000ull}) {
+    float* in = buf(n * world);
+    for (uint64_t i = 0; i < n * world; ++i) in[i] = val(me, i);
+    float* out = buf(n);
+    const bool base = method && std::strcmp(method, "baseline") == 0;
+    ok(weft_all_reduce(c, in, out, n, WEFT_F32, base ? "baseline" : method ? "one-shot" : nullptr, nullptr),
+       "all_reduce");
+    for (uint64_t i = 0; i < n; ++i) {
+      float want = 0;
+      for (int r = 0; r < world; ++r) want += val(r, i);
+      WEFT_CHECK(out[i] == want, fmt::format("all_reduce[{}] = {}, want {}", i, out[i], want));
+    }
+    float* g = buf(n * world);
+    ok(weft_all_gather(c, in, g, n, WEFT_F32, method, nullptr), "all_gather");
+    for (int r = 0; r < world; ++r)
+      for (uint64_t i = 0; i < n; ++i)
+        WEFT_CHECK(g[r * n + i] == val(r, i), fmt::format("all_gather[{}][{}] = {}", r, i, g[r * n + i]));
+    float* rs = buf(n);
+    ok(weft_reduce_scatter(c, in, rs, n, WEFT_F32, method, nullptr), "reduce_scatter");
+    for (uint64_t i = 0; i < n; ++i) {
+      float want = 0;
+      for (int r = 0; r < world; ++r) want += val(r, me * n + i);
+      WEFT_CHECK(rs[i] == want, fmt::format("reduce_scatter[{}] = {}, want {}", i, rs[i], want));
+    }
+    float* a2a = buf(n * world);
+    ok(weft_all_to_all(c, in, a2a, n, WEFT_F32, method, nullptr), "all_to_all");
+    for (int s = 0; s < world; ++s)
+      for (uint64_t i = 0; i < n; ++i)
+        WEFT_CHECK(a2a[s * n + i] == val(s, me * n + i), fmt::format("all_to_all[{}][{}] = {}", s, i, a2a[s * n + i]));
+  }
+  // all_to_all_v: rank s sends s + p + 1 elements to rank p.
+  const uint64_t cap = static_cast<uint64_t>(world * world + world);
+  std::vector<uint64_t> send(world), recv(world, 0);
+  uint64_t total = 0;
+  for (int p = 0; p < world; ++p) total += send[p] = static_cast<uint64_t>(me + p + 1);
+  float* in = buf(cap);
+  for (uint64_t i = 0; i < total; ++i) in[i] = static_cast<float>(100 * me + i);
+  float* out = buf(cap);
+  const bool base = method && std::strcmp(method, "baseline") == 0;
+  ok(weft_all_to_all_v(c, in, send.data(), out, cap, recv.data(), WEFT_F32, base ? "baseline" : method ? "direct" : nullptr,
+                       nullptr),
+     "all_to_all_v");
+  uint64_t at = 0;
+  for (int s = 0; s < world; ++s) {
+    WEFT_CHECK(recv[s] == static_cast<uint64_t>(s + me + 1), fmt::format("recv_counts[{}] = {}", s, recv[s]));
+    uint64_t from = 0;
+    for (int p = 0; p < me; ++p) from += static_cast<uint64_t>(s + p + 1);
+    for (uint64_t i = 0; i < recv[s]; ++i, ++at)
+      WEFT_CHECK(out[at] == static_cast<float>(100 * s + from + i), fmt::format("all_to_all_v[{}] = {}", at, out[at]));
+  }
+  ok(weft_coll_destroy(c), "weft_coll_destroy");
+  for (uint64_t h : buf.handles) ok(weft_free(w, h), "weft_free");
+  uint64_t capacity = 0, used = 1;
+  ok(weft_heap_info(w, &capacity, &used), "weft_heap_info");
+  WEFT_CHECK(capacity == 8ull << 20 && used == 0, fmt::format("heap {} of {} in use after every free", used, capacity));
+  ok(weft_world_destroy(w), "weft_world_destroy");
+}
+
+}  // namespace
+
+class CApiCollectives : public ::testing::TestWithParam<std::tuple<int, bool, const char*>> {};
+
+TEST_P(CApiCollectives, ExactIntoHeapAndPlainOutputs) {
+  const auto [world, symmetric, method] = GetParam();
+  expect_all_ok(run_host_ranks(world, [symmetric, method] { collectives_exact(symmetric, method); }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, CApiCollectives,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Bool(),
+                                            ::testing::Values(nullptr, "baseline", "direct")));
+
+TEST(CApi, HeapAllocFreeContains) {
+  expect_all_ok(run_host_ranks(2, [] {
+    FileExchange x;
+    weft_world* w = make_world(x);
+    int rank = -1, size = -1, kind = -1;
+    ok(weft_world_info(w, &rank, &size, &kind), "weft_world_info");
+    WEFT_CHECK(rank == x.rank && size == 2 && kind == WEFT_BACKEND_HOST, "weft_world_info");
+    uint64_t h1 = 0, off1 = 0, h2 = 0, off2 = 0, off = 0;
+    void *p1 = nullptr, *p2 = nullptr;
+    ok(weft_alloc(w, 100, &h1, &off1, &p1), "alloc 1");
+    ok(weft_alloc(w, 4096, &h2, &off2, &p2), "alloc 2");
+    WEFT_CHECK(h1 != h2 && off2 > off1, "two blocks, two handles");
+    for (int i = 0; i < 4096; ++i) WEFT_CHECK(static_cast<char*>(p2)[i] == 0, "alloc is zeroed");
+    WEFT_CHECK(weft_heap_contains(w, p2, 4096, &off) == 1 && off == off2, "heap_contains p2");
+    WEFT_CHECK(weft_heap_contains(w, static_cast<char*>(p1) + 10, 10, &off) == 1 && off == off1 + 10, "inside");
+    WEFT_CHECK(weft_heap_contains(w, p1, 9ull << 20, &off) == 0, "past the heap's end");
+    int local = 0;
+    WEFT_CHECK(weft_heap_contains(w, &local, 4, &off) == 0, "a stack address");
+    ok(weft_free(w, h1), "free 1");
+    expect_err(weft_free(w, h1), WEFT_EINVAL, {"not a live block"}, "double free");
+    uint64_t h3 = 0;
+    expect_err(weft_alloc(w, 16ull << 20, &h3, nullptr, nullptr), WEFT_EINVAL, {"c_api.alloc"}, "too large");
+    ok(weft_free(w, h2), "free 2");
+    ok(weft_world_barrier(w), "barrier");
+    ok(weft_world_synchronize(w), "synchronize");
+    ok(weft_world_destroy(w), "destroy");
+  }));
+}
+
+TEST(CApi, GemmOpsExact) {
+  expect_all_ok(run_host_ranks(2, [] {
+    FileExchange x;
+    weft_world* w = make_world(x);
+    const int me = x.rank, world = x.size;
+    for (const char* opname : {"ag_gemm", "gemm_rs", "gemm_ar"}) {
+      const int64_t M = 8, N = 16, K = 32;
+      weft_gemm_config cfg{};
+      cfg.op = opname;
+      cfg.m = M;
+      cfg.n = N;
+      cfg.k = K;
+      cfg.dtype = WEFT_BF16;
+      const int64_t buckets[] = {4};
+      cfg.m_buckets = buckets;
+      cfg.n_m_buckets = 1;
+      weft_gemm* g = nullptr;
+      ok(weft_gemm_create(w, &cfg, &g), "weft_gemm_create");
+      int64_t ar, ac, br, bc, cr, cc;
+      ok(weft_gemm_shapes(g, 0, &ar, &ac, &br, &bc, &cr, &cc), "shapes");
+      const bool ag = std::strcmp(opname, "ag_gemm") == 0;
+      // A: the global A[M][K] (ag_gemm: rows sharded; else K sharded); B = W[N][K_local].
+      auto A = [&](int64_t i, int64_t k) { return static_cast<float>((i + 2 * k) % 5 - 2); };
+      auto W = [&](int64_t n, int64_t k) { return static_cast<float>((n + k) % 3 - 1); };
+      auto a_of = [&](int r, int64_t i, int64_t j) { return ag ? A(r * ar + i, j) : A(i, r * ac + j); };
+      auto b_of = [&](int r, int64_t n, int64_t j) { return ag ? W(n, j) : W(n, r * bc + j); };
+      std::vector<dev::bf16_t> a(ar * ac), b(br * bc), c(cr * cc);
+      for (int64_t i = 0; i < ar; ++i)
+        for (int64_t j = 0; j < ac; ++j) a[i * ac + j] = dev::from_float<dev::bf16_t>(a_of(me, i, j));
+      for (int64_t n = 0; n < br; ++n)
+        for (int64_t j = 0; j < bc; ++j) b[n * bc + j] = dev::from_float<dev::bf16_t>(b_of(me, n, j));
+      for (const char* method : {"baseline", "decomposed", "auto"}) {
+        ok(weft_gemm_run(g, a.data(), b.data(), c.data(), 0, method, nullptr), "weft_gemm_run");
+        const int64_t row0 = std::strcmp(opname, "gemm_rs") == 0 ? me * cr : 0;
+        for (int64_t i = 0; i < cr; ++i)
+          for (int64_t n = 0; n < N; ++n) {
+            float want = 0;
+            for (int64_t k = 0; k < K; ++k) want += A(row0 + i, k) * W(n, k);
+            const float got = dev::to_float(c[i * cc + n]);
+            WEFT_CHECK(got == want, fmt::format("{} {}: C[{}][{}] = {}, want {}", opname, method, i, n, got, want));
+          }
+      }
+      const char* am = nullptr;
+      ok(weft_gemm_auto_method(g, 4, &am), "auto_method");
+      WEFT_CHECK(am && std::strlen(am) > 0, "auto_method names a method");
+      expect_err(weft_gemm_run(g, a.data(), nullptr, c.data(), 0, nullptr, nullptr), WEFT_EINVAL, {"B", "null"},
+                 "null B");
+      expect_err(weft_gemm_run(g, a.data(), b.data(), c.data(), 0, "quick", nullptr), WEFT_EINVAL,
+                 {"unknown method 'quick'"}, "bad method");
+      ok(weft_gemm_destroy(g), "weft_gemm_destroy");
+    }
+    (void)world;
+    ok(weft_world_destroy(w), "destroy");
+  }));
+}
+
+TEST(CApi, BadInputIsRefusedWithTheMessage) {
+  expect_all_ok(run_host_ranks(2, [] {
+    FileExchange x;
+    weft_world* w = make_world(x);
+    weft_coll* c = nullptr;
+    ok(weft_coll_create(w, &c), "weft_coll_create");
+    std::vector<float> buf(64, 1.f);
+    expect_err(weft_all_reduce(c, nullptr, buf.data(), 8, WEFT_F32, nullptr, nullptr), WEFT_EINVAL, {"null pointer"},
+               "null input");
+    expect_err(weft_all_gather(c, buf.data(), nullptr, 8, WEFT_F32, nullptr, nullptr), WEFT_EINVAL,
+               {"output", "null"}, "null output");
+    expect_err(weft_all_reduce(c, buf.data(), buf.data(), 8, 3, nullptr, nullptr), WEFT_EINVAL, {"dtype 3"},
+               "bad dtype");
+    expect_err(weft_all_reduce(c, buf.data(), buf.data(), 8, WEFT_F32, "fastest", nullptr), WEFT_EINVAL,
+               {"unknown method 'fastest'"}, "bad method");
+    expect_err(weft_coll_prepare(c, "broadcast", 8, WEFT_F32, nullptr), WEFT_EINVAL, {"unknown collective"},
+               "bad collective");
+    expect_err(weft_all_reduce(nullptr, buf.data(), buf.data(), 8, WEFT_F32, nullptr, nullptr), WEFT_EINVAL,
+               {"null"}, "null handle");
+    ok(weft_all_reduce(c, nullptr, nullptr, 0, WEFT_F32, nullptr, nullptr), "count 0 is a no-op");
+    // The ranks disagree on the count: refused on every rank, naming both.
+    const uint64_t n = x.rank == 0 ? 8 : 9;
+    expect_err(weft_all_reduce(c, buf.data(), buf.data(), n, WEFT_F32, nullptr, nullptr), WEFT_EINVAL,
+               {"disagree", "8", "9"}, "count mismatch");
+    expect_err(weft_all_gather(c, buf.data(), buf.data() + 8, n, WEFT_F32, nullptr, nullptr), WEFT_EINVAL,
+               {"disagree", "8", "9"}, "all_gather count mismatch");
+    expect_err(weft_world_destroy(w), WEFT_EINVAL, {"destroy them first"}, "world before its ops");
+    ok(weft_coll_destroy(c), "weft_coll_destroy");
+    ok(weft_world_destroy(w), "destroy");
+    // Options.
+    weft_world_options o{};
+    o.rank = 2;
+    o.size = 2;
+    weft_world* bad = nullptr;
+    expect_err(weft_world_create(&o, &bad), WEFT_EINVAL, {"rank 2 of a world of 2"}, "rank out of range");
+    o.rank = 0;
+    expect_err(weft_world_create(&o, &bad), WEFT_EINVAL, {"allgather"}, "no allgather for 2 ranks");
+    expect_err(weft_world_create(nullptr, &bad), WEFT_EINVAL, {"null"}, "null options");
+  }));
+}
+
+TEST(CApi, CallbackTimeoutNamesTheRank) {
+  expect_all_ok(run_host_ranks(2, [] {
+    FileExchange x;
+    x.refuse_round = 0;  // the first exchange (the handshake) reports rank 1 missing
+    x.dir = std::getenv("WEFT_BOOTSTRAP_DIR");
+    x.rank = world_rank();
+    x.size = 2;
+    weft_world_options o{};
+    o.rank = x.rank;
+    o.size = 2;
+    o.backend = "host";
+    o.allgather = &file_allgather;
+    o.user = &x;
+    weft_world* w = nullptr;
+    expect_err(weft_world_create(&o, &w), WEFT_ETIMEOUT, {"rank 1", "the store did not hear from rank 1"},
+               "callback timeout");
+    WEFT_CHECK(w == nullptr, "no world after a failure");
+  }));
+}
+
+TEST(CApi, SingleRankWithoutAllgather) {
+  weft_world_options o{};
+  o.rank = 0;
+  o.size = 1;
+  o.backend = "host";
+  o.heap_mib = 2;
+  weft_world* w = nullptr;
+  ASSERT_EQ(weft_world_create(&o, &w), WEFT_OK) << weft_last_error();
+  EXPECT_STREQ(weft_last_error(), "");
+  weft_coll* c = nullptr;
+  ASSERT_EQ(weft_coll_create(w, &c), WEFT_OK) << weft_last_error();
+  std::vector<float> in{1, 2, 3}, out(3);
+  ASSERT_EQ(weft_all_gather(c, in.data(), out.data(), 3, WEFT_F32, nullptr, nullptr), WEFT_OK) << weft_last_error();
+  EXPECT_EQ(out, in);
+  EXPECT_EQ(weft_coll_prepare(c, "all_to_all", 3, WEFT_F32, "direct"), WEFT_OK) << weft_last_error();
+  EXPECT_EQ(weft_coll_destroy(c), WEFT_OK);
+  EXPECT_EQ(weft_world_destroy(w), WEFT_OK);
+  EXPECT_EQ(weft_api_version(), WEFT_C_API_VERSION);
+  EXPECT_GT(std::strlen(weft_version()), 0u);
+}
+
+TEST(CApi, ADeadRankIsATimeoutNamingIt) {
+  auto res = run_host_ranks(2, [] {
+    FileExchange x;
+    weft_world* w = make_world(x, 1500);
+    weft_coll* c = nullptr;
+    ok(weft_coll_create(w, &c), "weft_coll_create");
+    std::vector<float> buf(256, 1.f);
+    ok(weft_all_reduce(c, buf.data(), buf.data(), 256, WEFT_F32, "one-shot", nullptr), "first call");
+    if (x.rank == 1) _exit(0);
+    expect_err(weft_all_reduce(c, buf.data(), buf.data(), 256, WEFT_F32, "one-shot", nullptr), WEFT_ETIMEOUT,
+               {"rank 1"}, "peer gone");
+  });
+  EXPECT_EQ(res[0].exit_code, 0) << res[0].message;
+}
