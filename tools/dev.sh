@@ -53,7 +53,7 @@ python_tests() {
   "$py" -m pip install -q pytest scikit-build-core
   "$py" -c "import torch" 2>/dev/null || { echo "[dev.sh] installing torch into $venv"; "$py" -m pip install -q torch; }
   echo "[dev.sh] installing the Python package (host backend) into $venv"
-  "$py" -m pip install -q . -C cmake.define.WEFT_ENABLE_CUDA=OFF -C cmake.define.WEFT_ENABLE_MPI=OFF \
+  CMAKE_BUILD_PARALLEL_LEVEL=$JOBS "$py" -m pip install -q . -C cmake.define.WEFT_ENABLE_CUDA=OFF -C cmake.define.WEFT_ENABLE_MPI=OFF \
     -C build-dir=build/py-build
   # From outside the source tree, so `import weft` is the installed package.
   (cd build && "../$py" -m pytest -q ../tests/python -p no:cacheprovider)
