@@ -18,14 +18,16 @@ RANK_ENV = {"WEFT_BACKEND": "host", "WEFT_HOST_HEAP_MIB": "32", "WEFT_TIMEOUT_MS
             "OMP_NUM_THREADS": "1"}
 
 
-def _rank_main(rank, size, init_file, env, inq, outq, init_weft):
+def _rank_main(rank, size, init_file, env, inq, outq, init_weft, dist_backend="gloo"):
     os.environ.update(env)
     try:
         import torch
         import torch.distributed as dist
 
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=size)
+        if dist_backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(dist_backend, init_method=f"file://{init_file}", rank=rank, world_size=size)
         if init_weft:
             import weft.torch
 
@@ -55,7 +57,7 @@ def _rank_main(rank, size, init_file, env, inq, outq, init_weft):
 class RankPool:
     """`size` ranks that run module-level functions: run(fn, *args) -> [result of rank 0, ...]."""
 
-    def __init__(self, size, env=None, init_weft=True, start_timeout=180):
+    def __init__(self, size, env=None, init_weft=True, start_timeout=180, dist_backend="gloo"):
         import torch.multiprocessing as mp
 
         self.size = size
@@ -67,7 +69,8 @@ class RankPool:
         self._inqs = [ctx.Queue() for _ in range(size)]
         self._outq = ctx.Queue()
         self._procs = [ctx.Process(target=_rank_main, args=(r, size, init_file, full_env, self._inqs[r], self._outq,
-                                                             init_weft), daemon=True) for r in range(size)]
+                                                             init_weft, dist_backend), daemon=True)
+                       for r in range(size)]
         for p in self._procs:
             p.start()
         self.broken = None
@@ -136,11 +139,17 @@ class Pools:
     def __init__(self):
         self._pools = {}
 
-    def get(self, size):
-        pool = self._pools.get(size)
+    def get(self, size, gpu=False):
+        """`size` CPU ranks (gloo, the host backend), or with gpu=True one rank per GPU (NCCL,
+        weft's nccl backend)."""
+        pool = self._pools.get((size, gpu))
         if pool is None:
-            pool = RankPool(size)
-            self._pools[size] = pool
+            if gpu:
+                pool = RankPool(size, env={"WEFT_BACKEND": "nccl", "WEFT_GPU_HEAP_MIB": "1024",
+                                           "WEFT_TIMEOUT_MS": "30000"}, dist_backend="nccl", start_timeout=300)
+            else:
+                pool = RankPool(size)
+            self._pools[(size, gpu)] = pool
         return pool
 
     def close(self):
