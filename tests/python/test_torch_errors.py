@@ -22,7 +22,7 @@ def _rank_bad_inputs():
     import weft
     import weft.torch as wt
 
-    r, n = dist.get_rank(), dist.get_world_size()
+    n = dist.get_world_size()
     x = torch.ones(4 * n, 8)
     with pytest.raises(weft.InvalidArgument, match="dtype torch.int32"):
         wt.all_reduce(torch.ones(8, dtype=torch.int32))

@@ -11,7 +11,7 @@ docs/python.md has the whole API, the costs and the autograd rules.
 
 import torch  # noqa: F401  (weft.torch needs torch; `import weft` alone does not)
 
-from . import _ops
+from . import _ops  # noqa: F401  (registers torch.ops.weft.*)
 from ._memory import empty, is_symmetric
 from ._ops import prepare
 from ._world import TorchWorld, group_name, init, shutdown, world
