@@ -3,15 +3,17 @@
 #   tools/dev.sh bench   install dependencies, build, run every `weft bench` (GPUs if present, else host)
 #   tools/dev.sh test    install dependencies, build (and a host-only ASan/UBSan build), run every test
 #                        (the first build's include tests/consumer/ against an install of it and as
-#                        an add_subdirectory() subproject)
+#                        an add_subdirectory() subproject), then the Python tests (tests/python) in
+#                        a virtual environment under build/ with the package installed host-only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
 
 install_deps() {
-  # python3-matplotlib: `weft trace --png` and the bench's plots.
+  # python3-matplotlib: `weft trace --png` and the bench's plots. python3-venv, python3-pip: the
+  # Python package's tests run in a virtual environment (the system Python stays clean).
   local pkgs=(cmake g++ make git libgtest-dev nlohmann-json3-dev libcli11-dev libfmt-dev libopenmpi-dev openmpi-bin
-              python3-matplotlib)
+              python3-matplotlib python3-venv python3-pip)
   local missing=()
   for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -40,6 +42,23 @@ build() {  # build DIR [cmake args...]
   cmake --build "$dir" -j "$JOBS"
 }
 
+python_tests() {
+  # The package installed into build/venv-py (host backend only: the Python layer is tested on
+  # CPU tensors; the library's CUDA code is tested by the C++ suites), with pytest and torch
+  # (from PyPI the first time, ~3 GB; a torch the system Python already has is reused).
+  local venv=build/venv-py py
+  [ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
+  py=$venv/bin/python
+  "$py" -m pip install -q --upgrade pip
+  "$py" -m pip install -q pytest scikit-build-core
+  "$py" -c "import torch" 2>/dev/null || { echo "[dev.sh] installing torch into $venv"; "$py" -m pip install -q torch; }
+  echo "[dev.sh] installing the Python package (host backend) into $venv"
+  CMAKE_BUILD_PARALLEL_LEVEL=$JOBS "$py" -m pip install -q . -C cmake.define.WEFT_ENABLE_CUDA=OFF -C cmake.define.WEFT_ENABLE_MPI=OFF \
+    -C build-dir=build/py-build
+  # From outside the source tree, so `import weft` is the installed package.
+  (cd build && "../$py" -m pytest -q ../tests/python -p no:cacheprovider)
+}
+
 case "${1:-}" in
   bench)
     install_deps
@@ -56,6 +75,7 @@ case "${1:-}" in
     # Host code again under AddressSanitizer and UndefinedBehaviorSanitizer (no CUDA).
     build build-asan -DWEFT_SANITIZE=address,undefined -DWEFT_ENABLE_CUDA=OFF
     (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure --timeout 300)
+    python_tests
     ;;
   *)
     echo "usage: tools/dev.sh bench [--quick] | test" >&2

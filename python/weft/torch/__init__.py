@@ -1,0 +1,68 @@
+"""weft for PyTorch: worlds from torch.distributed groups, symmetric tensors, torch.ops.weft.*,
+tensor-parallel linears (weft.torch.nn). Importing it registers the ops.
+
+    import torch.distributed as dist, weft.torch
+    dist.init_process_group("nccl")                  # under torchrun
+    weft.torch.init()                                # weft's world over the default group
+    y = torch.ops.weft.all_reduce(x)                 # or weft.torch.all_reduce(x)
+
+docs/python.md has the whole API, the costs and the autograd rules.
+"""
+
+import torch  # noqa: F401  (weft.torch needs torch; `import weft` alone does not)
+
+from . import _ops  # noqa: F401  (registers torch.ops.weft.*)
+from ._memory import empty, is_symmetric
+from ._ops import prepare
+from ._world import TorchWorld, group_name, init, shutdown, world
+
+
+# Python spellings that take a ProcessGroup (or None) for group; torch.ops.weft.<op> takes the
+# group's name (a str, as custom ops need). Same arguments and results as the ops (_ops.py).
+
+def all_reduce(x, method="auto", group=None):
+    """Sum over the group's ranks; every rank gets the sum (any shape)."""
+    return torch.ops.weft.all_reduce(x, method, group_name(group))
+
+
+def all_gather(x, method="auto", group=None):
+    """Every rank's x concatenated along dim 0: [world*n, ...]."""
+    return torch.ops.weft.all_gather(x, method, group_name(group))
+
+
+def reduce_scatter(x, method="auto", group=None):
+    """x [world*n, ...] summed over the ranks; rank r gets rows r*n ... (r+1)*n-1."""
+    return torch.ops.weft.reduce_scatter(x, method, group_name(group))
+
+
+def all_to_all(x, method="auto", group=None):
+    """x [world*n, ...]: block p to rank p; the output's block s came from rank s."""
+    return torch.ops.weft.all_to_all(x, method, group_name(group))
+
+
+def all_to_all_v(x, send_counts, out_capacity, method="auto", group=None):
+    """Rows packed by destination (send_counts[p] for rank p) -> (out [out_capacity, ...] packed by
+    source, recv_counts)."""
+    return torch.ops.weft.all_to_all_v(x, send_counts, int(out_capacity), method, group_name(group))
+
+
+def ag_gemm(a, b, method="auto", group=None, b_layout="nk"):
+    """all_gather(a [M/world, K]) · bᵀ with b [N, K] (linear's weight; b_layout "kn": [K, N])."""
+    return torch.ops.weft.ag_gemm(a, b, method, group_name(group), b_layout)
+
+
+def gemm_rs(a, b, method="auto", group=None, b_layout="nk"):
+    """reduce_scatter(a [M, K/world] · bᵀ) along M -> [M/world, N]; b [N, K/world]."""
+    return torch.ops.weft.gemm_rs(a, b, method, group_name(group), b_layout)
+
+
+def gemm_ar(a, b, method="auto", group=None, b_layout="nk"):
+    """all_reduce(a [M, K/world] · bᵀ) -> [M, N]; b [N, K/world]."""
+    return torch.ops.weft.gemm_ar(a, b, method, group_name(group), b_layout)
+
+
+from . import nn  # noqa: E402
+
+__all__ = ["init", "world", "shutdown", "TorchWorld", "group_name", "empty", "is_symmetric", "prepare",
+           "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_v", "ag_gemm", "gemm_rs",
+           "gemm_ar", "nn"]

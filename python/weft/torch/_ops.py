@@ -1,0 +1,526 @@
+"""weft's ops as torch.library custom ops (namespace "weft"), with fake implementations and
+autograd rules.
+
+Registered from Python (torch.library.custom_op), so the compiled part of weft does not depend
+on the torch version. Every op is functional: it returns new tensors and mutates none of its
+inputs (mutates_args=()). Inputs are made contiguous (a copy where they are not); outputs are
+new ordinary tensors, which weft's C layer fills through its symmetric workspace (docs/python.md:
+the staging copies).
+
+(No `from __future__ import annotations` here: torch.library reads the annotations as types.)
+
+The `group` argument is the process group's name (`group.group_name`; "" : the default group's
+world, or the only world); weft.torch.group_name(group) converts a ProcessGroup.
+"""
+
+import math
+
+import torch
+from torch import Tensor
+
+import weft
+
+from . import _world
+
+COLLECTIVE_METHODS = ("auto", "baseline", "one-shot", "two-shot", "ll", "ll128", "direct")
+GEMM_METHODS = ("auto", "baseline", "decomposed", "fused")
+B_LAYOUTS = ("nk", "kn")
+
+_WEFT_DTYPE = {torch.float32: weft.F32, torch.float16: weft.F16, torch.bfloat16: weft.BF16}
+_COLL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_GEMM_DTYPES = (torch.bfloat16, torch.float16)
+
+
+# ---- validation ----------------------------------------------------------------------------
+
+def _check_method(op, method, allowed):
+    if method not in allowed:
+        raise weft.InvalidArgument(f"weft.{op}: unknown method {method!r} (one of {', '.join(allowed)})")
+
+
+def _check_input(w, op, name, t, dtypes):
+    """The tensor, contiguous, after checking its dtype and device against the world's."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"weft.{op}: {name} must be a torch.Tensor, not {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise weft.InvalidArgument(f"weft.{op}: {name} has dtype {t.dtype}; this op takes "
+                                   f"{', '.join(str(d) for d in dtypes)}")
+    if w.backend == "host":
+        if t.device.type != "cpu":
+            raise weft.InvalidArgument(f"weft.{op}: {name} is on {t.device}, but the world "
+                                       f"({w.group_name!r}) runs the host backend: CPU tensors only")
+    else:
+        if t.device.type != "cuda" or t.device.index != w.device.index:
+            raise weft.InvalidArgument(f"weft.{op}: {name} is on {t.device}, but the world "
+                                       f"({w.group_name!r}) runs the nccl backend on {w.device}")
+    return t.contiguous()
+
+
+def _divisible(op, what, value, size):
+    if value % size:
+        raise weft.InvalidArgument(f"weft.{op}: {what} ({value}) is not divisible by the world size ({size})")
+
+
+def _stream(t):
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+
+
+def _capturing(t):
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _not_prepared(op, what):
+    return RuntimeError(
+        f"weft.{op}: the first call of a shape ({what}) cannot run inside CUDA graph capture: it "
+        f"allocates symmetric state, which is collective. Make one eager call of this shape before "
+        f"capturing, or call weft.torch.prepare('{op}', ...) with the same arguments")
+
+
+# ---- collectives -----------------------------------------------------------------------------
+
+def _coll_call(w, op, key_count, dtype, method, t, call):
+    """Runs call(collectives, stream); the first call of a (shape, dtype, method) is refused
+    inside graph capture (with the message above, before weft's own refusal)."""
+    key = (op, key_count, dtype, method)
+    if key not in w._coll_prepared and _capturing(t):
+        raise _not_prepared(op, f"count {key_count}, {dtype}, method {method!r}")
+    call(w.collectives(), _stream(t))
+    w._coll_prepared.add(key)
+
+
+def _prepare_collective(w, op, key_count, dtype, method):
+    key = (op, key_count, dtype, method)
+    if key not in w._coll_prepared:
+        w.collectives().prepare(op, key_count, _WEFT_DTYPE[dtype], method=method)
+        w._coll_prepared.add(key)
+
+
+def _all_reduce_args(x, method, group):
+    w = _world.lookup(group)
+    _check_method("all_reduce", method, COLLECTIVE_METHODS)
+    x = _check_input(w, "all_reduce", "x", x, _COLL_DTYPES)
+    return w, x, x.numel()
+
+
+@torch.library.custom_op("weft::all_reduce", mutates_args=())
+def all_reduce(x: Tensor, method: str = "auto", group: str = "") -> Tensor:
+    """Sum over the ranks of x (every rank gets the sum), any shape."""
+    w, x, count = _all_reduce_args(x, method, group)
+    out = torch.empty_like(x)
+    if count:
+        _coll_call(w, "all_reduce", count, x.dtype, method, x,
+                   lambda c, s: c.all_reduce(x.data_ptr(), out.data_ptr(), count, _WEFT_DTYPE[x.dtype],
+                                             method=method, stream=s))
+    return out
+
+
+@all_reduce.register_fake
+def _(x, method="auto", group=""):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _all_gather_args(x, method, group):
+    w = _world.lookup(group)
+    _check_method("all_gather", method, COLLECTIVE_METHODS)
+    x = _check_input(w, "all_gather", "x", x, _COLL_DTYPES)
+    if x.dim() == 0:
+        raise weft.InvalidArgument("weft.all_gather: x must have at least one dimension (gathered along dim 0)")
+    return w, x, x.numel()
+
+
+@torch.library.custom_op("weft::all_gather", mutates_args=())
+def all_gather(x: Tensor, method: str = "auto", group: str = "") -> Tensor:
+    """Every rank's x concatenated along dim 0 (as all_gather_into_tensor): [world*n, ...]."""
+    w, x, count = _all_gather_args(x, method, group)
+    out = x.new_empty((w.size * x.shape[0],) + tuple(x.shape[1:]))
+    if count:
+        _coll_call(w, "all_gather", count, x.dtype, method, x,
+                   lambda c, s: c.all_gather(x.data_ptr(), out.data_ptr(), count, _WEFT_DTYPE[x.dtype],
+                                             method=method, stream=s))
+    return out
+
+
+@all_gather.register_fake
+def _(x, method="auto", group=""):
+    w = _world.lookup(group)
+    return x.new_empty((w.size * x.shape[0],) + tuple(x.shape[1:]))
+
+
+def _reduce_scatter_args(x, method, group):
+    w = _world.lookup(group)
+    _check_method("reduce_scatter", method, COLLECTIVE_METHODS)
+    x = _check_input(w, "reduce_scatter", "x", x, _COLL_DTYPES)
+    if x.dim() == 0:
+        raise weft.InvalidArgument("weft.reduce_scatter: x must have at least one dimension (scattered along dim 0)")
+    _divisible("reduce_scatter", "x.shape[0]", x.shape[0], w.size)
+    return w, x, x.numel() // w.size
+
+
+@torch.library.custom_op("weft::reduce_scatter", mutates_args=())
+def reduce_scatter(x: Tensor, method: str = "auto", group: str = "") -> Tensor:
+    """x [world*n, ...] summed over the ranks; rank r gets block r: [n, ...]."""
+    w, x, count = _reduce_scatter_args(x, method, group)
+    out = x.new_empty((x.shape[0] // w.size,) + tuple(x.shape[1:]))
+    if count:
+        _coll_call(w, "reduce_scatter", count, x.dtype, method, x,
+                   lambda c, s: c.reduce_scatter(x.data_ptr(), out.data_ptr(), count, _WEFT_DTYPE[x.dtype],
+                                                 method=method, stream=s))
+    return out
+
+
+@reduce_scatter.register_fake
+def _(x, method="auto", group=""):
+    w = _world.lookup(group)
+    return x.new_empty((x.shape[0] // w.size,) + tuple(x.shape[1:]))
+
+
+def _all_to_all_args(x, method, group):
+    w = _world.lookup(group)
+    _check_method("all_to_all", method, COLLECTIVE_METHODS)
+    x = _check_input(w, "all_to_all", "x", x, _COLL_DTYPES)
+    if x.dim() == 0:
+        raise weft.InvalidArgument("weft.all_to_all: x must have at least one dimension (split along dim 0)")
+    _divisible("all_to_all", "x.shape[0]", x.shape[0], w.size)
+    return w, x, x.numel() // w.size
+
+
+@torch.library.custom_op("weft::all_to_all", mutates_args=())
+def all_to_all(x: Tensor, method: str = "auto", group: str = "") -> Tensor:
+    """x [world*n, ...] in equal blocks along dim 0: block p goes to rank p; the output's block s
+    is what rank s sent here (as all_to_all_single with equal splits)."""
+    w, x, count = _all_to_all_args(x, method, group)
+    out = torch.empty_like(x)
+    if count:
+        _coll_call(w, "all_to_all", count, x.dtype, method, x,
+                   lambda c, s: c.all_to_all(x.data_ptr(), out.data_ptr(), count, _WEFT_DTYPE[x.dtype],
+                                             method=method, stream=s))
+    return out
+
+
+@all_to_all.register_fake
+def _(x, method="auto", group=""):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _all_to_all_v_args(x, send_counts, out_capacity, method, group):
+    w = _world.lookup(group)
+    _check_method("all_to_all_v", method, COLLECTIVE_METHODS)
+    x = _check_input(w, "all_to_all_v", "x", x, _COLL_DTYPES)
+    if x.dim() == 0:
+        raise weft.InvalidArgument("weft.all_to_all_v: x must have at least one dimension (rows along dim 0)")
+    if not isinstance(send_counts, Tensor) or send_counts.dtype not in (torch.int64, torch.int32):
+        raise weft.InvalidArgument("weft.all_to_all_v: send_counts must be an int64 (or int32) tensor")
+    if send_counts.device != x.device:
+        raise weft.InvalidArgument(f"weft.all_to_all_v: send_counts is on {send_counts.device}, x on {x.device}")
+    if tuple(send_counts.shape) != (w.size,):
+        raise weft.InvalidArgument(f"weft.all_to_all_v: send_counts has shape {tuple(send_counts.shape)}; "
+                                   f"it needs one count per rank: ({w.size},)")
+    if out_capacity < 0:
+        raise weft.InvalidArgument(f"weft.all_to_all_v: out_capacity ({out_capacity}) is negative")
+    row = math.prod(x.shape[1:])
+    if row == 0:
+        raise weft.InvalidArgument("weft.all_to_all_v: rows of zero elements")
+    if x.device.type == "cpu":
+        # On CUDA this check would synchronise with the device: the counts stay unchecked there
+        # against x's length (weft reads send_counts on the device).
+        if bool((send_counts < 0).any()) or int(send_counts.sum()) > x.shape[0]:
+            raise weft.InvalidArgument(f"weft.all_to_all_v: send_counts {send_counts.tolist()} ask for more rows "
+                                       f"than x has ({x.shape[0]}), or a negative count")
+    return w, x, row
+
+
+@torch.library.custom_op("weft::all_to_all_v", mutates_args=())
+def all_to_all_v(x: Tensor, send_counts: Tensor, out_capacity: int, method: str = "auto",
+                 group: str = "") -> tuple[Tensor, Tensor]:
+    """By counts, in rows of dim 0: x's rows packed by destination (send_counts[p] rows for rank
+    p; send_counts an int64 tensor [world] on x's device); returns (out, recv_counts): out
+    [out_capacity, ...] holds the rows received packed by source, recv_counts[s] (int64 [world])
+    the rows rank s sent here. Rows of out past sum(recv_counts) are unspecified. A call in which
+    any rank would receive more than out_capacity rows raises on every rank."""
+    w, x, row = _all_to_all_v_args(x, send_counts, out_capacity, method, group)
+    out = x.new_empty((out_capacity,) + tuple(x.shape[1:]))
+    send_elems = (send_counts.to(torch.int64) * row).contiguous()
+    recv_elems = torch.zeros(w.size, dtype=torch.int64, device=x.device)
+    _coll_call(w, "all_to_all_v", out_capacity * row, x.dtype, method, x,
+               lambda c, s: c.all_to_all_v(x.data_ptr(), send_elems.data_ptr(), out.data_ptr(), out_capacity * row,
+                                           recv_elems.data_ptr(), _WEFT_DTYPE[x.dtype], method=method, stream=s))
+    return out, recv_elems // row
+
+
+@all_to_all_v.register_fake
+def _(x, send_counts, out_capacity, method="auto", group=""):
+    w = _world.lookup(group)
+    return (x.new_empty((out_capacity,) + tuple(x.shape[1:])),
+            send_counts.new_empty((w.size,), dtype=torch.int64))
+
+
+# ---- GEMM + communication --------------------------------------------------------------------
+
+def _gemm_operands(op, a, b, method, group, b_layout):
+    w = _world.lookup(group)
+    _check_method(op, method, GEMM_METHODS)
+    if b_layout not in B_LAYOUTS:
+        raise weft.InvalidArgument(f"weft.{op}: b_layout must be 'nk' ([N, K], linear's weight) or 'kn', "
+                                   f"not {b_layout!r}")
+    a = _check_input(w, op, "a", a, _GEMM_DTYPES)
+    b = _check_input(w, op, "b", b, _GEMM_DTYPES)
+    if a.dtype != b.dtype:
+        raise weft.InvalidArgument(f"weft.{op}: a is {a.dtype} but b is {b.dtype}")
+    if a.dim() != 2 or b.dim() != 2:
+        raise weft.InvalidArgument(f"weft.{op}: a and b must be 2-D (a {tuple(a.shape)}, b {tuple(b.shape)})")
+    n, kb = (b.shape[0], b.shape[1]) if b_layout == "nk" else (b.shape[1], b.shape[0])
+    if kb != a.shape[1]:
+        raise weft.InvalidArgument(f"weft.{op}: a {tuple(a.shape)} and b {tuple(b.shape)} (layout {b_layout}) "
+                                   f"disagree on K ({a.shape[1]} vs {kb})")
+    return w, a, b, n
+
+
+def _gemm_problem(op, w, a, n):
+    """(M, N, K) of the global problem, and C's shape."""
+    rows, k_local = a.shape
+    if op == "ag_gemm":
+        m = rows * w.size
+        return (m, n, k_local), (m, n)
+    k = k_local * w.size
+    if op == "gemm_rs":
+        _divisible(op, "a.shape[0] (M)", rows, w.size)
+        return (rows, n, k), (rows // w.size, n)
+    return (rows, n, k), (rows, n)
+
+
+def _gemm_object(w, op, problem, dtype, b_layout, t, capture_check=True):
+    m, n, k = problem
+    key = (op, m, n, k, dtype, b_layout)
+    g = w._gemms.get(key)
+    if g is None:
+        if capture_check and _capturing(t):
+            raise _not_prepared(op, f"M={m}, N={n}, K={k}, {dtype}, b_layout {b_layout}")
+        g = weft.GemmOverlap(w.world, op, m, n, k, _WEFT_DTYPE[dtype], b_layout=b_layout)
+        w._gemms[key] = g
+    return g
+
+
+def _gemm_run(op, a, b, method, group, b_layout):
+    w, a, b, n = _gemm_operands(op, a, b, method, group, b_layout)
+    problem, c_shape = _gemm_problem(op, w, a, n)
+    c = a.new_empty(c_shape)
+    if c.numel() and a.shape[1]:
+        g = _gemm_object(w, op, problem, a.dtype, b_layout, a)
+        g.run(a.data_ptr(), b.data_ptr(), c.data_ptr(), method=method, stream=_stream(a))
+    elif c.numel():
+        c.zero_()
+    return c
+
+
+def _gemm_fake(op, a, b, group, b_layout):
+    w = _world.lookup(group)
+    n = b.shape[0] if b_layout == "nk" else b.shape[1]
+    if op == "ag_gemm":
+        return a.new_empty((a.shape[0] * w.size, n))
+    if op == "gemm_rs":
+        return a.new_empty((a.shape[0] // w.size, n))
+    return a.new_empty((a.shape[0], n))
+
+
+@torch.library.custom_op("weft::ag_gemm", mutates_args=())
+def ag_gemm(a: Tensor, b: Tensor, method: str = "auto", group: str = "", b_layout: str = "nk") -> Tensor:
+    """C[M, N] = all_gather(A[M/world, K]) · Bᵀ, B [N, K] (b_layout "nk", linear's weight layout;
+    "kn": B [K, N] and C = all_gather(A) · B). bf16/f16."""
+    return _gemm_run("ag_gemm", a, b, method, group, b_layout)
+
+
+@ag_gemm.register_fake
+def _(a, b, method="auto", group="", b_layout="nk"):
+    return _gemm_fake("ag_gemm", a, b, group, b_layout)
+
+
+@torch.library.custom_op("weft::gemm_rs", mutates_args=())
+def gemm_rs(a: Tensor, b: Tensor, method: str = "auto", group: str = "", b_layout: str = "nk") -> Tensor:
+    """C[M/world, N] = reduce_scatter(A[M, K/world] · Bᵀ) along M, B [N, K/world] ("nk"; "kn":
+    [K/world, N]). bf16/f16."""
+    return _gemm_run("gemm_rs", a, b, method, group, b_layout)
+
+
+@gemm_rs.register_fake
+def _(a, b, method="auto", group="", b_layout="nk"):
+    return _gemm_fake("gemm_rs", a, b, group, b_layout)
+
+
+@torch.library.custom_op("weft::gemm_ar", mutates_args=())
+def gemm_ar(a: Tensor, b: Tensor, method: str = "auto", group: str = "", b_layout: str = "nk") -> Tensor:
+    """C[M, N] = all_reduce(A[M, K/world] · Bᵀ), B [N, K/world] ("nk"; "kn": [K/world, N]).
+    bf16/f16."""
+    return _gemm_run("gemm_ar", a, b, method, group, b_layout)
+
+
+@gemm_ar.register_fake
+def _(a, b, method="auto", group="", b_layout="nk"):
+    return _gemm_fake("gemm_ar", a, b, group, b_layout)
+
+
+# ---- prepare: create an op's state ahead (for CUDA graph capture) ---------------------------
+
+_PREPARE_PARAMS = {
+    "all_reduce": ("x", "method", "group"),
+    "all_gather": ("x", "method", "group"),
+    "reduce_scatter": ("x", "method", "group"),
+    "all_to_all": ("x", "method", "group"),
+    "all_to_all_v": ("x", "send_counts", "out_capacity", "method", "group"),
+    "ag_gemm": ("a", "b", "method", "group", "b_layout"),
+    "gemm_rs": ("a", "b", "method", "group", "b_layout"),
+    "gemm_ar": ("a", "b", "method", "group", "b_layout"),
+}
+
+
+def prepare(op: str, *args, **kwargs) -> None:
+    """Creates the state the op's call with these arguments will use (collective: every rank
+    calls it), so that its first call may be captured in a CUDA graph. Arguments as the op's:
+    prepare("all_reduce", x, method="auto", group=""); prepare("ag_gemm", a, b, ...);
+    prepare("all_to_all_v", x, send_counts, out_capacity, ...). Tensors may be meta tensors of
+    the right shape and dtype (only their shapes and dtypes are read)."""
+    params = _PREPARE_PARAMS.get(op)
+    if params is None:
+        raise weft.InvalidArgument(f"weft.prepare: unknown op {op!r} (one of {', '.join(_PREPARE_PARAMS)})")
+    if len(args) > len(params):
+        raise TypeError(f"weft.prepare({op!r}): at most {len(params)} arguments ({', '.join(params)})")
+    vals = dict(zip(params, args))
+    for k, v in kwargs.items():
+        if k not in params:
+            raise TypeError(f"weft.prepare({op!r}): unexpected argument {k!r}")
+        vals[k] = v
+    method = vals.get("method", "auto")
+    w = _world.lookup(_world.group_name(vals.get("group", "")))
+    if op in ("ag_gemm", "gemm_rs", "gemm_ar"):
+        _check_method(op, method, GEMM_METHODS)
+        a, b, b_layout = vals["a"], vals["b"], vals.get("b_layout", "nk")
+        if a.dtype not in _GEMM_DTYPES or a.dtype != b.dtype or a.dim() != 2 or b.dim() != 2:
+            raise weft.InvalidArgument(f"weft.prepare: {op} takes 2-D bf16/f16 a and b of one dtype")
+        n = b.shape[0] if b_layout == "nk" else b.shape[1]
+        problem, _ = _gemm_problem(op, w, a, n)
+        _gemm_object(w, op, problem, a.dtype, b_layout, a, capture_check=False)
+        return
+    _check_method(op, method, COLLECTIVE_METHODS)
+    x = vals["x"]
+    if x.dtype not in _COLL_DTYPES:
+        raise weft.InvalidArgument(f"weft.prepare: dtype {x.dtype} is not supported")
+    if op == "all_to_all_v":
+        count = int(vals["out_capacity"]) * math.prod(x.shape[1:])
+    elif op in ("reduce_scatter", "all_to_all"):
+        _divisible(op, "x.shape[0]", x.shape[0], w.size)
+        count = x.numel() // w.size
+    else:
+        count = x.numel()
+    if count:
+        _prepare_collective(w, op, count, x.dtype, method)
+
+
+# ---- autograd ----------------------------------------------------------------------------------
+# The rules follow Megatron-LM's tensor/sequence parallelism, so the modules are drop-in there:
+# an output that is the same on every rank (all_reduce, gemm_ar) gets the same gradient on every
+# rank (the loss is computed identically on each), so its input's gradient needs no
+# communication; an output that differs per rank (all_gather feeding a column-parallel GEMM,
+# reduce_scatter, all_to_all) sends its gradient back along the reverse collective.
+
+def _save_collective(ctx, inputs, output):
+    ctx.method, ctx.group = inputs[1], inputs[2]
+
+
+def _all_reduce_bwd(ctx, grad):
+    return grad, None, None
+
+
+def _all_gather_bwd(ctx, grad):
+    return torch.ops.weft.reduce_scatter(grad.contiguous(), ctx.method, ctx.group), None, None
+
+
+def _reduce_scatter_bwd(ctx, grad):
+    return torch.ops.weft.all_gather(grad.contiguous(), ctx.method, ctx.group), None, None
+
+
+def _all_to_all_bwd(ctx, grad):
+    # Equal blocks: the exchange is its own inverse.
+    return torch.ops.weft.all_to_all(grad.contiguous(), ctx.method, ctx.group), None, None
+
+
+all_reduce.register_autograd(_all_reduce_bwd, setup_context=_save_collective)
+all_gather.register_autograd(_all_gather_bwd, setup_context=_save_collective)
+reduce_scatter.register_autograd(_reduce_scatter_bwd, setup_context=_save_collective)
+all_to_all.register_autograd(_all_to_all_bwd, setup_context=_save_collective)
+
+
+def _a2av_setup(ctx, inputs, output):
+    x, send_counts, _cap, method, group = inputs
+    ctx.save_for_backward(send_counts, output[1])
+    ctx.rows = x.shape[0]
+    ctx.method, ctx.group = method, group
+
+
+def _a2av_bwd(ctx, grad_out, _grad_recv):
+    # The reverse exchange: the gradient of the received rows (packed by source) goes back to
+    # their sources, arriving packed by destination, which is x's layout. x's rows past
+    # sum(send_counts) were not sent: zero gradient.
+    send_counts, recv_counts = ctx.saved_tensors
+    g, _ = torch.ops.weft.all_to_all_v(grad_out.contiguous(), recv_counts, ctx.rows, ctx.method, ctx.group)
+    sent = torch.arange(ctx.rows, device=g.device) < send_counts.sum()
+    g = torch.where(sent.view((-1,) + (1,) * (g.dim() - 1)), g, torch.zeros((), dtype=g.dtype, device=g.device))
+    return g, None, None, None, None
+
+
+all_to_all_v.register_autograd(_a2av_bwd, setup_context=_a2av_setup)
+
+
+def _save_gemm(ctx, inputs, output):
+    a, b, method, group, b_layout = inputs
+    ctx.save_for_backward(a, b)
+    ctx.method, ctx.group, ctx.b_layout = method, group, b_layout
+
+
+def _flip(layout):
+    return "kn" if layout == "nk" else "nk"
+
+
+def _ag_gemm_bwd(ctx, grad_c):
+    # C = AG(A) · B (B as [K, N]). dA = RS(dC · Bᵀ): a gemm_rs whose B operand is our B read in
+    # the other layout (no transpose copy). dB = AG(A)ᵀ · dC, with A gathered again (the
+    # forward's gathered A lives in weft's workspace, which is reused).
+    a, b = ctx.saved_tensors
+    grad_c = grad_c.contiguous()
+    grad_a = grad_b = None
+    if ctx.needs_input_grad[0]:
+        grad_a = torch.ops.weft.gemm_rs(grad_c, b, ctx.method, ctx.group, _flip(ctx.b_layout))
+    if ctx.needs_input_grad[1]:
+        a_full = torch.ops.weft.all_gather(a, "auto", ctx.group)
+        grad_b = grad_c.t() @ a_full if ctx.b_layout == "nk" else a_full.t() @ grad_c
+    return grad_a, grad_b, None, None, None
+
+
+def _gemm_rs_bwd(ctx, grad_c):
+    # C = RS(A · B). dA = AG(dC) · Bᵀ (an ag_gemm when only A needs it); dB from the same
+    # gathered dC: AG(dC)ᵀ · A.
+    a, b = ctx.saved_tensors
+    grad_c = grad_c.contiguous()
+    grad_a = grad_b = None
+    if ctx.needs_input_grad[1]:
+        g_full = torch.ops.weft.all_gather(grad_c, "auto", ctx.group)
+        if ctx.needs_input_grad[0]:
+            grad_a = g_full @ b if ctx.b_layout == "nk" else g_full @ b.t()
+        grad_b = g_full.t() @ a if ctx.b_layout == "nk" else a.t() @ g_full
+    elif ctx.needs_input_grad[0]:
+        grad_a = torch.ops.weft.ag_gemm(grad_c, b, ctx.method, ctx.group, _flip(ctx.b_layout))
+    return grad_a, grad_b, None, None, None
+
+
+def _gemm_ar_bwd(ctx, grad_c):
+    # C = AR(A · B) is the same on every rank, and so is dC: dA = dC · Bᵀ, dB = Aᵀ · dC, local.
+    a, b = ctx.saved_tensors
+    grad_a = grad_b = None
+    if ctx.needs_input_grad[0]:
+        grad_a = grad_c @ b if ctx.b_layout == "nk" else grad_c @ b.t()
+    if ctx.needs_input_grad[1]:
+        grad_b = grad_c.t() @ a if ctx.b_layout == "nk" else a.t() @ grad_c
+    return grad_a, grad_b, None, None, None
+
+
+ag_gemm.register_autograd(_ag_gemm_bwd, setup_context=_save_gemm)
+gemm_rs.register_autograd(_gemm_rs_bwd, setup_context=_save_gemm)
+gemm_ar.register_autograd(_gemm_ar_bwd, setup_context=_save_gemm)
