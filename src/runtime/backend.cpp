@@ -41,13 +41,14 @@ void Backend::init_heap(size_t capacity) {
 
 void Backend::check_error_slot() const {
   if (!ctx_.error || kind_ != BackendKind::kHost || !ctx_.error->claimed) return;
-  // A refusal (all_to_all_v over capacity) is not a failure of the world: nothing was
-  // written, so the slot is cleared and later calls run. A timeout stays: the world is broken.
-  const dev::ErrorSlot slot = *ctx_.error;
-  if (slot.kind == static_cast<uint32_t>(dev::WaitKind::kCapacity)) {
+  // A refusal (all_to_all_v over capacity) is not a failure of the world: the call that met it
+  // raised it already (its workers' exception) and wrote nothing, so the slot is cleared and
+  // later calls run. A timeout stays: the world is broken.
+  if (ctx_.error->kind == static_cast<uint32_t>(dev::WaitKind::kCapacity)) {
     __atomic_store_n(&ctx_.error->claimed, 0u, __ATOMIC_RELEASE);
+    return;
   }
-  raise_timeout(slot, ctx_.timeout_ns);
+  raise_timeout(*ctx_.error, ctx_.timeout_ns);
 }
 
 std::string describe_timeout(const dev::ErrorSlot& s, uint64_t timeout_ns) {

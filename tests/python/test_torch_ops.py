@@ -300,3 +300,29 @@ def _rank_groups():
 
 def test_two_groups_in_one_process(pools):
     pools.get(4).run(_rank_groups)
+
+
+def _rank_group_size():
+    import weft
+
+    n = dist.get_world_size()
+    x = torch.ones(4, 3)
+    # group_size passed (what a compiled graph is keyed on) must be the group's.
+    assert torch.ops.weft.all_gather(x, "auto", "", n).shape == (4 * n, 3)
+    with pytest.raises(weft.InvalidArgument, match="group_size 7"):
+        torch.ops.weft.all_gather(x, "auto", "", 7)
+    with pytest.raises(weft.InvalidArgument, match="group_size"):
+        torch.ops.weft.gemm_rs(torch.ones(4 * n, 8, dtype=torch.bfloat16), torch.ones(8, 8, dtype=torch.bfloat16),
+                               "auto", "", "nk", n + 1)
+    # The fake (meta) output takes its size from group_size, not from the world looked up.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fx = torch.empty(4, 3)
+        assert torch.ops.weft.all_gather(fx, "auto", "", 5).shape == (20, 3)
+        assert torch.ops.weft.reduce_scatter(torch.empty(20, 3), "auto", "", 5).shape == (4, 3)
+    return True
+
+
+def test_group_size(pools):
+    pools.get(2).run(_rank_group_size)

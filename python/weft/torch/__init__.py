@@ -19,6 +19,14 @@ from ._world import TorchWorld, group_name, init, shutdown, world
 
 # Python spellings that take a ProcessGroup (or None) for group; torch.ops.weft.<op> takes the
 # group's name (a str, as custom ops need). Same arguments and results as the ops (_ops.py).
+# Ops whose output shape depends on the group's size get it passed (group_size), so a compiled
+# graph is keyed on it.
+
+def _size(group):
+    from ._world import lookup
+
+    return lookup(group_name(group)).size
+
 
 def all_reduce(x, method="auto", group=None):
     """Sum over the group's ranks; every rank gets the sum (any shape)."""
@@ -27,12 +35,12 @@ def all_reduce(x, method="auto", group=None):
 
 def all_gather(x, method="auto", group=None):
     """Every rank's x concatenated along dim 0: [world*n, ...]."""
-    return torch.ops.weft.all_gather(x, method, group_name(group))
+    return torch.ops.weft.all_gather(x, method, group_name(group), _size(group))
 
 
 def reduce_scatter(x, method="auto", group=None):
     """x [world*n, ...] summed over the ranks; rank r gets rows r*n ... (r+1)*n-1."""
-    return torch.ops.weft.reduce_scatter(x, method, group_name(group))
+    return torch.ops.weft.reduce_scatter(x, method, group_name(group), _size(group))
 
 
 def all_to_all(x, method="auto", group=None):
@@ -48,12 +56,12 @@ def all_to_all_v(x, send_counts, out_capacity, method="auto", group=None):
 
 def ag_gemm(a, b, method="auto", group=None, b_layout="nk"):
     """all_gather(a [M/world, K]) · bᵀ with b [N, K] (linear's weight; b_layout "kn": [K, N])."""
-    return torch.ops.weft.ag_gemm(a, b, method, group_name(group), b_layout)
+    return torch.ops.weft.ag_gemm(a, b, method, group_name(group), b_layout, _size(group))
 
 
 def gemm_rs(a, b, method="auto", group=None, b_layout="nk"):
     """reduce_scatter(a [M, K/world] · bᵀ) along M -> [M/world, N]; b [N, K/world]."""
-    return torch.ops.weft.gemm_rs(a, b, method, group_name(group), b_layout)
+    return torch.ops.weft.gemm_rs(a, b, method, group_name(group), b_layout, _size(group))
 
 
 def gemm_ar(a, b, method="auto", group=None, b_layout="nk"):

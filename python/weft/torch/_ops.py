@@ -119,6 +119,20 @@ def _(x, method="auto", group=""):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+def _size_of(op, w, group_size):
+    """The world's size, checked against the caller's group_size where given (0: not given)."""
+    if group_size and group_size != w.size:
+        raise weft.InvalidArgument(f"weft.{op}: group_size {group_size} but the group has {w.size} ranks")
+    return w.size
+
+
+def _fake_size(group, group_size):
+    # Under torch.compile the output shape must come from the arguments: compiled graphs are
+    # cached by them, and the world's size is not one of them unless passed (group_size, as
+    # torch's functional collectives take it).
+    return group_size or _world.lookup(group).size
+
+
 def _all_gather_args(x, method, group):
     w = _world.lookup(group)
     _check_method("all_gather", method, COLLECTIVE_METHODS)
@@ -129,9 +143,11 @@ def _all_gather_args(x, method, group):
 
 
 @torch.library.custom_op("weft::all_gather", mutates_args=())
-def all_gather(x: Tensor, method: str = "auto", group: str = "") -> Tensor:
-    """Every rank's x concatenated along dim 0 (as all_gather_into_tensor): [world*n, ...]."""
+def all_gather(x: Tensor, method: str = "auto", group: str = "", group_size: int = 0) -> Tensor:
+    """Every rank's x concatenated along dim 0 (as all_gather_into_tensor): [world*n, ...].
+    group_size: the group's size (0: looked up; pass it under torch.compile)."""
     w, x, count = _all_gather_args(x, method, group)
+    _size_of("all_gather", w, group_size)
     out = x.new_empty((w.size * x.shape[0],) + tuple(x.shape[1:]))
     if count:
         _coll_call(w, "all_gather", count, x.dtype, method, x,
@@ -141,9 +157,8 @@ def all_gather(x: Tensor, method: str = "auto", group: str = "") -> Tensor:
 
 
 @all_gather.register_fake
-def _(x, method="auto", group=""):
-    w = _world.lookup(group)
-    return x.new_empty((w.size * x.shape[0],) + tuple(x.shape[1:]))
+def _(x, method="auto", group="", group_size=0):
+    return x.new_empty((_fake_size(group, group_size) * x.shape[0],) + tuple(x.shape[1:]))
 
 
 def _reduce_scatter_args(x, method, group):
@@ -157,9 +172,11 @@ def _reduce_scatter_args(x, method, group):
 
 
 @torch.library.custom_op("weft::reduce_scatter", mutates_args=())
-def reduce_scatter(x: Tensor, method: str = "auto", group: str = "") -> Tensor:
-    """x [world*n, ...] summed over the ranks; rank r gets block r: [n, ...]."""
+def reduce_scatter(x: Tensor, method: str = "auto", group: str = "", group_size: int = 0) -> Tensor:
+    """x [world*n, ...] summed over the ranks; rank r gets block r: [n, ...]. group_size as
+    all_gather's."""
     w, x, count = _reduce_scatter_args(x, method, group)
+    _size_of("reduce_scatter", w, group_size)
     out = x.new_empty((x.shape[0] // w.size,) + tuple(x.shape[1:]))
     if count:
         _coll_call(w, "reduce_scatter", count, x.dtype, method, x,
@@ -169,9 +186,8 @@ def reduce_scatter(x: Tensor, method: str = "auto", group: str = "") -> Tensor:
 
 
 @reduce_scatter.register_fake
-def _(x, method="auto", group=""):
-    w = _world.lookup(group)
-    return x.new_empty((x.shape[0] // w.size,) + tuple(x.shape[1:]))
+def _(x, method="auto", group="", group_size=0):
+    return x.new_empty((x.shape[0] // _fake_size(group, group_size),) + tuple(x.shape[1:]))
 
 
 def _all_to_all_args(x, method, group):
@@ -300,8 +316,9 @@ def _gemm_object(w, op, problem, dtype, b_layout, t, capture_check=True):
     return g
 
 
-def _gemm_run(op, a, b, method, group, b_layout):
+def _gemm_run(op, a, b, method, group, b_layout, group_size=0):
     w, a, b, n = _gemm_operands(op, a, b, method, group, b_layout)
+    _size_of(op, w, group_size)
     problem, c_shape = _gemm_problem(op, w, a, n)
     c = a.new_empty(c_shape)
     if c.numel() and a.shape[1]:
@@ -312,38 +329,39 @@ def _gemm_run(op, a, b, method, group, b_layout):
     return c
 
 
-def _gemm_fake(op, a, b, group, b_layout):
-    w = _world.lookup(group)
+def _gemm_fake(op, a, b, group, b_layout, group_size=0):
     n = b.shape[0] if b_layout == "nk" else b.shape[1]
     if op == "ag_gemm":
-        return a.new_empty((a.shape[0] * w.size, n))
+        return a.new_empty((a.shape[0] * _fake_size(group, group_size), n))
     if op == "gemm_rs":
-        return a.new_empty((a.shape[0] // w.size, n))
+        return a.new_empty((a.shape[0] // _fake_size(group, group_size), n))
     return a.new_empty((a.shape[0], n))
 
 
 @torch.library.custom_op("weft::ag_gemm", mutates_args=())
-def ag_gemm(a: Tensor, b: Tensor, method: str = "auto", group: str = "", b_layout: str = "nk") -> Tensor:
+def ag_gemm(a: Tensor, b: Tensor, method: str = "auto", group: str = "", b_layout: str = "nk",
+            group_size: int = 0) -> Tensor:
     """C[M, N] = all_gather(A[M/world, K]) · Bᵀ, B [N, K] (b_layout "nk", linear's weight layout;
     "kn": B [K, N] and C = all_gather(A) · B). bf16/f16."""
-    return _gemm_run("ag_gemm", a, b, method, group, b_layout)
+    return _gemm_run("ag_gemm", a, b, method, group, b_layout, group_size)
 
 
 @ag_gemm.register_fake
-def _(a, b, method="auto", group="", b_layout="nk"):
-    return _gemm_fake("ag_gemm", a, b, group, b_layout)
+def _(a, b, method="auto", group="", b_layout="nk", group_size=0):
+    return _gemm_fake("ag_gemm", a, b, group, b_layout, group_size)
 
 
 @torch.library.custom_op("weft::gemm_rs", mutates_args=())
-def gemm_rs(a: Tensor, b: Tensor, method: str = "auto", group: str = "", b_layout: str = "nk") -> Tensor:
+def gemm_rs(a: Tensor, b: Tensor, method: str = "auto", group: str = "", b_layout: str = "nk",
+            group_size: int = 0) -> Tensor:
     """C[M/world, N] = reduce_scatter(A[M, K/world] · Bᵀ) along M, B [N, K/world] ("nk"; "kn":
     [K/world, N]). bf16/f16."""
-    return _gemm_run("gemm_rs", a, b, method, group, b_layout)
+    return _gemm_run("gemm_rs", a, b, method, group, b_layout, group_size)
 
 
 @gemm_rs.register_fake
-def _(a, b, method="auto", group="", b_layout="nk"):
-    return _gemm_fake("gemm_rs", a, b, group, b_layout)
+def _(a, b, method="auto", group="", b_layout="nk", group_size=0):
+    return _gemm_fake("gemm_rs", a, b, group, b_layout, group_size)
 
 
 @torch.library.custom_op("weft::gemm_ar", mutates_args=())
@@ -362,12 +380,12 @@ def _(a, b, method="auto", group="", b_layout="nk"):
 
 _PREPARE_PARAMS = {
     "all_reduce": ("x", "method", "group"),
-    "all_gather": ("x", "method", "group"),
-    "reduce_scatter": ("x", "method", "group"),
+    "all_gather": ("x", "method", "group", "group_size"),
+    "reduce_scatter": ("x", "method", "group", "group_size"),
     "all_to_all": ("x", "method", "group"),
     "all_to_all_v": ("x", "send_counts", "out_capacity", "method", "group"),
-    "ag_gemm": ("a", "b", "method", "group", "b_layout"),
-    "gemm_rs": ("a", "b", "method", "group", "b_layout"),
+    "ag_gemm": ("a", "b", "method", "group", "b_layout", "group_size"),
+    "gemm_rs": ("a", "b", "method", "group", "b_layout", "group_size"),
     "gemm_ar": ("a", "b", "method", "group", "b_layout"),
 }
 
@@ -423,6 +441,7 @@ def prepare(op: str, *args, **kwargs) -> None:
 
 def _save_collective(ctx, inputs, output):
     ctx.method, ctx.group = inputs[1], inputs[2]
+    ctx.group_size = inputs[3] if len(inputs) > 3 else 0
 
 
 def _all_reduce_bwd(ctx, grad):
@@ -430,11 +449,11 @@ def _all_reduce_bwd(ctx, grad):
 
 
 def _all_gather_bwd(ctx, grad):
-    return torch.ops.weft.reduce_scatter(grad.contiguous(), ctx.method, ctx.group), None, None
+    return torch.ops.weft.reduce_scatter(grad.contiguous(), ctx.method, ctx.group, ctx.group_size), None, None, None
 
 
 def _reduce_scatter_bwd(ctx, grad):
-    return torch.ops.weft.all_gather(grad.contiguous(), ctx.method, ctx.group), None, None
+    return torch.ops.weft.all_gather(grad.contiguous(), ctx.method, ctx.group, ctx.group_size), None, None, None
 
 
 def _all_to_all_bwd(ctx, grad):
@@ -470,9 +489,11 @@ all_to_all_v.register_autograd(_a2av_bwd, setup_context=_a2av_setup)
 
 
 def _save_gemm(ctx, inputs, output):
-    a, b, method, group, b_layout = inputs
+    a, b, method, group, b_layout = inputs[:5]
     ctx.save_for_backward(a, b)
     ctx.method, ctx.group, ctx.b_layout = method, group, b_layout
+    ctx.group_size = inputs[5] if len(inputs) > 5 else 0
+    ctx.n_inputs = len(inputs)
 
 
 def _flip(layout):
@@ -487,11 +508,11 @@ def _ag_gemm_bwd(ctx, grad_c):
     grad_c = grad_c.contiguous()
     grad_a = grad_b = None
     if ctx.needs_input_grad[0]:
-        grad_a = torch.ops.weft.gemm_rs(grad_c, b, ctx.method, ctx.group, _flip(ctx.b_layout))
+        grad_a = torch.ops.weft.gemm_rs(grad_c, b, ctx.method, ctx.group, _flip(ctx.b_layout), ctx.group_size)
     if ctx.needs_input_grad[1]:
-        a_full = torch.ops.weft.all_gather(a, "auto", ctx.group)
+        a_full = torch.ops.weft.all_gather(a, "auto", ctx.group, ctx.group_size)
         grad_b = grad_c.t() @ a_full if ctx.b_layout == "nk" else a_full.t() @ grad_c
-    return grad_a, grad_b, None, None, None
+    return (grad_a, grad_b) + (None,) * (ctx.n_inputs - 2)
 
 
 def _gemm_rs_bwd(ctx, grad_c):
@@ -501,13 +522,13 @@ def _gemm_rs_bwd(ctx, grad_c):
     grad_c = grad_c.contiguous()
     grad_a = grad_b = None
     if ctx.needs_input_grad[1]:
-        g_full = torch.ops.weft.all_gather(grad_c, "auto", ctx.group)
+        g_full = torch.ops.weft.all_gather(grad_c, "auto", ctx.group, ctx.group_size)
         if ctx.needs_input_grad[0]:
             grad_a = g_full @ b if ctx.b_layout == "nk" else g_full @ b.t()
         grad_b = g_full.t() @ a if ctx.b_layout == "nk" else a.t() @ g_full
     elif ctx.needs_input_grad[0]:
-        grad_a = torch.ops.weft.ag_gemm(grad_c, b, ctx.method, ctx.group, _flip(ctx.b_layout))
-    return grad_a, grad_b, None, None, None
+        grad_a = torch.ops.weft.ag_gemm(grad_c, b, ctx.method, ctx.group, _flip(ctx.b_layout), ctx.group_size)
+    return (grad_a, grad_b) + (None,) * (ctx.n_inputs - 2)
 
 
 def _gemm_ar_bwd(ctx, grad_c):
@@ -518,7 +539,7 @@ def _gemm_ar_bwd(ctx, grad_c):
         grad_a = grad_c @ b if ctx.b_layout == "nk" else grad_c @ b.t()
     if ctx.needs_input_grad[1]:
         grad_b = grad_c.t() @ a if ctx.b_layout == "nk" else a.t() @ grad_c
-    return grad_a, grad_b, None, None, None
+    return (grad_a, grad_b) + (None,) * (ctx.n_inputs - 2)
 
 
 ag_gemm.register_autograd(_ag_gemm_bwd, setup_context=_save_gemm)

@@ -90,7 +90,7 @@ class ColumnParallelLinear(_ParallelLinear):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
         if self.sequence_parallel:
-            y = torch.ops.weft.ag_gemm(x2, self.weight, self.method, self.group_name)
+            y = torch.ops.weft.ag_gemm(x2, self.weight, self.method, self.group_name, "nk", self.world_size)
             out_lead = (lead[0] * self.world_size,) + tuple(lead[1:]) if len(lead) else lead
         else:
             x2 = _CopyToParallel.apply(x2, self.group_name)
@@ -134,7 +134,7 @@ class RowParallelLinear(_ParallelLinear):
             if len(lead) and lead[0] % self.world_size:
                 raise weft.InvalidArgument(f"weft.torch.nn.RowParallelLinear: the first dimension ({lead[0]}) is "
                                            f"not divisible by the world size ({self.world_size})")
-            y = torch.ops.weft.gemm_rs(x2, self.weight, self.method, self.group_name)
+            y = torch.ops.weft.gemm_rs(x2, self.weight, self.method, self.group_name, "nk", self.world_size)
             out_lead = (lead[0] // self.world_size,) + tuple(lead[1:]) if len(lead) else lead
         else:
             y = torch.ops.weft.gemm_ar(x2, self.weight, self.method, self.group_name)
