@@ -105,7 +105,24 @@ def _make_allgather(fn, size):
     return _lib.ALLGATHER_FN(callback)
 
 
-class World:
+class _Closeable:
+    """close() on leaving a `with` block and when collected (errors then have nobody to reach:
+    interpreter shutdown, a broken world)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class World(_Closeable):
     """The ranks, their bootstrap, the backend and its symmetric heap (collective to create).
 
     allgather: the exchange, a callable allgather(data: bytes) -> list[bytes] (one item per rank,
@@ -204,24 +221,12 @@ class World:
         h, self._handle = self._handle, None
         _check(self._lib.weft_world_destroy(h))
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 -- interpreter shutdown, a broken world: nothing to report to
-            pass
-
     def __repr__(self):
         state = "closed" if self.closed else f"backend={self._backend}"
         return f"weft.World(rank={getattr(self, '_rank', '?')}, size={getattr(self, '_size', '?')}, {state})"
 
 
-class _Op:
+class _Op(_Closeable):
     _destroy = None
 
     def __init__(self, world):
@@ -240,17 +245,6 @@ class _Op:
         h, self._handle = self._handle, None
         _check(getattr(self._world._lib, self._destroy)(h))
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 class Collectives(_Op):
