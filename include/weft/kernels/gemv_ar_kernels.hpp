@@ -1,0 +1,70 @@
+// GEMV + AllReduce kernels (ops::GemvAllReduce, issue 23): weft's skinny GEMM (y = x * W^T for
+// M <= 128 tokens, streaming W at HBM speed), the fused GEMV + all-reduce (+ residual add and
+// RMSNorm) and the unfused add + RMSNorm. Launchers: raw values and a stream in, cudaError_t
+// out; no allocation, no host synchronisation (graph-capturable).
+//
+// The fused call's symmetric state (offsets into every rank's heap, allocated by the op):
+//  - receive lines: [2 parities][world sources][m_max * n / 4] 16-byte LL lines, each 8 bytes
+//    of data (4 values of y's type, one source's partial product) and the call's epoch twice
+//    (collective_algos.hpp's LL format); a call of epoch e uses parity e & 1. Lines are never
+//    reset: stale ones carry an older epoch.
+//  - epochs: one uint64 per CTA, that CTA's completed calls on this rank.
+//  - norm state (epilogue): [2 parities][m_max] floats (per-token sums of squares) and one
+//    uint64 arrival counter per parity for the grid-wide barrier before the norm.
+#pragma once
+#include <cstdint>
+
+#include "weft/device/ctx.hpp"
+#include "weft/device/dtype.hpp"
+
+#ifdef WEFT_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace weft::kernels {
+
+struct GemvArgs {
+  const void* x = nullptr;  // [m, k] row-major
+  const void* w = nullptr;  // [n, k] row-major (torch.nn.functional.linear's weight)
+  void* y = nullptr;        // [m, n]: x * w^T (local), the all-reduced sum (fused), or RMSNorm's output (epilogue)
+  int m = 0, n = 0, k = 0;  // k: this rank's depth (K / world), a multiple of 8; n a multiple of 8
+  int m_max = 0;            // the receive lines' capacity in tokens
+  int ctas = 0;             // fused: the grid (persistent CTAs; slices of n shared out among them)
+  uint64_t lines_off = 0;   // fused: heap offset of the receive lines (gemv_lines_bytes)
+  uint64_t epoch_off = 0;   // fused: heap offset of the per-CTA epochs (gemv_epochs_bytes)
+  uint64_t norm_off = 0;    // fused + epilogue: heap offset of the norm state (gemv_norm_bytes)
+  // Epilogue (residual == nullptr: none): residual_out = y + residual; y = RMSNorm(residual_out) * gamma.
+  const void* residual = nullptr;
+  const void* gamma = nullptr;
+  void* residual_out = nullptr;
+  float eps = 1e-6f;
+  uint64_t op_tag = 0;  // dev::op_tag("gemv_ar"): names the op in a timeout report
+};
+
+inline uint64_t gemv_lines_bytes(int world, int m_max, int n) {
+  return 2ull * static_cast<uint64_t>(world) * static_cast<uint64_t>(m_max) * static_cast<uint64_t>(n) / 4 * 16;
+}
+inline uint64_t gemv_epochs_bytes(int ctas) { return 8ull * static_cast<uint64_t>(ctas); }
+inline uint64_t gemv_norm_bytes(int m_max) { return 2ull * 4 * static_cast<uint64_t>(m_max) + 2 * 8 + 16; }
+
+// Host backend: one fused call by a.ctas host teams, the same exchange, sum and epilogue code
+// as the kernel (gemv_ar_algos.hpp) after a scalar GEMV of each slice; throws TimeoutError
+// naming the peer on a missed deadline. (src/ops/gemv_ar/host_fused.cpp)
+void gemv_ar_host_fused(const dev::DeviceCtx& c, const GemvArgs& a, dev::DType t);
+
+#ifdef WEFT_HAVE_CUDA
+// The fused kernel's grid for n columns on this device (persistent: every CTA resident, which
+// the epilogue's grid-wide barrier needs).
+int gemv_ar_fused_ctas(int n, int device);
+// y = x * w^T on this rank (no communication): weft's skinny GEMM.
+cudaError_t gemv_local(const GemvArgs& a, dev::DType t, cudaStream_t s);
+// One fused call (a.ctas CTAs): local GEMV, LL push of every finished slice to every peer, the
+// sum in rank order where it lands, the epilogue when a.residual is set. Every wait has the
+// deadline c.timeout_ns (error slot, then trap).
+cudaError_t gemv_ar_fused(const dev::DeviceCtx& c, const GemvArgs& a, dev::DType t, cudaStream_t s);
+// Unfused epilogue: residual_out = y + residual; out = RMSNorm(residual_out) * gamma; m rows of n.
+cudaError_t add_rmsnorm(const void* y, const void* residual, const void* gamma, void* residual_out, void* out, int m,
+                        int n, float eps, dev::DType t, cudaStream_t s);
+#endif
+
+}  // namespace weft::kernels
