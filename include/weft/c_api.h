@@ -152,6 +152,10 @@ int weft_gemm_create(weft_world* w, const weft_gemm_config* cfg, weft_gemm** out
 int weft_gemm_destroy(weft_gemm* g);
 /* Collective: one call with M rows (0: the configured M; a bucket's M). */
 int weft_gemm_run(weft_gemm* g, const void* a, const void* b, void* c, int64_t m, const char* method, void* stream);
+/* ag_gemm: weft_gemm_run that also leaves the call's gathered A [M, K] (every rank's rows) in
+ * gathered_a, for a weight gradient without gathering again (GemmRunOptions::gathered_a). */
+int weft_gemm_run_gathered(weft_gemm* g, const void* a, const void* b, void* c, int64_t m, const char* method,
+                           void* stream, void* gathered_a);
 /* The operands' shapes of a call with M rows (0: the configured M). */
 int weft_gemm_shapes(const weft_gemm* g, int64_t m, int64_t* a_rows, int64_t* a_cols, int64_t* b_rows, int64_t* b_cols,
                      int64_t* c_rows, int64_t* c_cols);

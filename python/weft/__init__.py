@@ -311,10 +311,16 @@ class GemmOverlap(_Op):
         self.op = op
         world._register(self)
 
-    def run(self, a_ptr, b_ptr, c_ptr, m=0, method=None, stream=0):
-        """Collective: one call with M rows (0: the configured M)."""
-        _check(self._world._lib.weft_gemm_run(self.handle, _ptr(a_ptr), _ptr(b_ptr), _ptr(c_ptr), int(m),
-                                              _text(method), _ptr(stream)))
+    def run(self, a_ptr, b_ptr, c_ptr, m=0, method=None, stream=0, gathered_a_ptr=None):
+        """Collective: one call with M rows (0: the configured M). ag_gemm: gathered_a_ptr, when
+        given, receives the call's gathered A [M, K] too."""
+        if gathered_a_ptr is None:
+            _check(self._world._lib.weft_gemm_run(self.handle, _ptr(a_ptr), _ptr(b_ptr), _ptr(c_ptr), int(m),
+                                                  _text(method), _ptr(stream)))
+        else:
+            _check(self._world._lib.weft_gemm_run_gathered(self.handle, _ptr(a_ptr), _ptr(b_ptr), _ptr(c_ptr),
+                                                           int(m), _text(method), _ptr(stream),
+                                                           _ptr(gathered_a_ptr)))
 
     def shapes(self, m=0):
         """(a_rows, a_cols, b_rows, b_cols, c_rows, c_cols) of this rank's operands for M rows."""

@@ -85,6 +85,7 @@ _SIGNATURES = {
     "weft_gemm_create": (c_int, [_p, POINTER(GemmConfig), POINTER(c_void_p)]),
     "weft_gemm_destroy": (c_int, [_p]),
     "weft_gemm_run": (c_int, [_p, _p, _p, _p, c_int64, c_char_p, _p]),
+    "weft_gemm_run_gathered": (c_int, [_p, _p, _p, _p, c_int64, c_char_p, _p, _p]),
     "weft_gemm_shapes": (c_int, [_p, c_int64, _i64p, _i64p, _i64p, _i64p, _i64p, _i64p]),
     "weft_gemm_auto_method": (c_int, [_p, c_int64, POINTER(c_char_p)]),
 }

@@ -519,8 +519,8 @@ WEFT_API int weft_gemm_destroy(weft_gemm* g) {
   });
 }
 
-WEFT_API int weft_gemm_run(weft_gemm* g, const void* a, const void* b, void* c, int64_t m, const char* method,
-                           void* stream) {
+WEFT_API int weft_gemm_run_gathered(weft_gemm* g, const void* a, const void* b, void* c, int64_t m,
+                                    const char* method, void* stream, void* gathered_a) {
   return guard([&] {
     require_arg(g != nullptr, "weft_gemm_run: the weft_gemm handle is null");
     const char* op = ops::to_string(g->op->config().op);
@@ -531,8 +531,14 @@ WEFT_API int weft_gemm_run(weft_gemm* g, const void* a, const void* b, void* c, 
     o.method = ops::parse_gemm_method(text_or(method, "auto"));
     o.m = m;
     o.stream = stream;
+    o.gathered_a = gathered_a;
     g->op->run(a, b, c, o);
   });
+}
+
+WEFT_API int weft_gemm_run(weft_gemm* g, const void* a, const void* b, void* c, int64_t m, const char* method,
+                           void* stream) {
+  return weft_gemm_run_gathered(g, a, b, c, m, method, stream, nullptr);
 }
 
 WEFT_API int weft_gemm_shapes(const weft_gemm* g, int64_t m, int64_t* a_rows, int64_t* a_cols, int64_t* b_rows,

@@ -82,6 +82,7 @@ int run_all_methods(Backend& b, const GemmOverlapConfig& cfg, int calls, cudaStr
   DevBuf a(static_cast<size_t>(op.a_rows() * op.a_cols()) * 2), w(static_cast<size_t>(op.b_rows() * op.b_cols()) * 2),
       c(static_cast<size_t>(op.c_rows() * op.c_cols()) * 2);
   std::vector<uint16_t> out(static_cast<size_t>(op.c_rows() * op.c_cols()));
+  DevBuf g(cfg.op == GemmOp::kAgGemm ? static_cast<size_t>(cfg.m * op.a_cols()) * 2 : 16);
   std::vector<GemmMethod> methods{GemmMethod::kBaseline, GemmMethod::kDecomposed, GemmMethod::kAuto};
   const auto avail = op.available_methods();
   if (std::find(avail.begin(), avail.end(), GemmMethod::kFused) != avail.end()) methods.push_back(GemmMethod::kFused);
@@ -99,12 +100,25 @@ int run_all_methods(Backend& b, const GemmOverlapConfig& cfg, int calls, cudaStr
           fmt::format("{} {}x{}x{} {} {} {} world {} chunks {}", to_string(cfg.op), cfg.m, cfg.k, cfg.n, to_string(m),
                       dev::dtype_name(cfg.dtype), to_string(cfg.b_layout), world, op.chunks());
       progress(rank, what);
-      op.run(a.p, w.p, c.p, {.method = m, .stream = s});
+      // ag_gemm, every other call: the gathered A kept too (GemmRunOptions::gathered_a).
+      const bool keep = cfg.op == GemmOp::kAgGemm && e % 2 == 0;
+      if (keep) WEFT_CUDA_CHECK(cudaMemset(g.p, 0xFF, g.bytes));
+      op.run(a.p, w.p, c.p, {.method = m, .stream = s, .gathered_a = keep ? g.p : nullptr});
       WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
       b.synchronize();
       WEFT_CUDA_CHECK(cudaMemcpy(out.data(), c.p, c.bytes, cudaMemcpyDeviceToHost));
       check(op, out, rank, world, e, what);
       ++checks;
+      if (keep) {
+        std::vector<uint16_t> ga(static_cast<size_t>(cfg.m * op.a_cols()));
+        WEFT_CUDA_CHECK(cudaMemcpy(ga.data(), g.p, g.bytes, cudaMemcpyDeviceToHost));
+        for (int64_t r = 0; r < cfg.m; ++r)
+          for (int64_t k = 0; k < op.a_cols(); ++k)
+            WEFT_CHECK(ga[static_cast<size_t>(r * op.a_cols() + k)] ==
+                           dev::to_bits16(weft::testing::overlap_a(r, k, e), cfg.dtype),
+                       fmt::format("{}: gathered A row {} col {} is wrong", what, r, k));
+        ++checks;
+      }
     }
   return checks;
 }

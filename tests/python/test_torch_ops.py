@@ -129,6 +129,9 @@ def _rank_gemms(dtype_name, method):
     assert torch.equal(c, _mm(torch.cat(a), b[r]).to(dtype))
     # B as [K, N] ("kn").
     assert torch.equal(wt.ag_gemm(a[r], b[r].t().contiguous(), method, b_layout="kn"), c)
+    # ag_gemm_gathered: the same C, and the gathered A beside it.
+    cg, a_full = torch.ops.weft.ag_gemm_gathered(a[r], b[r], method, "", "nk", n)
+    assert torch.equal(cg, c) and torch.equal(a_full, torch.cat(a))
     # gemm_rs / gemm_ar: A [M, K/world], B [N, K/world].
     k_local = K // 2
     m = M_LOCAL * n
@@ -255,8 +258,8 @@ def test_fake_and_schema():
     """The ops are registered with their schemas (no ranks needed for this)."""
     import weft.torch  # noqa: F401
 
-    for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_v", "ag_gemm", "gemm_rs",
-                 "gemm_ar"):
+    for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_v", "ag_gemm",
+                 "ag_gemm_gathered", "gemm_rs", "gemm_ar"):
         op = getattr(torch.ops.weft, name).default
         assert not any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments), name
     assert "str method=\"auto\"" in str(torch.ops.weft.all_reduce.default._schema)

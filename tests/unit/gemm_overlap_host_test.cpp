@@ -439,6 +439,51 @@ TEST(GemmOverlapHostEveryM, OneObjectServesEveryM) {
   }
 }
 
+// ag_gemm's gathered_a: every method leaves A of every rank there, for prepared and
+// unprepared Ms; other ops and overlapping buffers are refused.
+TEST(GemmOverlapHostGathered, EveryMethodLeavesTheGatheredA) {
+  for (int w : {1, 2, 3}) {
+    SCOPED_TRACE(fmt::format("world {}", w));
+    expect_all_ok(run_host_ranks(w, [] {
+      auto b = make_backend();
+      const int rank = b->rank(), world = b->size();
+      GemmOverlapConfig cfg = config({GemmOp::kAgGemm, 16 * world, 24, 40}, dev::DType::kBF16, BLayout::kNK, 2);
+      cfg.m_buckets = {4 * world};
+      GemmOverlap op(*b, cfg);
+      Inputs in(static_cast<size_t>(op.a_rows() * op.a_cols()), static_cast<size_t>(op.b_rows() * op.b_cols()));
+      Buf out(static_cast<size_t>(op.c_rows() * op.c_cols()));
+      Buf gathered(static_cast<size_t>(cfg.m * op.a_cols()));
+      int64_t e = 0;
+      for (int64_t m : {16 * world, 4 * world, 2 * world}) {
+        for (GemmMethod method : {GemmMethod::kBaseline, GemmMethod::kDecomposed, GemmMethod::kFused, GemmMethod::kAuto}) {
+          ++e;
+          fill_overlap_inputs(op, rank, e, /*sparse=*/false, in.a.p(), in.b.p(), m);
+          std::fill(gathered.v.begin(), gathered.v.end(), uint16_t{0x7FC1});
+          op.run(in.a.p(), in.b.p(), out.p(), {.method = method, .m = m, .gathered_a = gathered.p()});
+          const std::string what = fmt::format("{} M = {}", to_string(method), m);
+          check_overlap_output(op, out.p(), rank, world, e, /*sparse=*/false, what, m);
+          const int64_t shard = m / world;
+          for (int64_t g = 0; g < m; ++g)
+            for (int64_t k = 0; k < op.a_cols(); ++k) {
+              const uint16_t want = dev::to_bits16(weft::testing::overlap_a(g, k, e), cfg.dtype);
+              WEFT_CHECK(gathered.p()[g * op.a_cols() + k] == want,
+                         fmt::format("{}: gathered A row {} (rank {}'s) col {} is wrong", what, g, g / shard, k));
+            }
+          for (size_t i = static_cast<size_t>(m * op.a_cols()); i < gathered.v.size(); ++i)
+            WEFT_CHECK(gathered.p()[i] == 0x7FC1, fmt::format("{}: wrote past the gathered A", what));
+        }
+      }
+      std::string got = message_of([&] { op.run(in.a.p(), in.b.p(), out.p(), {.gathered_a = out.p()}); });
+      WEFT_CHECK(got.find("gathered_a overlaps A, B or C") != std::string::npos, got);
+      GemmOverlap rs(*b, config({GemmOp::kGemmRs, 8 * world, 8 * world, 16}, dev::DType::kBF16, BLayout::kNK, 1));
+      Inputs ri(static_cast<size_t>(rs.a_rows() * rs.a_cols()), static_cast<size_t>(rs.b_rows() * rs.b_cols()));
+      Buf ro(static_cast<size_t>(rs.c_rows() * rs.c_cols()));
+      got = message_of([&] { rs.run(ri.a.p(), ri.b.p(), ro.p(), {.gathered_a = gathered.p()}); });
+      WEFT_CHECK(got.find("gathered_a is for ag_gemm only") != std::string::npos, got);
+    }));
+  }
+}
+
 TEST(GemmOverlapHostEveryM, BadMsAreRefusedClearly) {
   expect_all_ok(run_host_ranks(2, [] {
     auto b = make_backend();

@@ -8,7 +8,7 @@
 #           (and the pytest wheels into .whl: see the device README)
 #   device: bash tools/gpu/python_gpu.sh .gpu     (carry .gpu and .whl)
 # Environment: SKIP_CPP_TESTS=1, SKIP_PYTEST=1, SKIP_BENCH=1; CPP_FILTER (a gtest filter);
-# BENCH_ARGS (e.g. "--seqs 4096").
+# BENCH_ARGS (e.g. "--seqs 4096"); WORLDS (e.g. "2 4": the benchmark on the first 2, then 4 GPUs).
 set -uo pipefail
 BIN=${1:?bin dir}
 source "$(dirname "$0")/env.sh"
@@ -42,10 +42,14 @@ if [ "${SKIP_PYTEST:-0}" != 1 ]; then
   tail -25 "$OUT/pytest_gpu.log"
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  step "TP MLP block on $NGPU GPUs: weft vs PyTorch eager + NCCL vs async TP"
-  mkdir -p "$OUT/mlp"
-  timeout -s KILL "${BENCH_LIMIT:-300}" torchrun --standalone --nproc-per-node "$NGPU" -m weft.torch.bench mlp \
-    --out "$OUT/mlp" ${BENCH_ARGS:-} > "$OUT/mlp/bench.log" 2>&1 || status=1
-  tail -30 "$OUT/mlp/bench.log"
+  # WORLDS: the GPU counts to run the benchmark on (the first N GPUs each; default: all).
+  for n in ${WORLDS:-$NGPU}; do
+    step "TP MLP block on $n GPUs: weft vs PyTorch eager + NCCL vs async TP"
+    mkdir -p "$OUT/mlp"
+    CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) timeout -s KILL "${BENCH_LIMIT:-300}" \
+      torchrun --standalone --nproc-per-node "$n" -m weft.torch.bench mlp --out "$OUT/mlp" ${BENCH_ARGS:-} \
+      > "$OUT/mlp/bench-${n}gpu.log" 2>&1 || status=1
+    tail -30 "$OUT/mlp/bench-${n}gpu.log"
+  done
 fi
 exit $status

@@ -96,6 +96,12 @@ struct GemmRunOptions {
   // not for graph capture). Each traced call replaces the previous call's events.
   bool trace = false;
   void* stream = nullptr;  // cudaStream_t on the nccl backend (nullptr: the default stream)
+  // ag_gemm only: where this call's gathered A [M x K] (every rank's rows, row-major) is left
+  // too, for a weight gradient (dB = AG(A)^T dC) without gathering A again. baseline gathers
+  // straight into it; decomposed and fused copy it out of their workspace after the GEMM (one
+  // device copy of M x K elements on the stream; the host backend gathers it again).
+  // 16-byte aligned, not overlapping A, B or C. nullptr: not kept.
+  void* gathered_a = nullptr;
 };
 
 // What `auto` decided and why.

@@ -59,6 +59,11 @@ def ag_gemm(a, b, method="auto", group=None, b_layout="nk"):
     return torch.ops.weft.ag_gemm(a, b, method, group_name(group), b_layout, _size(group))
 
 
+def ag_gemm_gathered(a, b, method="auto", group=None, b_layout="nk"):
+    """(ag_gemm(a, b), all_gather(a)): the gathered input kept, for a weight gradient."""
+    return torch.ops.weft.ag_gemm_gathered(a, b, method, group_name(group), b_layout, _size(group))
+
+
 def gemm_rs(a, b, method="auto", group=None, b_layout="nk"):
     """reduce_scatter(a [M, K/world] · bᵀ) along M -> [M/world, N]; b [N, K/world]."""
     return torch.ops.weft.gemm_rs(a, b, method, group_name(group), b_layout, _size(group))
@@ -72,5 +77,5 @@ def gemm_ar(a, b, method="auto", group=None, b_layout="nk"):
 from . import nn  # noqa: E402
 
 __all__ = ["init", "world", "shutdown", "TorchWorld", "group_name", "empty", "is_symmetric", "prepare",
-           "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_v", "ag_gemm", "gemm_rs",
+           "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_v", "ag_gemm", "ag_gemm_gathered", "gemm_rs",
            "gemm_ar", "nn"]

@@ -316,17 +316,22 @@ def _gemm_object(w, op, problem, dtype, b_layout, t, capture_check=True):
     return g
 
 
-def _gemm_run(op, a, b, method, group, b_layout, group_size=0):
+def _gemm_run(op, a, b, method, group, b_layout, group_size=0, gathered=False):
     w, a, b, n = _gemm_operands(op, a, b, method, group, b_layout)
     _size_of(op, w, group_size)
     problem, c_shape = _gemm_problem(op, w, a, n)
     c = a.new_empty(c_shape)
+    a_full = a.new_empty((problem[0], a.shape[1])) if gathered else None
     if c.numel() and a.shape[1]:
         g = _gemm_object(w, op, problem, a.dtype, b_layout, a)
-        g.run(a.data_ptr(), b.data_ptr(), c.data_ptr(), method=method, stream=_stream(a))
-    elif c.numel():
-        c.zero_()
-    return c
+        g.run(a.data_ptr(), b.data_ptr(), c.data_ptr(), method=method, stream=_stream(a),
+              gathered_a_ptr=a_full.data_ptr() if gathered else None)
+    else:
+        if c.numel():
+            c.zero_()
+        if gathered and a_full.numel():  # K = 0 never reaches here (a.shape[1] == a_full.shape[1])
+            a_full.zero_()
+    return (c, a_full) if gathered else c
 
 
 def _gemm_fake(op, a, b, group, b_layout, group_size=0):
@@ -349,6 +354,22 @@ def ag_gemm(a: Tensor, b: Tensor, method: str = "auto", group: str = "", b_layou
 @ag_gemm.register_fake
 def _(a, b, method="auto", group="", b_layout="nk", group_size=0):
     return _gemm_fake("ag_gemm", a, b, group, b_layout, group_size)
+
+
+@torch.library.custom_op("weft::ag_gemm_gathered", mutates_args=())
+def ag_gemm_gathered(a: Tensor, b: Tensor, method: str = "auto", group: str = "", b_layout: str = "nk",
+                     group_size: int = 0) -> tuple[Tensor, Tensor]:
+    """ag_gemm that also returns the gathered A [M, K] it multiplied: (C, all_gather(A)). For
+    training, where the weight's gradient needs all_gather(A) again: the baseline gathers
+    straight into it, decomposed and fused copy it from their workspace (one device copy of
+    M x K elements after the GEMM) instead of a second all-gather."""
+    return _gemm_run("ag_gemm", a, b, method, group, b_layout, group_size, gathered=True)
+
+
+@ag_gemm_gathered.register_fake
+def _(a, b, method="auto", group="", b_layout="nk", group_size=0):
+    c = _gemm_fake("ag_gemm", a, b, group, b_layout, group_size)
+    return c, a.new_empty((c.shape[0], a.shape[1]))
 
 
 @torch.library.custom_op("weft::gemm_rs", mutates_args=())
@@ -385,6 +406,7 @@ _PREPARE_PARAMS = {
     "all_to_all": ("x", "method", "group"),
     "all_to_all_v": ("x", "send_counts", "out_capacity", "method", "group"),
     "ag_gemm": ("a", "b", "method", "group", "b_layout", "group_size"),
+    "ag_gemm_gathered": ("a", "b", "method", "group", "b_layout", "group_size"),
     "gemm_rs": ("a", "b", "method", "group", "b_layout", "group_size"),
     "gemm_ar": ("a", "b", "method", "group", "b_layout"),
 }
@@ -408,6 +430,8 @@ def prepare(op: str, *args, **kwargs) -> None:
         vals[k] = v
     method = vals.get("method", "auto")
     w = _world.lookup(_world.group_name(vals.get("group", "")))
+    if op == "ag_gemm_gathered":  # the same op object as ag_gemm's
+        op = "ag_gemm"
     if op in ("ag_gemm", "gemm_rs", "gemm_ar"):
         _check_method(op, method, GEMM_METHODS)
         a, b, b_layout = vals["a"], vals["b"], vals.get("b_layout", "nk")
@@ -503,7 +527,8 @@ def _flip(layout):
 def _ag_gemm_bwd(ctx, grad_c):
     # C = AG(A) · B (B as [K, N]). dA = RS(dC · Bᵀ): a gemm_rs whose B operand is our B read in
     # the other layout (no transpose copy). dB = AG(A)ᵀ · dC, with A gathered again (the
-    # forward's gathered A lives in weft's workspace, which is reused).
+    # forward's gathered A lives in weft's workspace, which is reused): ag_gemm_gathered, which
+    # keeps it, is what training should call (ColumnParallelLinear does).
     a, b = ctx.saved_tensors
     grad_c = grad_c.contiguous()
     grad_a = grad_b = None
@@ -516,18 +541,43 @@ def _ag_gemm_bwd(ctx, grad_c):
 
 
 def _gemm_rs_bwd(ctx, grad_c):
-    # C = RS(A · B). dA = AG(dC) · Bᵀ (an ag_gemm when only A needs it); dB from the same
-    # gathered dC: AG(dC)ᵀ · A.
+    # C = RS(A · B). dA = AG(dC) · Bᵀ, an ag_gemm; dB = AG(dC)ᵀ · A from the gathered dC that
+    # the same ag_gemm hands out (ag_gemm_gathered), so dC is gathered once, overlapped with dA.
     a, b = ctx.saved_tensors
     grad_c = grad_c.contiguous()
     grad_a = grad_b = None
-    if ctx.needs_input_grad[1]:
+    flip = _flip(ctx.b_layout)
+    if ctx.needs_input_grad[0] and ctx.needs_input_grad[1]:
+        grad_a, g_full = torch.ops.weft.ag_gemm_gathered(grad_c, b, ctx.method, ctx.group, flip, ctx.group_size)
+    elif ctx.needs_input_grad[1]:
         g_full = torch.ops.weft.all_gather(grad_c, "auto", ctx.group, ctx.group_size)
-        if ctx.needs_input_grad[0]:
-            grad_a = g_full @ b if ctx.b_layout == "nk" else g_full @ b.t()
-        grad_b = g_full.t() @ a if ctx.b_layout == "nk" else a.t() @ g_full
     elif ctx.needs_input_grad[0]:
-        grad_a = torch.ops.weft.ag_gemm(grad_c, b, ctx.method, ctx.group, _flip(ctx.b_layout), ctx.group_size)
+        grad_a = torch.ops.weft.ag_gemm(grad_c, b, ctx.method, ctx.group, flip, ctx.group_size)
+    if ctx.needs_input_grad[1]:
+        grad_b = g_full.t() @ a if ctx.b_layout == "nk" else a.t() @ g_full
+    return (grad_a, grad_b) + (None,) * (ctx.n_inputs - 2)
+
+
+def _save_ag_gathered(ctx, inputs, output):
+    # The gathered A is saved instead of A: the weight's gradient reads it, A's needs none.
+    b = inputs[1]
+    ctx.save_for_backward(output[1], b)
+    ctx.method, ctx.group, ctx.b_layout = inputs[2], inputs[3], inputs[4]
+    ctx.group_size = inputs[5] if len(inputs) > 5 else 0
+    ctx.n_inputs = len(inputs)
+
+
+def _ag_gemm_gathered_bwd(ctx, grad_c, grad_full):
+    # (C, G) = (AG(A) · B, AG(A)). dA = RS(dC · Bᵀ) (+ RS(dG) where G was used); dB = Gᵀ · dC.
+    a_full, b = ctx.saved_tensors
+    grad_a = grad_b = None
+    if ctx.needs_input_grad[0]:
+        grad_a = torch.ops.weft.gemm_rs(grad_c.contiguous(), b, ctx.method, ctx.group, _flip(ctx.b_layout),
+                                        ctx.group_size)
+        if grad_full is not None:
+            grad_a = grad_a + torch.ops.weft.reduce_scatter(grad_full.contiguous(), "auto", ctx.group, ctx.group_size)
+    if ctx.needs_input_grad[1]:
+        grad_b = grad_c.t() @ a_full if ctx.b_layout == "nk" else a_full.t() @ grad_c
     return (grad_a, grad_b) + (None,) * (ctx.n_inputs - 2)
 
 
@@ -544,4 +594,5 @@ def _gemm_ar_bwd(ctx, grad_c):
 
 ag_gemm.register_autograd(_ag_gemm_bwd, setup_context=_save_gemm)
 gemm_rs.register_autograd(_gemm_rs_bwd, setup_context=_save_gemm)
+ag_gemm_gathered.register_autograd(_ag_gemm_gathered_bwd, setup_context=_save_ag_gathered)
 gemm_ar.register_autograd(_gemm_ar_bwd, setup_context=_save_gemm)

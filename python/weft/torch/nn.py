@@ -90,7 +90,12 @@ class ColumnParallelLinear(_ParallelLinear):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
         if self.sequence_parallel:
-            y = torch.ops.weft.ag_gemm(x2, self.weight, self.method, self.group_name, "nk", self.world_size)
+            if torch.is_grad_enabled() and self.weight.requires_grad:
+                # Training: keep the gathered input for the weight's gradient (no second gather).
+                y, _ = torch.ops.weft.ag_gemm_gathered(x2, self.weight, self.method, self.group_name, "nk",
+                                                       self.world_size)
+            else:
+                y = torch.ops.weft.ag_gemm(x2, self.weight, self.method, self.group_name, "nk", self.world_size)
             out_lead = (lead[0] * self.world_size,) + tuple(lead[1:]) if len(lead) else lead
         else:
             x2 = _CopyToParallel.apply(x2, self.group_name)

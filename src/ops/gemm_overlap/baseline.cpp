@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cstring>
 
 #include "gemm_overlap_impl.hpp"
 
@@ -20,6 +21,10 @@ int64_t now_ns() {
       .count();
 }
 }  // namespace
+
+void BaselineHost::keep_gathered(int64_t m, const void*, void* dst, void*) {
+  std::memcpy(dst, op_.host_scratch.data(), static_cast<size_t>(m * op_.k_local) * op_.eb);
+}
 
 void BaselineHost::run(int64_t m, const void* a, const void* bp, void* c, void* /*stream*/, bool tracing) {
   const GemmOverlapConfig& cfg = op_.cfg;
@@ -66,6 +71,12 @@ namespace {
 ncclDataType_t nccl_type(dev::DType t) { return t == dev::DType::kF16 ? ncclFloat16 : ncclBfloat16; }
 }  // namespace
 
+void BaselineGpu::keep_gathered(int64_t m, const void*, void* dst, void* stream) {
+  if (dst == gathered_) return;  // gathered straight into it
+  WEFT_CUDA_CHECK(cudaMemcpyAsync(dst, gathered_, static_cast<size_t>(m * op_.k_local) * op_.eb, cudaMemcpyDefault,
+                                  static_cast<cudaStream_t>(stream)));
+}
+
 void BaselineGpu::run(int64_t m, const void* a, const void* bp, void* c, void* stream, bool tracing) {
   const auto s = static_cast<cudaStream_t>(stream);
   op_.begin(s, tracing);
@@ -80,10 +91,11 @@ void BaselineGpu::gpu_baseline(int64_t m, const void* a, const void* bp, void* c
   const ncclDataType_t nt = nccl_type(cfg.dtype);
   if (cfg.op == GemmOp::kAgGemm) {
     size_t x = op_.mark(s, TraceKind::kChunk, 0, 1, "nccl", "ncclAllGather", tracing);
-    WEFT_NCCL_CHECK(ncclAllGather(a, op_.scratch, static_cast<size_t>(m / op_.world * k_local), nt, comm, s));
+    gathered_ = gather_into ? gather_into : op_.scratch;
+    WEFT_NCCL_CHECK(ncclAllGather(a, gathered_, static_cast<size_t>(m / op_.world * k_local), nt, comm, s));
     op_.mark_end(x, s, tracing);
     x = op_.mark(s, TraceKind::kTile, 0, 0, "compute stream", "cublas gemm", tracing);
-    op_.gemm(s, op_.scratch, bp, c, m, k_local, 0, cfg.n);
+    op_.gemm(s, gathered_, bp, c, m, k_local, 0, cfg.n);
     op_.mark_end(x, s, tracing);
     return;
   }

@@ -195,6 +195,21 @@ void GemmOpContext::put_count(int peer, uint64_t off, cudaStream_t s) {
                                   cudaMemcpyDefault, s));
 }
 
+void GemmOpContext::copy_gathered(const char* gathered, bool own_missing, int64_t m, const void* a, void* dst,
+                                  cudaStream_t s) {
+  const size_t row = static_cast<size_t>(k_local) * eb;
+  const size_t shard = static_cast<size_t>(m / world) * row;
+  if (!own_missing) {
+    WEFT_CUDA_CHECK(cudaMemcpyAsync(dst, gathered, static_cast<size_t>(m) * row, cudaMemcpyDefault, s));
+    return;
+  }
+  char* d = static_cast<char*>(dst);
+  const size_t own0 = static_cast<size_t>(rank) * shard, own1 = own0 + shard, end = static_cast<size_t>(m) * row;
+  if (own0) WEFT_CUDA_CHECK(cudaMemcpyAsync(d, gathered, own0, cudaMemcpyDefault, s));
+  WEFT_CUDA_CHECK(cudaMemcpyAsync(d + own0, a, shard, cudaMemcpyDefault, s));
+  if (end > own1) WEFT_CUDA_CHECK(cudaMemcpyAsync(d + own1, gathered + own1, end - own1, cudaMemcpyDefault, s));
+}
+
 void GemmOpContext::copy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows,
                            cudaStream_t s) {
   if (!sm_copies && copy_engine_took(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, s), s))

@@ -290,6 +290,11 @@ void DecomposedGpu::release() {
     if (e) cudaEventDestroy(e);
 }
 
+void DecomposedGpu::keep_gathered(int64_t m, const void* a, void* dst, void* stream) {
+  op_.copy_gathered(op_.b.ctx().peer_base[op_.rank] + ag_tensor_off[static_cast<size_t>(ag.gemm)], ag_own_in_place, m, a,
+                    dst, static_cast<cudaStream_t>(stream));
+}
+
 void DecomposedGpu::run(int64_t m, const void* a, const void* bp, void* c, void* stream, bool tracing) {
   WEFT_CHECK(m == op_.cfg.m, "decomposed runs its prepared M only");
   const auto s = static_cast<cudaStream_t>(stream);

@@ -656,6 +656,8 @@ StatePtr make_state(const FusedArgs& A) {
   return st;
 }
 
+bool own_rows_in_place(const State& st) { return st.own_in_place; }
+
 void run_fused(const FusedArgs& A, State& st) {
   auto s = static_cast<cudaStream_t>(A.stream);
   if (A.op == Op::kAgGemm)

@@ -140,6 +140,9 @@ using StatePtr = std::unique_ptr<State, StateDeleter>;
 // a graph capture. Throws weft::Error where the fused method cannot run the op (the stub
 // always throws).
 StatePtr make_state(const FusedArgs& args);
+// ag_gemm: whether the kernel reads this rank's own rows of A in place, so that the gathered
+// tensor holds every rank's rows but these.
+bool own_rows_in_place(const State& state);
 // Enqueues one call on args.stream with the state make_state built for the same op. Throws
 // weft::Error on failure.
 void run_fused(const FusedArgs& args, State& state);

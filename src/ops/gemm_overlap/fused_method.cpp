@@ -110,6 +110,11 @@ void FusedGpu::release() {
   if (f_trace_count) cudaFree(f_trace_count);
 }
 
+void FusedGpu::keep_gathered(int64_t m, const void* a, void* dst, void* stream) {
+  op_.copy_gathered(op_.b.ctx().peer_base[op_.rank] + f_tensor_off[static_cast<size_t>(fp.gemm)],
+                    fused::own_rows_in_place(*f_state), m, a, dst, static_cast<cudaStream_t>(stream));
+}
+
 void FusedGpu::run(int64_t m, const void* a, const void* bp, void* c, void* stream, bool tracing) {
   WEFT_CHECK(m == op_.cfg.m, "fused runs its prepared M only");
   gpu_fused(a, bp, c, static_cast<cudaStream_t>(stream), tracing);

@@ -16,6 +16,7 @@ void StateDeleter::operator()(State* state) const { delete state; }
 
 StatePtr make_state(const FusedArgs&) { throw Error("fused method on GPUs: this build has no CUDA"); }
 
+bool own_rows_in_place(const State&) { return false; }
 void run_fused(const FusedArgs&, State&) { throw Error("fused method on GPUs: this build has no CUDA"); }
 
 }  // namespace weft::ops::fused

@@ -69,7 +69,8 @@ struct GemmOverlap::Impl : detail::GemmOpContext {
   void setup_gpu();
 #endif
   // One call of method m (resolved) on the method's object; stream: a cudaStream_t on GPUs.
-  void dispatch(GemmMethod method, int64_t m, const void* a, const void* bp, void* c, void* stream, bool tracing);
+  void dispatch(GemmMethod method, int64_t m, const void* a, const void* bp, void* c, void* stream, bool tracing,
+                void* gathered_a = nullptr);
 };
 
 // Every M the op prepared, the largest (config.m) first: one context and its method objects
@@ -220,7 +221,7 @@ void GemmOverlap::Impl::setup_host() {
 GemmMethod GemmOverlap::Impl::resolve(GemmMethod m) const { return m == GemmMethod::kAuto ? autoc.method : m; }
 
 void GemmOverlap::Impl::dispatch(GemmMethod which, int64_t m, const void* a, const void* bp, void* c, void* stream,
-                                 bool tracing) {
+                                 bool tracing, void* gathered_a) {
   detail::GemmMethodImpl* method = nullptr;
   switch (which) {
     case GemmMethod::kBaseline:
@@ -239,7 +240,10 @@ void GemmOverlap::Impl::dispatch(GemmMethod which, int64_t m, const void* a, con
     throw Error(fmt::format("{}: the fused method on GPUs {}", to_string(cfg.op),
                             fused::fused_available() ? "runs ag_gemm and gemm_rs only (docs/gemm_overlap.md)"
                                                      : "needs an sm_90 GPU (weft's GEMM)"));
+  method->gather_into = gathered_a;
   method->run(m, a, bp, c, stream, tracing);
+  method->gather_into = nullptr;
+  if (gathered_a) method->keep_gathered(m, a, gathered_a, stream);
 }
 
 #ifdef WEFT_HAVE_CUDA
@@ -359,6 +363,15 @@ void GemmOverlap::run(const void* a, const void* b, void* c, const GemmRunOption
   };
   WEFT_REQUIRE(!overlaps(c, c_bytes, a, a_bytes) && !overlaps(c, c_bytes, b, b_bytes),
                fmt::format("{}: C overlaps A or B (C is written while they are read)", to_string(I.cfg.op)));
+  if (opt.gathered_a) {
+    WEFT_REQUIRE(I.cfg.op == GemmOp::kAgGemm,
+                 fmt::format("{}: gathered_a is for ag_gemm only (the op that gathers A)", to_string(I.cfg.op)));
+    I.op.check_ptr(opt.gathered_a, 16, "gathered_a");
+    const uint64_t g_bytes = static_cast<uint64_t>(m * I.a_cols) * I.eb;
+    WEFT_REQUIRE(!overlaps(opt.gathered_a, g_bytes, a, a_bytes) && !overlaps(opt.gathered_a, g_bytes, b, b_bytes) &&
+                     !overlaps(opt.gathered_a, g_bytes, c, c_bytes),
+                 "ag_gemm: gathered_a overlaps A, B or C");
+  }
   GemmMethod method = GemmMethod::kBaseline;
   if (prepared) {
     method = I.resolve(opt.method);
@@ -372,7 +385,7 @@ void GemmOverlap::run(const void* a, const void* b, void* c, const GemmRunOption
     I.trace.clear();
     S.traced = &I;
   }
-  I.op.guarded([&] { I.dispatch(method, m, a, b, c, opt.stream, opt.trace); });
+  I.op.guarded([&] { I.dispatch(method, m, a, b, c, opt.stream, opt.trace, opt.gathered_a); });
 }
 
 void GemmOverlap::run_gemm_only(const void* a, const void* b, void* c, void* stream, GemmAlone which) {

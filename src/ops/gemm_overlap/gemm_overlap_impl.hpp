@@ -58,6 +58,11 @@ class GemmMethodImpl {
  public:
   virtual ~GemmMethodImpl() = default;
   virtual void run(int64_t m, const void* a, const void* b, void* c, void* stream, bool tracing) = 0;
+  // ag_gemm, after run() of M rows with the same A: leaves that call's gathered A [M x K_local]
+  // in dst (GemmRunOptions::gathered_a), in the stream's order.
+  virtual void keep_gathered(int64_t m, const void* a, void* dst, void* stream) = 0;
+  // Set by the op for the next run() only: where baseline gathers A (dst of keep_gathered).
+  void* gather_into = nullptr;
 };
 
 #ifdef WEFT_HAVE_CUDA
@@ -204,6 +209,10 @@ struct GemmOpContext {
   // refused a peer pointer (outside a capture: sm_copies from now on, with a message; the
   // caller falls back to SMs); any other error is thrown.
   bool copy_engine_took(cudaError_t e, cudaStream_t s);
+  // ag_gemm's keep_gathered: the gathered A [m x k_local] at `gathered` (this rank's address
+  // of the method's buffer) into dst; own_missing: this rank's rows were read in place and
+  // never copied there, so they come from a.
+  void copy_gathered(const char* gathered, bool own_missing, int64_t m, const void* a, void* dst, cudaStream_t s);
   void copy2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, cudaStream_t s);
   const char* engine_name() const { return sm_copies ? "SM copy" : "copy engine"; }
 #endif
@@ -217,6 +226,7 @@ class BaselineHost final : public GemmMethodImpl {
  public:
   explicit BaselineHost(GemmOpContext& op) : op_(op) {}
   void run(int64_t m, const void* a, const void* bp, void* c, void* stream, bool tracing) override;
+  void keep_gathered(int64_t m, const void* a, void* dst, void* stream) override;
 
  private:
   GemmOpContext& op_;
@@ -228,6 +238,7 @@ class HostPlanMethod final : public GemmMethodImpl {
  public:
   HostPlanMethod(GemmOpContext& op, bool decomposed);
   void run(int64_t m, const void* a, const void* bp, void* c, void* stream, bool tracing) override;
+  void keep_gathered(int64_t m, const void* a, void* dst, void* stream) override;
 
  private:
   GemmOpContext& op_;
@@ -241,10 +252,12 @@ class BaselineGpu final : public GemmMethodImpl {
  public:
   explicit BaselineGpu(GemmOpContext& op) : op_(op) {}
   void run(int64_t m, const void* a, const void* bp, void* c, void* stream, bool tracing) override;
+  void keep_gathered(int64_t m, const void* a, void* dst, void* stream) override;
 
  private:
   void gpu_baseline(int64_t m, const void* a, const void* bp, void* c, cudaStream_t s, bool tracing);
   GemmOpContext& op_;
+  void* gathered_ = nullptr;  // ag_gemm: where the last call gathered A
 };
 // `decomposed` on GPUs (decomposed.cpp): per-chunk cuBLAS GEMMs on the caller's stream
 // beside the transfers on a copy stream. ag_gemm: the all-gather plan's transfers, tiles in
@@ -259,6 +272,7 @@ class DecomposedGpu final : public GemmMethodImpl {
   DecomposedGpu(const DecomposedGpu&) = delete;
   DecomposedGpu& operator=(const DecomposedGpu&) = delete;
   void run(int64_t m, const void* a, const void* bp, void* c, void* stream, bool tracing) override;
+  void keep_gathered(int64_t m, const void* a, void* dst, void* stream) override;
   // gemm_rs: the heap offset of the staging slots [world][m_shard x N] (0 for other ops); the
   // fused method lands the peers' pieces there too.
   uint64_t staging() const { return rs_stage; }
@@ -362,6 +376,7 @@ class FusedGpu final : public GemmMethodImpl {
   FusedGpu(const FusedGpu&) = delete;
   FusedGpu& operator=(const FusedGpu&) = delete;
   void run(int64_t m, const void* a, const void* bp, void* c, void* stream, bool tracing) override;
+  void keep_gathered(int64_t m, const void* a, void* dst, void* stream) override;
 
  private:
   void setup(uint64_t rs_stage);  // the constructor's work

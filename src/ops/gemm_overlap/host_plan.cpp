@@ -36,6 +36,11 @@ HostPlanMethod::HostPlanMethod(GemmOpContext& op, bool decomposed) : op_(op) {
       fmt::format("{}.{}.{}x{}x{}", to_string(cfg.op), decomposed ? "decomposed" : "fused", cfg.m, cfg.k, cfg.n));
 }
 
+// The plan executor's gathered tensor is its own; the reference all-gather makes the copy.
+void HostPlanMethod::keep_gathered(int64_t m, const void* a, void* dst, void*) {
+  op_.coll.baseline_all_gather(a, dst, static_cast<uint64_t>(m / op_.world * op_.k_local), op_.cfg.dtype);
+}
+
 void HostPlanMethod::run(int64_t m, const void* a, const void* bp, void* c, void* /*stream*/, bool tracing) {
   WEFT_CHECK(m == op_.cfg.m, "the plan executor runs its prepared M only");
   exec_->run(a, bp, c, tracing ? &op_.trace : nullptr);
