@@ -559,23 +559,27 @@ def _gemm_rs_bwd(ctx, grad_c):
 
 
 def _save_ag_gathered(ctx, inputs, output):
-    # The gathered A is saved instead of A: the weight's gradient reads it, A's needs none.
+    # The gathered A is saved instead of A: the weight's gradient reads it, A's needs none. It is
+    # an activation kept for that, not a result: no gradient flows through it (and none is
+    # materialised for it: a zero [M, K] reduce-scattered every backward otherwise).
     b = inputs[1]
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(output[1], b)
     ctx.method, ctx.group, ctx.b_layout = inputs[2], inputs[3], inputs[4]
     ctx.group_size = inputs[5] if len(inputs) > 5 else 0
     ctx.n_inputs = len(inputs)
 
 
-def _ag_gemm_gathered_bwd(ctx, grad_c, grad_full):
-    # (C, G) = (AG(A) · B, AG(A)). dA = RS(dC · Bᵀ) (+ RS(dG) where G was used); dB = Gᵀ · dC.
+def _ag_gemm_gathered_bwd(ctx, grad_c, _grad_full):
+    # (C, G) = (AG(A) · B, AG(A)), G non-differentiable. dA = RS(dC · Bᵀ); dB = Gᵀ · dC.
     a_full, b = ctx.saved_tensors
     grad_a = grad_b = None
+    if grad_c is None:  # C unused (grads are not materialised)
+        return (None,) * ctx.n_inputs
     if ctx.needs_input_grad[0]:
         grad_a = torch.ops.weft.gemm_rs(grad_c.contiguous(), b, ctx.method, ctx.group, _flip(ctx.b_layout),
                                         ctx.group_size)
-        if grad_full is not None:
-            grad_a = grad_a + torch.ops.weft.reduce_scatter(grad_full.contiguous(), "auto", ctx.group, ctx.group_size)
     if ctx.needs_input_grad[1]:
         grad_b = grad_c.t() @ a_full if ctx.b_layout == "nk" else a_full.t() @ grad_c
     return (grad_a, grad_b) + (None,) * (ctx.n_inputs - 2)
