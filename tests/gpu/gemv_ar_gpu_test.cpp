@@ -114,14 +114,16 @@ Case make_case(int rank, int world, int64_t m, int64_t n, int64_t k_local, dev::
   }
   // Integer partials and sums up to 2 / u (256 in bf16, 2048 in f16) are exact: bound 0.
   for (size_t i = 0; i < c.y.size(); ++i)
-    c.bound[i] = integer && std::max(big[i], std::fabs(c.y[i])) <= 2 / u ? 0.0
-                                                                          : c.bound[i] + 2 * u * std::fabs(c.y[i]) + 1e-6;
+    c.bound[i] =
+        integer && std::max(big[i], std::fabs(c.y[i])) <= 2 / u ? 0.0 : c.bound[i] + 2 * u * std::fabs(c.y[i]) + 1e-6;
   if (!epilogue) return c;
   c.residual.resize(static_cast<size_t>(m * n));
   c.gamma.resize(static_cast<size_t>(n));
   c.r.resize(static_cast<size_t>(m * n));
   c.out.resize(static_cast<size_t>(m * n));
-  for (int64_t j = 0; j < n; ++j) c.gamma[static_cast<size_t>(j)] = bits(integer ? static_cast<float>(j % 5) - 2.f : 1.f + datum(false, 5000 + j) / 2, t);
+  for (int64_t j = 0; j < n; ++j)
+    c.gamma[static_cast<size_t>(j)] =
+        bits(integer ? static_cast<float>(j % 5) - 2.f : 1.f + datum(false, 5000 + j) / 2, t);
   for (int64_t i = 0; i < m; ++i) {
     double ss = 0;
     for (int64_t j = 0; j < n; ++j) {
@@ -155,7 +157,8 @@ void check(const Case& c, const std::vector<uint16_t>& y, const std::vector<uint
       expect_near(got, c.y[a], c.bound[a], what + " y", a);
       continue;
     }
-    const double rb = c.integer && c.bound[a] == 0 && std::fabs(c.r[a]) <= 2 / u ? 0.0 : c.bound[a] + 2 * u * std::fabs(c.r[a]);
+    const double rb =
+        c.integer && c.bound[a] == 0 && std::fabs(c.r[a]) <= 2 / u ? 0.0 : c.bound[a] + 2 * u * std::fabs(c.r[a]);
     expect_near(value(r_out[a], c.t), c.r[a], rb, what + " residual_out", a);
     // The norm of a rounded residual_out: a few roundings of |out|, and y's error carried.
     expect_near(got, c.out[a], 8 * u * (std::fabs(c.out[a]) + 1) + 4 * rb, what + " out", a);
@@ -210,7 +213,8 @@ int run_every_method(Backend& b, int64_t n, int64_t k, cudaStream_t s) {
             op.run(x.p, w.p, y.p, o);
             WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
             b.synchronize();
-            check(c, y.read(static_cast<size_t>(m * n)), epilogue ? r_out.read(static_cast<size_t>(m * n)) : std::vector<uint16_t>{},
+            check(c, y.read(static_cast<size_t>(m * n)),
+                  epilogue ? r_out.read(static_cast<size_t>(m * n)) : std::vector<uint16_t>{},
                   fmt::format("world {} N x K = {} x {} M = {} {} {} epilogue {} {} data", world, n, k, m,
                               to_string(method), dev::dtype_name(t), epilogue ? "on" : "off",
                               integer ? "integer" : "random"));
@@ -261,8 +265,9 @@ TEST(GemvArGpuGraph, CapturedCallsReplayWithNewInputs) {
       cfg.epilogue = epilogue;
       GemvAllReduce op(*b, cfg);
       const int64_t kl = op.k_local();
-      DevBuf x(static_cast<size_t>(64 * kl) * 2), wt(static_cast<size_t>(n * kl) * 2), y(static_cast<size_t>(64 * n) * 2),
-          res(static_cast<size_t>(64 * n) * 2), gamma(static_cast<size_t>(n) * 2), r_out(static_cast<size_t>(64 * n) * 2);
+      DevBuf x(static_cast<size_t>(64 * kl) * 2), wt(static_cast<size_t>(n * kl) * 2),
+          y(static_cast<size_t>(64 * n) * 2), res(static_cast<size_t>(64 * n) * 2), gamma(static_cast<size_t>(n) * 2),
+          r_out(static_cast<size_t>(64 * n) * 2);
       int64_t e = 100;
       for (GemvMethod method : op.available_methods())
         for (int64_t m : {16, 3}) {

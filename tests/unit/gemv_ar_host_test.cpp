@@ -30,8 +30,8 @@ namespace {
 std::vector<RankResult> run_ranks_with_heap(int n, const std::function<void()>& fn, int heap_mib = 64) {
   LaunchOptions opt;
   opt.nranks = n;
-  opt.extra_env = {{"WEFT_BACKEND", "host"}, {"WEFT_HOST_HEAP_MIB", std::to_string(heap_mib)},
-                   {"WEFT_TIMEOUT_MS", "20000"}};
+  opt.extra_env = {
+      {"WEFT_BACKEND", "host"}, {"WEFT_HOST_HEAP_MIB", std::to_string(heap_mib)}, {"WEFT_TIMEOUT_MS", "20000"}};
   opt.grace_ms = 25000;
   opt.deadline_ms = 240000;
   opt.quiet = true;
@@ -75,17 +75,25 @@ struct Call {
   Buf x, w, y, residual, gamma, residual_out;
   std::vector<int64_t> want_y;  // the exact sum
   Call(int64_t mm, int64_t nn, int64_t kl)
-      : m(mm), n(nn), k_local(kl), x(static_cast<size_t>(mm * kl)), w(static_cast<size_t>(nn * kl)),
-        y(static_cast<size_t>(mm * nn)), residual(static_cast<size_t>(mm * nn)), gamma(static_cast<size_t>(nn)),
+      : m(mm),
+        n(nn),
+        k_local(kl),
+        x(static_cast<size_t>(mm * kl)),
+        w(static_cast<size_t>(nn * kl)),
+        y(static_cast<size_t>(mm * nn)),
+        residual(static_cast<size_t>(mm * nn)),
+        gamma(static_cast<size_t>(nn)),
         residual_out(static_cast<size_t>(mm * nn)) {}
 };
 
 // Fills this rank's inputs for call e of m rows and the expected sum.
 void fill(Call& c, dev::DType t, int rank, int world, int64_t e, bool epilogue) {
   for (int64_t i = 0; i < c.m; ++i)
-    for (int64_t q = 0; q < c.k_local; ++q) c.x.p()[i * c.k_local + q] = bits(static_cast<float>(x_at(rank, e, i, q)), t);
+    for (int64_t q = 0; q < c.k_local; ++q)
+      c.x.p()[i * c.k_local + q] = bits(static_cast<float>(x_at(rank, e, i, q)), t);
   for (int64_t j = 0; j < c.n; ++j)
-    for (int64_t q = 0; q < c.k_local; ++q) c.w.p()[j * c.k_local + q] = bits(static_cast<float>(w_at(rank, e, j, q)), t);
+    for (int64_t q = 0; q < c.k_local; ++q)
+      c.w.p()[j * c.k_local + q] = bits(static_cast<float>(w_at(rank, e, j, q)), t);
   c.want_y.assign(static_cast<size_t>(c.m * c.n), 0);
   for (int r = 0; r < world; ++r)
     for (int64_t i = 0; i < c.m; ++i)
@@ -106,8 +114,8 @@ void fill(Call& c, dev::DType t, int rank, int world, int64_t e, bool epilogue) 
 
 // Exact, by value (-0 equals 0; NaN, the poison, equals nothing).
 void expect_eq(uint16_t got, float want, dev::DType t, const std::string& what, int64_t i, int64_t j) {
-  WEFT_CHECK(value(got, t) == want, fmt::format("{}: [{}, {}] is {} (0x{:04x}), expected {}", what, i, j, value(got, t),
-                                               got, want));
+  WEFT_CHECK(value(got, t) == want,
+             fmt::format("{}: [{}, {}] is {} (0x{:04x}), expected {}", what, i, j, value(got, t), got, want));
 }
 
 // Checks y (and, with the epilogue, residual_out and the normalised y) exactly, and that
@@ -334,7 +342,8 @@ TEST(GemvArHostErrors, BadCallsAreRefused) {
     GemvAllReduce norm(*b, config(16, 32, 8, t, true));
     o = options(B, 2, c, true);
     o.gamma = nullptr;
-    expect_message([&] { norm.run(c.x.p(), c.w.p(), c.y.p(), o); }, "gemv_ar: gamma (the epilogue's operand): null pointer");
+    expect_message([&] { norm.run(c.x.p(), c.w.p(), c.y.p(), o); },
+                   "gemv_ar: gamma (the epilogue's operand): null pointer");
     o = options(B, 2, c, true);
     o.residual = nullptr;
     expect_message([&] { norm.run(c.x.p(), c.w.p(), c.y.p(), o); },
@@ -373,8 +382,9 @@ TEST(GemvArHostErrors, RanksThatDisagreeAreRefused) {
                    "off, eps 0, rank 2 has N x K = 24 x 48");
     expect_message([&] { GemvAllReduce op(*b, config(16, 48, 8, r == 1 ? dev::DType::kF16 : t, false)); },
                    "rank 1 has N x K = 16 x 48, m_max 8, f16");
-    expect_message([&] { GemvAllReduce op(*b, config(16, 48, 8, t, r == 1)); }, "rank 1 has N x K = 16 x 48, m_max 8, "
-                                                                                 "bf16, epilogue on");
+    expect_message([&] { GemvAllReduce op(*b, config(16, 48, 8, t, r == 1)); },
+                   "rank 1 has N x K = 16 x 48, m_max 8, "
+                   "bf16, epilogue on");
     GemvAllReduce op(*b, config(16, 48, 8, t, false));
     Call c(8, 16, op.k_local());
     fill(c, t, r, 3, 1, false);

@@ -211,7 +211,8 @@ void validate(const GemvArConfig& c, int world) {
                                          c.n));
   WEFT_REQUIRE(c.m_max >= 1 && c.m_max <= kGemvMaxM,
                fmt::format("gemv_ar: m_max = {} is outside 1 .. {}", c.m_max, kGemvMaxM));
-  WEFT_REQUIRE(std::isfinite(c.eps) && c.eps >= 0.f, fmt::format("gemv_ar: eps = {} (need a finite value >= 0)", c.eps));
+  WEFT_REQUIRE(std::isfinite(c.eps) && c.eps >= 0.f,
+               fmt::format("gemv_ar: eps = {} (need a finite value >= 0)", c.eps));
 }
 
 std::string describe(const GemvArConfig& c) {
@@ -256,8 +257,8 @@ GemvAllReduce::GemvAllReduce(Backend& backend, const GemvArConfig& config) {
     std::fprintf(stderr, "weft: gemv_ar: the decomposed method is not available: %s\n", I.decomposed->why().c_str());
   const plan::DeviceConstants d = detail::gemv_device_constants();
   for (int64_t m = 1; m <= config.m_max; ++m) {
-    detail::GemvModelInput in{I.world, m, config.n, I.k_local, I.eb, config.epilogue, I.fused != nullptr,
-                              I.decomposed->ready()};
+    detail::GemvModelInput in{
+        I.world, m, config.n, I.k_local, I.eb, config.epilogue, I.fused != nullptr, I.decomposed->ready()};
     GemvAutoChoice a;
     if (I.host()) {
       a.method = I.fused ? GemvMethod::kFused : GemvMethod::kBaseline;
@@ -301,7 +302,8 @@ void GemvAllReduce::run(const void* x, const void* w, void* y, const GemvRunOpti
       WEFT_REQUIRE(!overlaps(y, y_bytes, opt.residual, y_bytes) && !overlaps(y, y_bytes, opt.gamma, g_bytes) &&
                        !overlaps(y, y_bytes, opt.residual_out, y_bytes),
                    "gemv_ar: y overlaps residual, gamma or residual_out");
-      WEFT_REQUIRE(!overlaps(opt.residual_out, y_bytes, x, x_bytes) && !overlaps(opt.residual_out, y_bytes, w, w_bytes) &&
+      WEFT_REQUIRE(!overlaps(opt.residual_out, y_bytes, x, x_bytes) &&
+                       !overlaps(opt.residual_out, y_bytes, w, w_bytes) &&
                        !overlaps(opt.residual_out, y_bytes, opt.gamma, g_bytes),
                    "gemv_ar: residual_out overlaps x, w or gamma");
       WEFT_REQUIRE(opt.residual == opt.residual_out || !overlaps(opt.residual, y_bytes, opt.residual_out, y_bytes),
@@ -334,7 +336,8 @@ void GemvAllReduce::run_all_reduce_only(void* y, int64_t m, GemvMethod method, v
   I.op.guarded([&] {
     if (method == GemvMethod::kBaseline) return I.baseline->all_reduce(y, m, stream);
     if (method == GemvMethod::kDecomposed) {
-      if (!I.decomposed->ready()) throw Error("gemv_ar: the decomposed method is not available: " + I.decomposed->why());
+      if (!I.decomposed->ready())
+        throw Error("gemv_ar: the decomposed method is not available: " + I.decomposed->why());
       return I.decomposed->all_reduce(y, m, stream);
     }
     throw InvalidArgument(
