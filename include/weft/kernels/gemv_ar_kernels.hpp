@@ -61,7 +61,8 @@ void gemv_ar_host_fused(const dev::DeviceCtx& c, const GemvArgs& a, dev::DType t
 
 #ifdef WEFT_HAVE_CUDA
 // The fused kernel's grid for n columns on this device (persistent: every CTA resident, which
-// the epilogue's grid-wide barrier needs).
+// the epilogue's grid-wide barrier needs; the same for every m). 0: the kernel cannot run here
+// (a CUDA query failed or its shared memory does not fit). Every rank must use the same grid.
 int gemv_ar_fused_ctas(int n, int device);
 // y = x * w^T on this rank (no communication): weft's skinny GEMM.
 cudaError_t gemv_local(const GemvArgs& a, dev::DType t, cudaStream_t s);
