@@ -42,7 +42,9 @@
 
 #include "weft/device/ptx/arch.cuh"
 #include "weft/device/ptx/cluster.cuh"
+#include "weft/device/ptx/cp_async.cuh"
 #include "weft/device/ptx/memory_order.cuh"
+#include "weft/device/ptx/mma.cuh"
 #include "weft/kernels/gemv_ar_algos.hpp"
 #include "weft/kernels/gemv_ar_kernels.hpp"
 
@@ -51,13 +53,13 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kRowsPerWarp = 32;              // two m16 MMA tiles
-constexpr int kBN = kWarps * kRowsPerWarp;    // rows of W (columns of y) per tile
-constexpr int kKC = 64;                       // k per stage: 128-byte rows
+constexpr int kRowsPerWarp = 32;            // two m16 MMA tiles
+constexpr int kBN = kWarps * kRowsPerWarp;  // rows of W (columns of y) per tile
+constexpr int kKC = 64;                     // k per stage: 128-byte rows
 constexpr int kStages = 4;
-constexpr int kMaxCluster = 8;                // portable cluster size
-constexpr int kRedStride = kBN + 4;           // floats per token row of the partial tile (bank skew)
-constexpr int kWStage = kBN * kKC * 2;        // bytes
+constexpr int kMaxCluster = 8;          // portable cluster size
+constexpr int kRedStride = kBN + 4;     // floats per token row of the partial tile (bank skew)
+constexpr int kWStage = kBN * kKC * 2;  // bytes
 static_assert(kBN % (4 * kMaxCluster) == 0, "every CTA of a cluster finishes whole LL lines");
 
 template <int MT>
@@ -69,44 +71,6 @@ struct TileCfg {
   static constexpr int kSmem = kPipe > kRed ? kPipe : kRed;
   static_assert(kSmem <= 200 * 1024, "leaves room for the fused call's scratch under 227 KiB");
 };
-
-// ---- PTX (ISA: cp.async; mma m16n8k16; mapa, ld.shared::cluster) ---------------------------
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  // src-size 0 fills the 16 bytes with zeros (rows past n, tokens past m, k past the end).
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ uint4 lds128(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
-
-// D += A * B, m16n8k16, fp32 accumulators. A: a0 (row g, k 2q..2q+1), a1 (row g+8), a2 (row g,
-// k 2q+8..), a3 (row g+8, k 2q+8..); B: b0 (k 2q.., token g), b1 (k 2q+8.., token g); D: d0, d1
-// (row g, tokens 2q, 2q+1), d2, d3 (row g+8). g = lane / 4, q = lane % 4.
-template <class T>
-__device__ __forceinline__ void mma16816(float* d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  if constexpr (std::is_same_v<T, dev::bf16_t>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-}
 
 // ---- the cluster (S CTAs splitting K); S == 1 on GPUs without clusters ----------------------
 __device__ __forceinline__ int cluster_rank(int S) {
@@ -129,21 +93,15 @@ __device__ __forceinline__ void cluster_sync(int S) {
 }
 // 16 bytes at shared address `addr` of cluster CTA `rank` (this CTA's own when S == 1).
 __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr, int rank, int S) {
-  float4 v;
 #if defined(WEFT_PTX_SM90)
-  if (S > 1) {
-    uint32_t ra;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(addr), "r"(rank));
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(ra)
-                 : "memory");
-    return v;
-  }
+  if (S > 1) return ptx::ld_shared_cluster_v4_f32(addr, static_cast<uint32_t>(rank));
 #endif
   (void)rank;
   (void)S;
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr)
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
                : "memory");
   return v;
 }
@@ -170,6 +128,7 @@ __device__ __forceinline__ void gemv_tile(const T* __restrict__ x, const T* __re
   const uint32_t sbase = ptx::smem_u32(smem);
   const uint32_t sw = sbase, sx = sbase + kStages * kWStage;
   constexpr int kXStage = TileCfg<MT>::kXStage;
+  constexpr bool kBF16 = std::is_same_v<T, dev::bf16_t>;
   const int steps = kend > kbeg ? (kend - kbeg + kKC - 1) / kKC : 0;
 
   auto load = [&](int step, int slot) {
@@ -179,13 +138,13 @@ __device__ __forceinline__ void gemv_tile(const T* __restrict__ x, const T* __re
       const int ci = tid + i * kThreads, r = ci >> 3, c = ci & 7;
       const int gr = row0 + r, gk = kb + 8 * c;
       const bool ok = gr < n && gk < kend;
-      cp_async16(sw + slot * kWStage + swz(r, c), ok ? w + static_cast<size_t>(gr) * k + gk : w, ok);
+      ptx::cp_async_cg_16(sw + slot * kWStage + swz(r, c), ok ? w + static_cast<size_t>(gr) * k + gk : w, ok);
     }
     for (int ci = tid; ci < MT * 8; ci += kThreads) {  // x: MT tokens x 8 chunks
       const int r = ci >> 3, c = ci & 7;
       const int gk = kb + 8 * c;
       const bool ok = r < m && gk < kend;
-      cp_async16(sx + slot * kXStage + swz(r, c), ok ? x + static_cast<size_t>(r) * k + gk : x, ok);
+      ptx::cp_async_cg_16(sx + slot * kXStage + swz(r, c), ok ? x + static_cast<size_t>(r) * k + gk : x, ok);
     }
   };
 
@@ -200,14 +159,14 @@ __device__ __forceinline__ void gemv_tile(const T* __restrict__ x, const T* __re
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < steps) load(s, s);
-    cp_async_commit();  // one group per stage, empty ones too: wait_group counts stay exact
+    ptx::cp_async_commit_group();  // one group per stage, empty ones too: wait_group counts stay exact
   }
   const int groups = (m + 7) / 8;  // token groups that hold a token (warp-uniform)
   for (int it = 0; it < steps; ++it) {
-    cp_async_wait<kStages - 2>();
+    ptx::cp_async_wait_group<kStages - 2>();
     __syncthreads();  // stage `it` landed for every thread; stage it - 1's slot is free
     if (it + kStages - 1 < steps) load(it + kStages - 1, (it + kStages - 1) % kStages);
-    cp_async_commit();
+    ptx::cp_async_commit_group();
     const int slot = it % kStages;
     const uint32_t ws = sw + slot * kWStage, xs = sx + slot * kXStage;
 #pragma unroll
@@ -216,22 +175,22 @@ __device__ __forceinline__ void gemv_tile(const T* __restrict__ x, const T* __re
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = warp * kRowsPerWarp + r * 16 + g;
-        lo[r] = lds128(ws + swz(row, 4 * kk + q));
-        hi[r] = lds128(ws + swz(row + 8, 4 * kk + q));
+        lo[r] = ptx::ld_shared_v4(ws + swz(row, 4 * kk + q));
+        hi[r] = ptx::ld_shared_v4(ws + swz(row + 8, 4 * kk + q));
       }
 #pragma unroll
       for (int j = 0; j < MT / 8; ++j) {
         if (j >= groups) break;
-        const uint4 xv = lds128(xs + swz(8 * j + g, 4 * kk + q));
+        const uint4 xv = ptx::ld_shared_v4(xs + swz(8 * j + g, 4 * kk + q));
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          mma16816<T>(acc.v[r][j], lo[r].x, hi[r].x, lo[r].y, hi[r].y, xv.x, xv.y);  // k 8q .. 8q+3
-          mma16816<T>(acc.v[r][j], lo[r].z, hi[r].z, lo[r].w, hi[r].w, xv.z, xv.w);  // k 8q+4 .. 8q+7
+          ptx::mma_m16n8k16_f32<kBF16>(acc.v[r][j], lo[r].x, hi[r].x, lo[r].y, hi[r].y, xv.x, xv.y);  // k 8q .. 8q+3
+          ptx::mma_m16n8k16_f32<kBF16>(acc.v[r][j], lo[r].z, hi[r].z, lo[r].w, hi[r].w, xv.z, xv.w);  // k 8q+4 .. 8q+7
         }
       }
     }
   }
-  cp_async_wait<0>();
+  ptx::cp_async_wait_group<0>();
   __syncthreads();  // the ring is idle: red reuses its bytes
   float* red = reinterpret_cast<float*>(smem);
 #pragma unroll
@@ -321,8 +280,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_ar_fused_kernel(dev::DeviceC
 
 // Unfused epilogue: one CTA per token row; 16-byte vectors (n % 8 == 0, 16-byte aligned rows).
 template <class T>
-__global__ void __launch_bounds__(kThreads) add_rmsnorm_kernel(const T* y, const T* res, const T* gamma, T* ro,
-                                                               T* out, int n, float eps) {
+__global__ void __launch_bounds__(kThreads)
+    add_rmsnorm_kernel(const T* y, const T* res, const T* gamma, T* ro, T* out, int n, float eps) {
   __shared__ float warp_sums[kWarps];
   const size_t row = static_cast<size_t>(blockIdx.x) * n;
   const int vecs = n / 8;
@@ -454,7 +413,9 @@ struct LocalF {
 };
 template <class T, int MT>
 struct FusedF {
-  static cudaError_t run(const dev::DeviceCtx& c, const GemvArgs& a, cudaStream_t s) { return fused_mt<T, MT>(c, a, s); }
+  static cudaError_t run(const dev::DeviceCtx& c, const GemvArgs& a, cudaStream_t s) {
+    return fused_mt<T, MT>(c, a, s);
+  }
 };
 
 bool shape_ok(const GemvArgs& a) {
@@ -529,15 +490,15 @@ cudaError_t add_rmsnorm(const void* y, const void* residual, const void* gamma, 
                         int n, float eps, dev::DType t, cudaStream_t s) {
   if (m < 1 || n < 8 || n % 8 != 0) return cudaErrorInvalidValue;
   if (t == dev::DType::kBF16)
-    add_rmsnorm_kernel<dev::bf16_t><<<m, kThreads, 0, s>>>(
-        static_cast<const dev::bf16_t*>(y), static_cast<const dev::bf16_t*>(residual),
-        static_cast<const dev::bf16_t*>(gamma), static_cast<dev::bf16_t*>(residual_out), static_cast<dev::bf16_t*>(out),
-        n, eps);
+    add_rmsnorm_kernel<dev::bf16_t>
+        <<<m, kThreads, 0, s>>>(static_cast<const dev::bf16_t*>(y), static_cast<const dev::bf16_t*>(residual),
+                                static_cast<const dev::bf16_t*>(gamma), static_cast<dev::bf16_t*>(residual_out),
+                                static_cast<dev::bf16_t*>(out), n, eps);
   else if (t == dev::DType::kF16)
-    add_rmsnorm_kernel<dev::f16_t><<<m, kThreads, 0, s>>>(
-        static_cast<const dev::f16_t*>(y), static_cast<const dev::f16_t*>(residual),
-        static_cast<const dev::f16_t*>(gamma), static_cast<dev::f16_t*>(residual_out), static_cast<dev::f16_t*>(out), n,
-        eps);
+    add_rmsnorm_kernel<dev::f16_t>
+        <<<m, kThreads, 0, s>>>(static_cast<const dev::f16_t*>(y), static_cast<const dev::f16_t*>(residual),
+                                static_cast<const dev::f16_t*>(gamma), static_cast<dev::f16_t*>(residual_out),
+                                static_cast<dev::f16_t*>(out), n, eps);
   else
     return cudaErrorInvalidValue;
   return cudaGetLastError();

@@ -84,8 +84,8 @@ void run_case(const Shape& s, dev::DType dt, bool epilogue) {
         if (!epilogue) {
           const uint16_t got = y[static_cast<size_t>(t) * s.n + j];
           WEFT_CHECK(got == bits(yv, dt), "world " + std::to_string(world) + " m " + std::to_string(m) + " token " +
-                                              std::to_string(t) + " column " + std::to_string(j) + ": y = " +
-                                              std::to_string(val(got, dt)) + ", want " + std::to_string(yv));
+                                              std::to_string(t) + " column " + std::to_string(j) +
+                                              ": y = " + std::to_string(val(got, dt)) + ", want " + std::to_string(yv));
           continue;
         }
         ref_ro[j] = val(bits(yv + res_at(t, j, call), dt), dt);
@@ -95,10 +95,9 @@ void run_case(const Shape& s, dev::DType dt, bool epilogue) {
       const float inv = 1.0f / std::sqrt(sq / static_cast<float>(s.n) + a.eps);
       for (int j = 0; j < s.n; ++j) {
         const size_t at = static_cast<size_t>(t) * s.n + j;
-        WEFT_CHECK(ro[at] == bits(ref_ro[j], dt), "m " + std::to_string(m) + " token " + std::to_string(t) +
-                                                      " column " + std::to_string(j) + ": residual_out " +
-                                                      std::to_string(val(ro[at], dt)) + ", want " +
-                                                      std::to_string(ref_ro[j]));
+        WEFT_CHECK(ro[at] == bits(ref_ro[j], dt),
+                   "m " + std::to_string(m) + " token " + std::to_string(t) + " column " + std::to_string(j) +
+                       ": residual_out " + std::to_string(val(ro[at], dt)) + ", want " + std::to_string(ref_ro[j]));
         const float want = ref_ro[j] * inv * gamma_at(j);
         WEFT_CHECK(y[at] == bits(want, dt), "m " + std::to_string(m) + " token " + std::to_string(t) + " column " +
                                                 std::to_string(j) + ": out " + std::to_string(val(y[at], dt)) +

@@ -73,8 +73,9 @@ WEFT_HD int scratch_floats(int m_max, int parts_per_cta, int threads) {
 // Heap offset of the line holding columns j .. j+3 of token t from `src`, parity par.
 WEFT_HD uint64_t line_off(const GemvArgs& a, int world, uint64_t par, int src, int t, int j) {
   const uint64_t per_src = static_cast<uint64_t>(a.m_max) * static_cast<uint64_t>(a.n) / 4;
-  return a.lines_off + 16ull * ((par * static_cast<uint64_t>(world) + static_cast<uint64_t>(src)) * per_src +
-                                static_cast<uint64_t>(t) * static_cast<uint64_t>(a.n / 4) + static_cast<uint64_t>(j / 4));
+  return a.lines_off +
+         16ull * ((par * static_cast<uint64_t>(world) + static_cast<uint64_t>(src)) * per_src +
+                  static_cast<uint64_t>(t) * static_cast<uint64_t>(a.n / 4) + static_cast<uint64_t>(j / 4));
 }
 WEFT_HD uint64_t norm_sums_off(const GemvArgs& a, uint64_t par, int t, int k) {
   return a.norm_off + 16 +
@@ -226,8 +227,8 @@ WEFT_HD void finish(Coop g, const dev::DeviceCtx& c, const GemvArgs& a, int k, i
   if (!epi) return;
 
   // ---- epilogue: per-token sums of squares, grid barrier, normalisation ----
-  float* part_sq = scratch;                   // [m][P]
-  float* group_sq = scratch + a.m_max * P;    // [m * G]
+  float* part_sq = scratch;                                       // [m][P]
+  float* group_sq = scratch + a.m_max * P;                        // [m * G]
   float* inv_rms = group_sq + (step > a.m_max ? step : a.m_max);  // [m]
   const T* ro = static_cast<const T*>(a.residual_out);
   g.sync();  // this CTA's residual_out is written

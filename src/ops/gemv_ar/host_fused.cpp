@@ -52,8 +52,7 @@ void gemv_ar_host_fused(const dev::DeviceCtx& c, const GemvArgs& a, dev::DType t
                "gemv_ar: bad host fused call shape");
   const int pw = kHostPartWidth;
   const int per_cta = gemv::max_parts_per_cta(a.n, pw, a.ctas);
-  std::vector<std::vector<float>> part(static_cast<size_t>(a.ctas),
-                                       std::vector<float>(static_cast<size_t>(a.m) * pw));
+  std::vector<std::vector<float>> part(static_cast<size_t>(a.ctas), std::vector<float>(static_cast<size_t>(a.m) * pw));
   std::vector<std::vector<float>> scratch(
       static_cast<size_t>(a.ctas),
       std::vector<float>(static_cast<size_t>(gemv::scratch_floats(a.m_max, per_cta, kHostTeamThreads))));
