@@ -431,7 +431,7 @@ int gemv_ar_fused_ctas(int n, int device) {
   // same for every m (the epochs and the parts' owners are per CTA index). The scratch grows
   // with the parts per CTA, so the grid is checked again with the scratch it will have.
   int ctas = slices * S;
-  for (int pass = 0; pass < 2; ++pass) {
+  for (;;) {  // ctas only shrinks (more scratch never fits more clusters): this ends
     GemvArgs probe{};
     probe.n = n;
     probe.m_max = 128;
@@ -466,8 +466,8 @@ int gemv_ar_fused_ctas(int n, int device) {
     }
     if (clusters < 1) return 0;
     const int fit = std::min(clusters, slices) * S;
-    if (fit == ctas) break;
-    ctas = fit;  // fewer CTAs: more parts each; pass 2 checks that grid with its scratch
+    if (fit >= ctas) break;
+    ctas = fit;  // fewer CTAs: more parts each; check that grid again with its scratch
   }
   return ctas;
 }
