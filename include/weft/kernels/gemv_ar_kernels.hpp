@@ -9,8 +9,10 @@
 //    (collective_algos.hpp's LL format); a call of epoch e uses parity e & 1. Lines are never
 //    reset: stale ones carry an older epoch.
 //  - epochs: one uint64 per CTA, that CTA's completed calls on this rank.
-//  - norm state (epilogue): [2 parities][m_max] floats (per-token sums of squares) and one
-//    uint64 arrival counter per parity for the grid-wide barrier before the norm.
+//  - norm state (epilogue): one uint64 arrival counter for the grid-wide barrier before the
+//    norm (16 bytes reserved), then [2 parities][m_max][ctas] floats: each CTA's per-token sum
+//    of squares, summed in CTA order by every CTA (bitwise the same on every rank). The
+//    protocol and its invariants: gemv_ar_algos.hpp.
 #pragma once
 #include <cstdint>
 
@@ -33,7 +35,10 @@ struct GemvArgs {
   uint64_t lines_off = 0;   // fused: heap offset of the receive lines (gemv_lines_bytes)
   uint64_t epoch_off = 0;   // fused: heap offset of the per-CTA epochs (gemv_epochs_bytes)
   uint64_t norm_off = 0;    // fused + epilogue: heap offset of the norm state (gemv_norm_bytes)
-  // Epilogue (residual == nullptr: none): residual_out = y + residual; y = RMSNorm(residual_out) * gamma.
+  // Epilogue (residual == nullptr: none), in fp32 from the dtype's values, each result rounded:
+  //   residual_out = y + residual (may alias residual);
+  //   y = residual_out * (1 / sqrt(sum over n of residual_out^2 / n + eps)) * gamma.
+  // y, residual, residual_out and gamma 8-byte aligned.
   const void* residual = nullptr;
   const void* gamma = nullptr;
   void* residual_out = nullptr;
@@ -45,7 +50,9 @@ inline uint64_t gemv_lines_bytes(int world, int m_max, int n) {
   return 2ull * static_cast<uint64_t>(world) * static_cast<uint64_t>(m_max) * static_cast<uint64_t>(n) / 4 * 16;
 }
 inline uint64_t gemv_epochs_bytes(int ctas) { return 8ull * static_cast<uint64_t>(ctas); }
-inline uint64_t gemv_norm_bytes(int m_max) { return 2ull * 4 * static_cast<uint64_t>(m_max) + 2 * 8 + 16; }
+inline uint64_t gemv_norm_bytes(int m_max, int ctas) {
+  return 16 + 2ull * 4 * static_cast<uint64_t>(m_max) * static_cast<uint64_t>(ctas);
+}
 
 // Host backend: one fused call by a.ctas host teams, the same exchange, sum and epilogue code
 // as the kernel (gemv_ar_algos.hpp) after a scalar GEMV of each slice; throws TimeoutError
@@ -54,7 +61,8 @@ void gemv_ar_host_fused(const dev::DeviceCtx& c, const GemvArgs& a, dev::DType t
 
 #ifdef WEFT_HAVE_CUDA
 // The fused kernel's grid for n columns on this device (persistent: every CTA resident, which
-// the epilogue's grid-wide barrier needs).
+// the epilogue's grid-wide barrier needs; the same for every m). 0: the kernel cannot run here
+// (a CUDA query failed or its shared memory does not fit). Every rank must use the same grid.
 int gemv_ar_fused_ctas(int n, int device);
 // y = x * w^T on this rank (no communication): weft's skinny GEMM.
 cudaError_t gemv_local(const GemvArgs& a, dev::DType t, cudaStream_t s);

@@ -25,7 +25,7 @@ GemvFused::GemvFused(GemvContext& c, int ctas) : c_(c) {
   base_.op_tag = dev::op_tag("gemv_ar");
   base_.lines_off = c.op.workspace(kernels::gemv_lines_bytes(world, m_max, n), "fused.lines");
   base_.epoch_off = c.op.workspace(kernels::gemv_epochs_bytes(ctas), "fused.epochs");
-  if (c.cfg.epilogue) base_.norm_off = c.op.workspace(kernels::gemv_norm_bytes(m_max), "fused.norm");
+  if (c.cfg.epilogue) base_.norm_off = c.op.workspace(kernels::gemv_norm_bytes(m_max, ctas), "fused.norm");
 }
 
 void GemvFused::run(int64_t m, const void* x, const void* w, void* y, const GemvEpilogue& ep, void* stream) {

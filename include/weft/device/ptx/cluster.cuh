@@ -24,6 +24,20 @@ __device__ __forceinline__ void barrier_cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
 
+// 16 bytes (4 floats) of cluster CTA `rank`'s shared memory at this CTA's .shared address
+// `addr` (the same variable there): mapa, then ld.shared::cluster. The target CTA must not
+// have exited (a cluster barrier after the last remote read).
+__device__ __forceinline__ float4 ld_shared_cluster_v4_f32(uint32_t addr, uint32_t rank) {
+  uint32_t ra;
+  float4 v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(addr), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(ra)
+               : "memory");
+  return v;
+}
+
 #endif
 }  // namespace weft::ptx
 #endif

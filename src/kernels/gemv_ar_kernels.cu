@@ -1,0 +1,507 @@
+// GEMV + AllReduce kernels (include/weft/kernels/gemv_ar_kernels.hpp; docs/gemv_ar.md, "Kernels").
+//
+// Skinny GEMM y[m, n] = x[m, k] * W[n, k]^T for m <= 128, bound by streaming W from HBM:
+//  - Swap AB: W's rows are the MMA's M side (mma.sync m16n8k16, A = 16 rows of W x 16 k,
+//    row-major), the tokens its N side (B = 8 tokens x 16 k, "col" = K-contiguous x rows).
+//    Both operands are K-contiguous, so each lane reads 16 contiguous bytes of a row: the sum
+//    over k does not care which k a slot holds as long as A and B agree, so lane (g, q) holds
+//    k = 8q .. 8q+7 of its row in 4 registers and feeds k 8q..8q+3 to one MMA and 8q+4..8q+7 to
+//    the next (the ISA's slots 2q, 2q+1, 2q+8, 2q+9 of each): no ldmatrix, no shuffles.
+//  - A CTA (8 warps, 256 threads) owns a tile of kBN = 256 rows of W; warp w the rows
+//    32w .. 32w+31 (two m16 tiles), for all token groups of 8 (MT/8 of them): W is read once
+//    whatever m is, every W fragment feeds MT/8 MMAs, every x fragment 2.
+//  - W and x stream through a kStages-deep cp.async ring of 64-k stages (32 KiB of W per
+//    stage: 96 KiB in flight per SM, enough to cover HBM latency at ~12 B/clk/SM); a stage's
+//    128-byte rows are swizzled (16-byte chunk c of row r at c ^ 4 (r & 1)) so that the
+//    fragment reads of a quarter warp (rows r, r+1, chunks q and 4+q) hit 8 distinct bank groups.
+//    cp.async.cg skips L1 (W is read once); x (<= 128 x k) is read by every tile through L2.
+//  - The grid fills the machine by splitting K across the CTAs of a thread-block cluster of
+//    S = 1 .. 8 (S = sm count / tiles, a power of two): n = 4096 gives 16 tiles x 8, n = 8192
+//    32 x 4. The S partial tiles (fp32, in shared memory) are summed through distributed shared
+//    memory in cluster-rank order (deterministic), each CTA finishing 256/S of the tile's columns.
+//    x is read from L2 once per tile: m * k * 2 bytes per 256 rows of W, at most half of W's
+//    bytes at m = 128.
+//  - Per SM and 64-k stage at m = 128: 64 KiB of W + x fragment reads from shared memory
+//    (128 B/clk) for 32 KiB of W, ~2x the HBM share of an SM; 4096 MMAs per stage at
+//    mma.sync's ~1000 FMA/clk/SM keep up with HBM too (2 FLOP per byte of W per token).
+//
+// Fused call (gemv_ar_fused): the same tile loop in a persistent grid (every CTA resident:
+// the epilogue's grid barrier needs it), cluster c of ncl owning the 256-column slices c,
+// c + ncl, ...; after each slice's cluster sum, CTA s of the cluster pushes its 256/S columns
+// (a "part") to every rank's receive lines as LL lines and goes on to its next slice. Then
+// gemv_ar_algos.hpp's finish waits for, sums (rank order) and writes its parts, with the
+// residual + RMSNorm epilogue. The exchange protocol and its invariants (epochs, parities, the
+// norm's barrier) are in gemv_ar_algos.hpp; the host backend runs the same code.
+//
+// The unfused epilogue (add_rmsnorm): one CTA per token row, 16-byte vectors.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "weft/device/ptx/arch.cuh"
+#include "weft/device/ptx/cluster.cuh"
+#include "weft/device/ptx/cp_async.cuh"
+#include "weft/device/ptx/memory_order.cuh"
+#include "weft/device/ptx/mma.cuh"
+#include "weft/kernels/gemv_ar_algos.hpp"
+#include "weft/kernels/gemv_ar_kernels.hpp"
+
+namespace weft::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kRowsPerWarp = 32;            // two m16 MMA tiles
+constexpr int kBN = kWarps * kRowsPerWarp;  // rows of W (columns of y) per tile
+constexpr int kKC = 64;                     // k per stage: 128-byte rows
+constexpr int kStages = 4;
+constexpr int kMaxCluster = 8;          // portable cluster size
+constexpr int kRedStride = kBN + 4;     // floats per token row of the partial tile (bank skew)
+constexpr int kWStage = kBN * kKC * 2;  // bytes
+static_assert(kBN % (4 * kMaxCluster) == 0, "every CTA of a cluster finishes whole LL lines");
+
+template <int MT>
+struct TileCfg {
+  static_assert(MT % 8 == 0 && MT >= 8 && MT <= 128, "token tile: groups of 8, at most 128");
+  static constexpr int kXStage = MT * kKC * 2;
+  static constexpr int kPipe = kStages * (kWStage + kXStage);
+  static constexpr int kRed = MT * kRedStride * 4;  // the partial tile, after the ring is drained
+  static constexpr int kSmem = kPipe > kRed ? kPipe : kRed;
+  static_assert(kSmem <= 200 * 1024, "leaves room for the fused call's scratch under 227 KiB");
+};
+
+// ---- the cluster (S CTAs splitting K); S == 1 on GPUs without clusters ----------------------
+__device__ __forceinline__ int cluster_rank(int S) {
+#if defined(WEFT_PTX_SM90)
+  return S > 1 ? static_cast<int>(ptx::cluster_ctarank()) : 0;
+#else
+  (void)S;
+  return 0;
+#endif
+}
+__device__ __forceinline__ void cluster_sync(int S) {
+#if defined(WEFT_PTX_SM90)
+  if (S > 1) {
+    ptx::barrier_cluster_sync();
+    return;
+  }
+#endif
+  (void)S;
+  __syncthreads();
+}
+// 16 bytes at shared address `addr` of cluster CTA `rank` (this CTA's own when S == 1).
+__device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr, int rank, int S) {
+#if defined(WEFT_PTX_SM90)
+  if (S > 1) return ptx::ld_shared_cluster_v4_f32(addr, static_cast<uint32_t>(rank));
+#endif
+  (void)rank;
+  (void)S;
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
+// Byte offset of 16-byte chunk c (0..7) of 128-byte row r in a stage.
+__device__ __forceinline__ uint32_t swz(int r, int c) {
+  return static_cast<uint32_t>(r * 128 + ((c ^ ((r & 1) << 2)) << 4));
+}
+
+// Accumulators of one warp: [m16 tile][token group][d0..d3].
+template <int MT>
+struct Acc {
+  float v[2][MT / 8][4];
+};
+
+// The partial tile of rows [row0, row0 + kBN) of W over k in [kbeg, kend) (multiples of 8;
+// empty when kbeg >= kend), written to shared memory as red[token][row] (fp32, kRedStride per
+// token) for tokens < m. Ends with the ring drained and red written (not yet synced).
+template <class T, int MT>
+__device__ __forceinline__ void gemv_tile(const T* __restrict__ x, const T* __restrict__ w, int m, int n, int k,
+                                          int row0, int kbeg, int kend, unsigned char* smem) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const uint32_t sbase = ptx::smem_u32(smem);
+  const uint32_t sw = sbase, sx = sbase + kStages * kWStage;
+  constexpr int kXStage = TileCfg<MT>::kXStage;
+  constexpr bool kBF16 = std::is_same_v<T, dev::bf16_t>;
+  const int steps = kend > kbeg ? (kend - kbeg + kKC - 1) / kKC : 0;
+
+  auto load = [&](int step, int slot) {
+    const int kb = kbeg + step * kKC;
+#pragma unroll
+    for (int i = 0; i < kBN * 8 / kThreads; ++i) {  // W: kBN rows x 8 chunks
+      const int ci = tid + i * kThreads, r = ci >> 3, c = ci & 7;
+      const int gr = row0 + r, gk = kb + 8 * c;
+      const bool ok = gr < n && gk < kend;
+      ptx::cp_async_cg_16(sw + slot * kWStage + swz(r, c), ok ? w + static_cast<size_t>(gr) * k + gk : w, ok);
+    }
+    for (int ci = tid; ci < MT * 8; ci += kThreads) {  // x: MT tokens x 8 chunks
+      const int r = ci >> 3, c = ci & 7;
+      const int gk = kb + 8 * c;
+      const bool ok = r < m && gk < kend;
+      ptx::cp_async_cg_16(sx + slot * kXStage + swz(r, c), ok ? x + static_cast<size_t>(r) * k + gk : x, ok);
+    }
+  };
+
+  Acc<MT> acc;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int j = 0; j < MT / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc.v[r][j][e] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) load(s, s);
+    ptx::cp_async_commit_group();  // one group per stage, empty ones too: wait_group counts stay exact
+  }
+  const int groups = (m + 7) / 8;  // token groups that hold a token (warp-uniform)
+  for (int it = 0; it < steps; ++it) {
+    ptx::cp_async_wait_group<kStages - 2>();
+    __syncthreads();  // stage `it` landed for every thread; stage it - 1's slot is free
+    if (it + kStages - 1 < steps) load(it + kStages - 1, (it + kStages - 1) % kStages);
+    ptx::cp_async_commit_group();
+    const int slot = it % kStages;
+    const uint32_t ws = sw + slot * kWStage, xs = sx + slot * kXStage;
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {  // two 32-k halves of the stage
+      uint4 lo[2], hi[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = warp * kRowsPerWarp + r * 16 + g;
+        lo[r] = ptx::ld_shared_v4(ws + swz(row, 4 * kk + q));
+        hi[r] = ptx::ld_shared_v4(ws + swz(row + 8, 4 * kk + q));
+      }
+#pragma unroll
+      for (int j = 0; j < MT / 8; ++j) {
+        if (j >= groups) break;
+        const uint4 xv = ptx::ld_shared_v4(xs + swz(8 * j + g, 4 * kk + q));
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          ptx::mma_m16n8k16_f32<kBF16>(acc.v[r][j], lo[r].x, hi[r].x, lo[r].y, hi[r].y, xv.x, xv.y);  // k 8q .. 8q+3
+          ptx::mma_m16n8k16_f32<kBF16>(acc.v[r][j], lo[r].z, hi[r].z, lo[r].w, hi[r].w, xv.z, xv.w);  // k 8q+4 .. 8q+7
+        }
+      }
+    }
+  }
+  ptx::cp_async_wait_group<0>();
+  __syncthreads();  // the ring is idle: red reuses its bytes
+  float* red = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int j = 0; j < MT / 8; ++j) {
+      if (j >= groups) break;
+      const int row = warp * kRowsPerWarp + r * 16 + g, tok = 8 * j + 2 * q;
+      red[tok * kRedStride + row] = acc.v[r][j][0];
+      red[(tok + 1) * kRedStride + row] = acc.v[r][j][1];
+      red[tok * kRedStride + row + 8] = acc.v[r][j][2];
+      red[(tok + 1) * kRedStride + row + 8] = acc.v[r][j][3];
+    }
+}
+
+// The cluster's sum (rank order) of columns lr .. lr+3 (tile-local) of token t.
+__device__ __forceinline__ void cluster_sum4(const unsigned char* smem, int t, int lr, int S, float* v) {
+  const uint32_t addr = ptx::smem_u32(smem) + static_cast<uint32_t>((t * kRedStride + lr) * 4);
+  float4 p[kMaxCluster];
+#pragma unroll
+  for (int s = 0; s < kMaxCluster; ++s)
+    if (s < S) p[s] = ld_cluster_f4(addr, s, S);  // every load issued before the sum
+  v[0] = v[1] = v[2] = v[3] = 0.f;
+#pragma unroll
+  for (int s = 0; s < kMaxCluster; ++s)
+    if (s < S) {
+      v[0] += p[s].x;
+      v[1] += p[s].y;
+      v[2] += p[s].z;
+      v[3] += p[s].w;
+    }
+}
+
+struct LocalParams {
+  const void* x;
+  const void* w;
+  void* y;
+  int m, n, k;
+  int S;       // cluster size (K split)
+  int kchunk;  // k per cluster rank, a multiple of kKC
+};
+
+template <class T, int MT>
+__global__ void __launch_bounds__(kThreads, 1) gemv_local_kernel(LocalParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int S = p.S, s = cluster_rank(S);
+  const int row0 = static_cast<int>(blockIdx.x) / S * kBN;
+  const int kbeg = s * p.kchunk, kend = std::min(p.k, kbeg + p.kchunk);
+  gemv_tile<T, MT>(static_cast<const T*>(p.x), static_cast<const T*>(p.w), p.m, p.n, p.k, row0, kbeg, kend, smem);
+  cluster_sync(S);  // every CTA's partial tile is written
+  const int pw = kBN / S, lpt = pw / 4;
+  T* y = static_cast<T*>(p.y);
+  for (int i = threadIdx.x; i < p.m * lpt; i += kThreads) {
+    const int t = i / lpt, lr = s * pw + 4 * (i % lpt), j = row0 + lr;
+    if (j >= p.n) continue;
+    float v[4];
+    cluster_sum4(smem, t, lr, S, v);
+    *reinterpret_cast<uint64_t*>(y + static_cast<size_t>(t) * p.n + j) = gemv::pack4<T>(v);
+  }
+  cluster_sync(S);  // no CTA leaves while another still reads its shared memory
+}
+
+template <class T, int MT>
+__global__ void __launch_bounds__(kThreads, 1) gemv_ar_fused_kernel(dev::DeviceCtx c, GemvArgs a, int S, int kchunk) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  float* scratch = reinterpret_cast<float*>(smem + TileCfg<MT>::kSmem);
+  const int kc = static_cast<int>(blockIdx.x), s = cluster_rank(S);
+  const int cl = kc / S, ncl = static_cast<int>(gridDim.x) / S;
+  const uint64_t e = gemv::epoch_begin(c, a, kc);
+  const int pw = kBN / S;
+  const int slices = (a.n + kBN - 1) / kBN;
+  const int kbeg = s * kchunk, kend = std::min(a.k, kbeg + kchunk);
+  const dev::CoopCta g;
+  for (int sl = cl; sl < slices; sl += ncl) {
+    const int row0 = sl * kBN;
+    gemv_tile<T, MT>(static_cast<const T*>(a.x), static_cast<const T*>(a.w), a.m, a.n, a.k, row0, kbeg, kend, smem);
+    cluster_sync(S);
+    // Part sl * S + s (owned by CTA kc = cl * S + s: parts_of_cta's k, k + ctas, ...).
+    const int j0 = row0 + s * pw, j1 = std::min(a.n, j0 + pw);
+    if (j0 < j1)
+      gemv::push_part<T>(g, c, a, e, j0, j1, [&](int t, int j, float* v) { cluster_sum4(smem, t, j - row0, S, v); });
+    cluster_sync(S);  // the partial tiles are read: the next slice's ring may overwrite them
+  }
+  gemv::finish<T>(g, c, a, kc, pw, e, scratch);
+  gemv::epoch_end(g, c, a, kc, e);
+}
+
+// Unfused epilogue: one CTA per token row; 16-byte vectors (n % 8 == 0, 16-byte aligned rows).
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    add_rmsnorm_kernel(const T* y, const T* res, const T* gamma, T* ro, T* out, int n, float eps) {
+  __shared__ float warp_sums[kWarps];
+  const size_t row = static_cast<size_t>(blockIdx.x) * n;
+  const int vecs = n / 8;
+  float sq = 0.f;
+  for (int v = threadIdx.x; v < vecs; v += kThreads) {
+    uint4 a = reinterpret_cast<const uint4*>(y + row)[v], b = reinterpret_cast<const uint4*>(res + row)[v];
+    T ea[8], eb[8];
+    __builtin_memcpy(ea, &a, 16);
+    __builtin_memcpy(eb, &b, 16);
+    for (int i = 0; i < 8; ++i) {
+      ea[i] = dev::from_float<T>(dev::to_float(ea[i]) + dev::to_float(eb[i]));
+      const float f = dev::to_float(ea[i]);
+      sq += f * f;
+    }
+    __builtin_memcpy(&a, ea, 16);
+    reinterpret_cast<uint4*>(ro + row)[v] = a;
+  }
+  for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = sq;
+  __syncthreads();
+  float total = 0.f;
+  for (int wi = 0; wi < kWarps; ++wi) total += warp_sums[wi];
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(n) + eps);
+  for (int v = threadIdx.x; v < vecs; v += kThreads) {
+    uint4 a = reinterpret_cast<const uint4*>(ro + row)[v], b = reinterpret_cast<const uint4*>(gamma)[v];
+    T ea[8], eb[8];
+    __builtin_memcpy(ea, &a, 16);
+    __builtin_memcpy(eb, &b, 16);
+    for (int i = 0; i < 8; ++i) ea[i] = dev::from_float<T>(dev::to_float(ea[i]) * inv * dev::to_float(eb[i]));
+    __builtin_memcpy(&a, ea, 16);
+    reinterpret_cast<uint4*>(out + row)[v] = a;
+  }
+}
+
+// ---- launch helpers ------------------------------------------------------------------------
+int device_sms(int device) {
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 1;
+  return n > 0 ? n : 1;
+}
+bool has_clusters(int device) {
+  int major = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  return major >= 9;
+}
+// The K split: the largest power of two <= sms / tiles, at most kMaxCluster (1 without clusters).
+int cluster_for(int n, int device) {
+  if (!has_clusters(device)) return 1;
+  const int tiles = (n + kBN - 1) / kBN, sms = device_sms(device);
+  int s = 1;
+  while (2 * s <= kMaxCluster && 2 * s * tiles <= sms) s *= 2;
+  return s;
+}
+int kchunk_for(int k, int S) { return ((k + S - 1) / S + kKC - 1) / kKC * kKC; }
+
+template <class T, int MT>
+size_t fused_smem(const GemvArgs& a, int S) {
+  const int per_cta = gemv::max_parts_per_cta(a.n, kBN / S, a.ctas);
+  return TileCfg<MT>::kSmem + sizeof(float) * static_cast<size_t>(gemv::scratch_floats(a.m_max, per_cta, kThreads));
+}
+
+// Lets the kernel use up to the device's opt-in shared memory: once per instantiation (not a
+// stream operation, but done before any capture can start: the first call of a shape).
+template <auto Kernel>
+cudaError_t allow_smem() {
+  static const cudaError_t once = [] {
+    int device = 0, max = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max);
+    return e;
+  }();
+  return once;
+}
+
+template <auto Kernel, class... Args>
+cudaError_t launch(int grid, int S, size_t smem, cudaStream_t s, Args... args) {
+  cudaError_t err = allow_smem<Kernel>();
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(S);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = S > 1 ? 1 : 0;
+  err = cudaLaunchKernelEx(&cfg, Kernel, args...);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+template <class T, int MT>
+cudaError_t local_mt(const GemvArgs& a, cudaStream_t s) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  LocalParams p{a.x, a.w, a.y, a.m, a.n, a.k, cluster_for(a.n, device), 0};
+  p.kchunk = kchunk_for(a.k, p.S);
+  const int grid = (a.n + kBN - 1) / kBN * p.S;
+  return launch<gemv_local_kernel<T, MT>>(grid, p.S, TileCfg<MT>::kSmem, s, p);
+}
+
+template <class T, int MT>
+cudaError_t fused_mt(const dev::DeviceCtx& c, const GemvArgs& a, cudaStream_t s) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const int S = cluster_for(a.n, device);
+  if (a.ctas % S != 0) return cudaErrorInvalidValue;  // not gemv_ar_fused_ctas's grid
+  return launch<gemv_ar_fused_kernel<T, MT>>(a.ctas, S, fused_smem<T, MT>(a, S), s, c, a, S, kchunk_for(a.k, S));
+}
+
+// The token tile: m rounded up to 8, 16, 32, 64 or 128.
+template <class T, template <class, int> class F, class... Args>
+cudaError_t by_mt(int m, Args&&... args) {
+  if (m <= 8) return F<T, 8>::run(args...);
+  if (m <= 16) return F<T, 16>::run(args...);
+  if (m <= 32) return F<T, 32>::run(args...);
+  if (m <= 64) return F<T, 64>::run(args...);
+  return F<T, 128>::run(args...);
+}
+template <class T, int MT>
+struct LocalF {
+  static cudaError_t run(const GemvArgs& a, cudaStream_t s) { return local_mt<T, MT>(a, s); }
+};
+template <class T, int MT>
+struct FusedF {
+  static cudaError_t run(const dev::DeviceCtx& c, const GemvArgs& a, cudaStream_t s) {
+    return fused_mt<T, MT>(c, a, s);
+  }
+};
+
+bool shape_ok(const GemvArgs& a) {
+  return a.m >= 1 && a.m <= 128 && a.n >= 8 && a.n % 8 == 0 && a.k >= 8 && a.k % 8 == 0;
+}
+
+}  // namespace
+
+int gemv_ar_fused_ctas(int n, int device) {
+  const int S = cluster_for(n, device);
+  const int slices = (n + kBN - 1) / kBN;
+  // Residency of the largest instantiation (m = 128) bounds every call's grid: the grid is the
+  // same for every m (the epochs and the parts' owners are per CTA index). The scratch grows
+  // with the parts per CTA, so the grid is checked again with the scratch it will have.
+  int ctas = slices * S;
+  for (;;) {  // ctas only shrinks (more scratch never fits more clusters): this ends
+    GemvArgs probe{};
+    probe.n = n;
+    probe.m_max = 128;
+    probe.ctas = ctas;
+    const size_t smem = fused_smem<dev::bf16_t, 128>(probe, S);
+    int device_max = 0;
+    if (allow_smem<gemv_ar_fused_kernel<dev::bf16_t, 128>>() != cudaSuccess ||
+        cudaDeviceGetAttribute(&device_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+        smem > static_cast<size_t>(device_max))
+      return 0;
+    int clusters = 0;
+    if (S > 1) {
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(static_cast<unsigned>(ctas));
+      cfg.blockDim = dim3(kThreads);
+      cfg.dynamicSmemBytes = smem;
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = static_cast<unsigned>(S);
+      attr.val.clusterDim.y = 1;
+      attr.val.clusterDim.z = 1;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      if (cudaOccupancyMaxActiveClusters(&clusters, gemv_ar_fused_kernel<dev::bf16_t, 128>, &cfg) != cudaSuccess)
+        return 0;
+    } else {
+      int per_sm = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_ar_fused_kernel<dev::bf16_t, 128>, kThreads,
+                                                        smem) != cudaSuccess)
+        return 0;
+      clusters = per_sm * device_sms(device);
+    }
+    if (clusters < 1) return 0;
+    const int fit = std::min(clusters, slices) * S;
+    if (fit >= ctas) break;
+    ctas = fit;  // fewer CTAs: more parts each; check that grid again with its scratch
+  }
+  return ctas;
+}
+
+cudaError_t gemv_local(const GemvArgs& a, dev::DType t, cudaStream_t s) {
+  if (!shape_ok(a)) return cudaErrorInvalidValue;
+  if (t == dev::DType::kBF16) return by_mt<dev::bf16_t, LocalF>(a.m, a, s);
+  if (t == dev::DType::kF16) return by_mt<dev::f16_t, LocalF>(a.m, a, s);
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t gemv_ar_fused(const dev::DeviceCtx& c, const GemvArgs& a, dev::DType t, cudaStream_t s) {
+  if (!shape_ok(a) || a.m > a.m_max || a.ctas < 1) return cudaErrorInvalidValue;
+  if (t == dev::DType::kBF16) return by_mt<dev::bf16_t, FusedF>(a.m, c, a, s);
+  if (t == dev::DType::kF16) return by_mt<dev::f16_t, FusedF>(a.m, c, a, s);
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t add_rmsnorm(const void* y, const void* residual, const void* gamma, void* residual_out, void* out, int m,
+                        int n, float eps, dev::DType t, cudaStream_t s) {
+  if (m < 1 || n < 8 || n % 8 != 0) return cudaErrorInvalidValue;
+  if (t == dev::DType::kBF16)
+    add_rmsnorm_kernel<dev::bf16_t>
+        <<<m, kThreads, 0, s>>>(static_cast<const dev::bf16_t*>(y), static_cast<const dev::bf16_t*>(residual),
+                                static_cast<const dev::bf16_t*>(gamma), static_cast<dev::bf16_t*>(residual_out),
+                                static_cast<dev::bf16_t*>(out), n, eps);
+  else if (t == dev::DType::kF16)
+    add_rmsnorm_kernel<dev::f16_t>
+        <<<m, kThreads, 0, s>>>(static_cast<const dev::f16_t*>(y), static_cast<const dev::f16_t*>(residual),
+                                static_cast<const dev::f16_t*>(gamma), static_cast<dev::f16_t*>(residual_out),
+                                static_cast<dev::f16_t*>(out), n, eps);
+  else
+    return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
+
+}  // namespace weft::kernels

@@ -1,0 +1,156 @@
+// The fused GEMV + all-reduce's shared algorithm (gemv_ar_algos.hpp) on the host backend,
+// through kernels::gemv_ar_host_fused: worlds 1-4, every M of 1 ... m_max from one set of
+// receive lines, consecutive calls (epochs, both parities, stale lines of other M), with and
+// without the residual + RMSNorm epilogue, bf16 and f16, exact on integer data; a silent peer
+// times out with its rank and the op named.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "rank_harness.hpp"
+#include "weft/core/error.hpp"
+#include "weft/kernels/gemv_ar_kernels.hpp"
+#include "weft/runtime/backend.hpp"
+
+using namespace weft;
+using namespace weft::testing;
+
+namespace {
+
+struct Shape {
+  int n, k, m_max, ctas;
+};
+
+uint16_t bits(float f, dev::DType t) { return dev::to_bits16(f, t); }
+float val(uint16_t b, dev::DType t) { return dev::from_bits16(b, t); }
+
+// Small integers: every product, partial and sum is exact in fp32 and the partials and sums
+// fit the dtypes exactly, so the result does not depend on the order of the GEMV's terms.
+float x_at(int rank, int t, int kk, int call) { return static_cast<float>((rank * 7 + t * 3 + kk + call) % 3 - 1); }
+float w_at(int rank, int j, int kk) { return static_cast<float>((rank * 5 + j * 11 + kk * 2) % 5 - 2); }
+float res_at(int t, int j, int call) { return static_cast<float>((t * 13 + j * 7 + call) % 9 - 4); }
+float gamma_at(int j) { return static_cast<float>(j % 4 + 1) * 0.5f; }
+
+void run_case(const Shape& s, dev::DType dt, bool epilogue) {
+  auto b = make_backend();
+  const int world = b->size(), rank = b->rank();
+  kernels::GemvArgs a;
+  a.n = s.n;
+  a.k = s.k;
+  a.m_max = s.m_max;
+  a.ctas = s.ctas;
+  a.op_tag = dev::op_tag("gemv_ar");
+  a.lines_off = b->heap().alloc_bytes(kernels::gemv_lines_bytes(world, s.m_max, s.n), "gemv.lines");
+  a.epoch_off = b->heap().alloc_bytes(kernels::gemv_epochs_bytes(s.ctas), "gemv.epochs");
+  a.norm_off = b->heap().alloc_bytes(kernels::gemv_norm_bytes(s.m_max, s.ctas), "gemv.norm");
+  std::vector<uint16_t> x(static_cast<size_t>(s.m_max) * s.k), w(static_cast<size_t>(s.n) * s.k);
+  std::vector<uint16_t> y(static_cast<size_t>(s.m_max) * s.n), res(y.size()), ro(y.size()), gamma(s.n);
+  for (int j = 0; j < s.n; ++j)
+    for (int kk = 0; kk < s.k; ++kk) w[static_cast<size_t>(j) * s.k + kk] = bits(w_at(rank, j, kk), dt);
+  for (int j = 0; j < s.n; ++j) gamma[j] = bits(gamma_at(j), dt);
+  int call = 0;
+  // Every M up, then back down: each call of a parity sees lines the other M left there.
+  std::vector<int> ms;
+  for (int m = 1; m <= s.m_max; ++m) ms.push_back(m);
+  for (int m = s.m_max; m >= 1; m -= 3) ms.push_back(m);
+  for (int m : ms) {
+    ++call;
+    for (int t = 0; t < m; ++t)
+      for (int kk = 0; kk < s.k; ++kk) x[static_cast<size_t>(t) * s.k + kk] = bits(x_at(rank, t, kk, call), dt);
+    for (int t = 0; t < m; ++t)
+      for (int j = 0; j < s.n; ++j) res[static_cast<size_t>(t) * s.n + j] = bits(res_at(t, j, call), dt);
+    std::fill(y.begin(), y.end(), bits(-99.f, dt));
+    a.m = m;
+    a.x = x.data();
+    a.w = w.data();
+    a.y = y.data();
+    a.residual = epilogue ? res.data() : nullptr;
+    a.residual_out = epilogue ? ro.data() : nullptr;
+    a.gamma = epilogue ? gamma.data() : nullptr;
+    kernels::gemv_ar_host_fused(b->ctx(), a, dt);
+    for (int t = 0; t < m; ++t) {
+      std::vector<float> ref_ro(s.n);
+      float sq = 0.f;
+      for (int j = 0; j < s.n; ++j) {
+        float sum = 0.f;
+        for (int r = 0; r < world; ++r) {
+          float p = 0.f;
+          for (int kk = 0; kk < s.k; ++kk) p += x_at(r, t, kk, call) * w_at(r, j, kk);
+          sum += val(bits(p, dt), dt);
+        }
+        const float yv = val(bits(sum, dt), dt);
+        if (!epilogue) {
+          const uint16_t got = y[static_cast<size_t>(t) * s.n + j];
+          WEFT_CHECK(got == bits(yv, dt), "world " + std::to_string(world) + " m " + std::to_string(m) + " token " +
+                                              std::to_string(t) + " column " + std::to_string(j) +
+                                              ": y = " + std::to_string(val(got, dt)) + ", want " + std::to_string(yv));
+          continue;
+        }
+        ref_ro[j] = val(bits(yv + res_at(t, j, call), dt), dt);
+        sq += ref_ro[j] * ref_ro[j];
+      }
+      if (!epilogue) continue;
+      const float inv = 1.0f / std::sqrt(sq / static_cast<float>(s.n) + a.eps);
+      for (int j = 0; j < s.n; ++j) {
+        const size_t at = static_cast<size_t>(t) * s.n + j;
+        WEFT_CHECK(ro[at] == bits(ref_ro[j], dt),
+                   "m " + std::to_string(m) + " token " + std::to_string(t) + " column " + std::to_string(j) +
+                       ": residual_out " + std::to_string(val(ro[at], dt)) + ", want " + std::to_string(ref_ro[j]));
+        const float want = ref_ro[j] * inv * gamma_at(j);
+        WEFT_CHECK(y[at] == bits(want, dt), "m " + std::to_string(m) + " token " + std::to_string(t) + " column " +
+                                                std::to_string(j) + ": out " + std::to_string(val(y[at], dt)) +
+                                                ", want " + std::to_string(want));
+      }
+    }
+    // Rows past m are not written.
+    for (size_t i = static_cast<size_t>(m) * s.n; i < y.size(); ++i)
+      WEFT_CHECK(y[i] == bits(-99.f, dt), "y written past token m = " + std::to_string(m));
+  }
+}
+
+}  // namespace
+
+class GemvArAlgosHost : public ::testing::TestWithParam<int> {};
+
+TEST_P(GemvArAlgosHost, ExactForEveryMWithAndWithoutEpilogue) {
+  expect_all_ok(run_host_ranks(GetParam(), [] {
+    // n = 200: parts of 64 columns, the last one 8 wide; 3 teams own 2, 1 and 1 parts.
+    run_case({200, 24, 9, 3}, dev::DType::kBF16, false);
+    run_case({200, 24, 9, 3}, dev::DType::kBF16, true);
+    run_case({64, 16, 5, 2}, dev::DType::kF16, true);
+    run_case({136, 8, 4, 1}, dev::DType::kF16, false);
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GemvArAlgosHost, ::testing::Values(1, 2, 3, 4));
+
+TEST(GemvArAlgosHostFaults, SilentPeerTimesOutNamingIt) {
+  auto res = run_host_ranks(
+      2,
+      [] {
+        auto b = make_backend();
+        kernels::GemvArgs a;
+        a.n = 64;
+        a.k = 8;
+        a.m = a.m_max = 2;
+        a.ctas = 1;
+        a.op_tag = dev::op_tag("gemv_ar");
+        a.lines_off = b->heap().alloc_bytes(kernels::gemv_lines_bytes(2, a.m_max, a.n), "gemv.lines");
+        a.epoch_off = b->heap().alloc_bytes(kernels::gemv_epochs_bytes(a.ctas), "gemv.epochs");
+        if (b->rank() == 1) return;  // never calls
+        std::vector<uint16_t> x(static_cast<size_t>(a.m) * a.k), w(static_cast<size_t>(a.n) * a.k),
+            y(static_cast<size_t>(a.m) * a.n);
+        a.x = x.data();
+        a.w = w.data();
+        a.y = y.data();
+        kernels::gemv_ar_host_fused(b->ctx(), a, dev::DType::kBF16);
+      },
+      {}, 800);
+  EXPECT_EQ(res[1].exit_code, 0) << res[1].message;
+  EXPECT_EQ(res[0].exit_code, 1);
+  EXPECT_NE(res[0].message.find("signal wait timed out"), std::string::npos) << res[0].message;
+  EXPECT_NE(res[0].message.find("rank 1 did not arrive (gemv_ar: signal at heap offset"), std::string::npos)
+      << res[0].message;
+}
