@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <set>
 #include <utility>
 
@@ -112,6 +113,18 @@ void GemvContext::gemv(const void* x, const void* w, void* y, int64_t m, void* s
                 cfg.n, k_local);
 }
 
+void GemvContext::copy_rows(void* dst, const void* src, int64_t m, void* stream) {
+  const size_t bytes = static_cast<size_t>(m * cfg.n) * eb;
+#ifdef WEFT_HAVE_CUDA
+  if (!host()) {
+    WEFT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)));
+    return;
+  }
+#endif
+  (void)stream;
+  std::memcpy(dst, src, bytes);
+}
+
 void GemvContext::add_rmsnorm(const void* y, const void* residual, const void* gamma, void* residual_out, void* out,
                               int64_t m, void* stream) {
 #ifdef WEFT_HAVE_CUDA
@@ -140,11 +153,9 @@ void GemvContext::init_gpu() {
   WEFT_CUDA_CHECK(cudaMalloc(&blas_workspace, ws));
   WEFT_CUBLAS_CHECK(cublasSetWorkspace(blas, blas_workspace, ws));
   WEFT_CUBLAS_CHECK(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH));
-  if (cfg.epilogue) {
-    const size_t bytes = static_cast<size_t>(cfg.m_max * cfg.n) * eb;
-    WEFT_CUDA_CHECK(cudaMalloc(&gpu_sum, bytes));
-    WEFT_CUDA_CHECK(cudaMemset(gpu_sum, 0, bytes));
-  }
+  const size_t bytes = static_cast<size_t>(cfg.m_max * cfg.n) * eb;
+  WEFT_CUDA_CHECK(cudaMalloc(&gpu_sum, bytes));
+  WEFT_CUDA_CHECK(cudaMemset(gpu_sum, 0, bytes));
 }
 #endif
 
@@ -235,7 +246,7 @@ GemvAllReduce::GemvAllReduce(Backend& backend, const GemvArConfig& config) {
   const SymmetricHeap::Scope mine = I.share.scope();  // every allocation of the set-up is the op's
   int ctas = 0;
   if (I.host()) {
-    if (config.epilogue) I.host_sum.resize(static_cast<size_t>(config.m_max * config.n) * I.eb);
+    I.host_sum.resize(static_cast<size_t>(config.m_max * config.n) * I.eb);
     ctas = static_cast<int>(std::min<int64_t>(4, config.n / 8));
   } else {
 #ifdef WEFT_HAVE_CUDA

@@ -53,11 +53,14 @@ struct GemvContext {
   size_t eb = 2;
   int64_t k_local = 0;
   Collectives coll;  // the host baseline's reference all-reduce, decomposed's weft all-reduce
-  // The un-normalised sum of an epilogue call of baseline and decomposed ([m_max, n]): run()'s
-  // y receives the normalised result, so the sum needs a buffer of its own.
+  // [m_max, n] of the op's own: the un-normalised sum of an epilogue call of baseline and
+  // decomposed (run()'s y receives the normalised result), and decomposed's all-reduce rows
+  // where the call's M is not one of its all-reduce shapes (GemvDecomposed::rows).
   std::vector<unsigned char> host_sum;
   void* sum_buffer() { return gpu_sum ? gpu_sum : host_sum.data(); }
   void* gpu_sum = nullptr;  // device memory on GPUs
+  // dst = src, m rows of y's shape, in the stream's order (host: now).
+  void copy_rows(void* dst, const void* src, int64_t m, void* stream);
 
   bool host() const { return b.kind() == BackendKind::kHost; }
 
@@ -111,15 +114,22 @@ class GemvDecomposed : public GemvMethodImpl {
   void all_reduce(void* y, int64_t m, void* stream);
   bool ready() const { return coll_ != nullptr; }
   const std::string& why() const { return why_; }
-  // ll or ll128: the all-reduce of M rows.
+  // ll or ll128: the all-reduce of a call of M rows.
   Method method(int64_t m) const { return methods_[static_cast<size_t>(m - 1)]; }
+  // The rows the all-reduce of a call of M rows runs on: M itself up to kExactRows, else the
+  // next power of two (at most m_max). One collective state per shape, so this keeps the
+  // prepared states to ~kExactRows + log2(m_max) shapes (their sum ~ (kExactRows^2 / 2 +
+  // 2 m_max) rows of N) instead of one per M (m_max^2 / 2 rows). Rows past M are the op's
+  // sum buffer's: reduced and never read.
+  static constexpr int64_t kExactRows = 16;
+  int64_t rows(int64_t m) const;
 
  private:
   GemvContext& c_;
   // Its own collectives object: its prepared states (one per M) are its heap share's, all
   // given back at once when they do not fit.
   std::unique_ptr<Collectives> coll_;
-  std::vector<Method> methods_;  // [m - 1]
+  std::vector<Method> methods_;  // [m - 1]: of rows(m)
   std::string why_;
 };
 
