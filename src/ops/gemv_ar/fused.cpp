@@ -1,0 +1,51 @@
+// `fused`: one call of the fused GEMV + all-reduce (+ add + RMSNorm) over the op's symmetric
+// state -- kernels::gemv_ar_fused on GPUs (a.ctas persistent CTAs), kernels::gemv_ar_host_fused
+// on the host backend (a.ctas host teams, the same exchange and sum code). The state is sized
+// for m_max at construction (include/weft/kernels/gemv_ar_kernels.hpp: receive lines by epoch
+// parity, per-CTA epochs, the epilogue's norm state) and never reset, so every call of every M
+// is capturable.
+#include <fmt/format.h>
+
+#include "gemv_ar_impl.hpp"
+#include "weft/core/error.hpp"
+
+#ifdef WEFT_HAVE_CUDA
+#include "weft/core/cuda_check.hpp"
+#endif
+
+namespace weft::ops::detail {
+
+GemvFused::GemvFused(GemvContext& c, int ctas) : c_(c) {
+  const int world = c.world, m_max = static_cast<int>(c.cfg.m_max), n = static_cast<int>(c.cfg.n);
+  base_.n = n;
+  base_.k = static_cast<int>(c.k_local);
+  base_.m_max = m_max;
+  base_.ctas = ctas;
+  base_.eps = c.cfg.eps;
+  base_.op_tag = dev::op_tag("gemv_ar");
+  base_.lines_off = c.op.workspace(kernels::gemv_lines_bytes(world, m_max, n), "fused.lines");
+  base_.epoch_off = c.op.workspace(kernels::gemv_epochs_bytes(ctas), "fused.epochs");
+  if (c.cfg.epilogue) base_.norm_off = c.op.workspace(kernels::gemv_norm_bytes(m_max), "fused.norm");
+}
+
+void GemvFused::run(int64_t m, const void* x, const void* w, void* y, const GemvEpilogue& ep, void* stream) {
+  kernels::GemvArgs a = base_;
+  a.x = x;
+  a.w = w;
+  a.y = y;
+  a.m = static_cast<int>(m);
+  a.residual = ep.residual;
+  a.gamma = ep.gamma;
+  a.residual_out = ep.residual_out;
+#ifdef WEFT_HAVE_CUDA
+  if (!c_.host()) {
+    WEFT_CUDA_CHECK(kernels::gemv_ar_fused(c_.b.ctx(), a, c_.cfg.dtype, static_cast<cudaStream_t>(stream)));
+    return;
+  }
+#endif
+  (void)stream;
+  kernels::gemv_ar_host_fused(c_.b.ctx(), a, c_.cfg.dtype);
+  c_.b.synchronize();  // a wait that failed in a team is in the error slot: raised here
+}
+
+}  // namespace weft::ops::detail
