@@ -162,6 +162,32 @@ int weft_gemm_shapes(const weft_gemm* g, int64_t m, int64_t* a_rows, int64_t* a_
 /* What `auto` runs for M rows: the method's name (static storage). */
 int weft_gemm_auto_method(const weft_gemm* g, int64_t m, const char** method);
 
+/* ---- GEMV + AllReduce for decode (ops::GemvAllReduce, docs/gemv_ar.md) ------------------
+ * y[M, N] = sum over ranks of x[M, K/world] · w[N, K/world]ᵀ (w in torch.nn.functional.linear's
+ * layout), bf16 or f16, M = 1 ... m_max tokens per call from one object (nothing allocated
+ * after creation: every call may be captured in a CUDA graph). With the epilogue:
+ * residual_out = y + residual, and the call's y receives RMSNorm(residual_out) · gamma. */
+typedef struct weft_gemv_config {
+  int64_t n, k;   /* N output features; K the full depth (K/world per rank, a multiple of 8) */
+  int64_t m_max;  /* the most tokens a call may have, 1 ... 128 (0: 128) */
+  int dtype;      /* WEFT_BF16 or WEFT_F16 */
+  int epilogue;   /* non-zero: the residual add + RMSNorm epilogue */
+  float eps;      /* RMSNorm's epsilon (epilogue; 0: 1e-6) */
+} weft_gemv_config;
+
+typedef struct weft_gemv weft_gemv;
+/* Collective (allocates the receive slots for m_max, agrees the configuration across ranks). */
+int weft_gemv_create(weft_world* w, const weft_gemv_config* cfg, weft_gemv** out);
+int weft_gemv_destroy(weft_gemv* g);
+/* Collective: one call with M tokens (0: m_max); method "auto" (or NULL), "baseline",
+ * "decomposed", "fused". x [M, K/world], w [N, K/world], y [M, N], each 16-byte aligned. The
+ * epilogue's residual [M, N] (may equal residual_out), gamma [N] and residual_out [M, N] are
+ * required with the epilogue and must be NULL without it. */
+int weft_gemv_run(weft_gemv* g, const void* x, const void* w, void* y, int64_t m, const char* method,
+                  const void* residual, const void* gamma, void* residual_out, void* stream);
+/* What `auto` runs for M tokens (0: m_max): the method's name (static storage). */
+int weft_gemv_auto_method(const weft_gemv* g, int64_t m, const char** method);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,7 +2,7 @@
 
 This module is the torch-free, low-level binding of weft's C API (include/weft/c_api.h)
 through ctypes: worlds (ranks, bootstrap, backend, symmetric heap), symmetric memory,
-collectives and GEMM+communication ops, all on raw pointers (ints) and streams (ints). The
+collectives, GEMM+communication ops and the decode GEMV + AllReduce, all on raw pointers (ints) and streams (ints). The
 PyTorch frontend (weft.torch) is built on it.
 
 Errors: every failing call raises WeftError or one of its kinds: InvalidArgument (also a
@@ -17,6 +17,7 @@ from . import _lib
 
 __all__ = [
     "F32", "F16", "BF16", "WeftError", "InvalidArgument", "PeerTimeout", "World", "Collectives", "GemmOverlap",
+    "GemvAllReduce",
     "has_cuda", "library_path",
 ]
 
@@ -332,4 +333,38 @@ class GemmOverlap(_Op):
         """The method `auto` runs for M rows."""
         s = ctypes.c_char_p()
         _check(self._world._lib.weft_gemm_auto_method(self.handle, int(m), ctypes.byref(s)))
+        return s.value.decode()
+
+
+class GemvAllReduce(_Op):
+    """GEMV + AllReduce for decode (collective to create): y[M, N] = sum over ranks of
+    x[M, K/world] · w[N, K/world]ᵀ, dtype BF16 or F16, any M from 1 to m_max (<= 128) per call
+    from this one object, with nothing allocated after creation (every call capturable in a
+    CUDA graph). epilogue=True: a call also takes residual [M, N] and gamma [N], writes
+    residual_out = y + residual, and y receives RMSNorm(residual_out) · gamma (eps)."""
+
+    _destroy = "weft_gemv_destroy"
+
+    def __init__(self, world, n, k, dtype, *, m_max=128, epilogue=False, eps=1e-6):
+        super().__init__(world)
+        cfg = _lib.GemvConfig(n=int(n), k=int(k), m_max=int(m_max), dtype=int(dtype), epilogue=1 if epilogue else 0,
+                              eps=float(eps))
+        h = ctypes.c_void_p()
+        _check(world._lib.weft_gemv_create(world.handle, ctypes.byref(cfg), ctypes.byref(h)))
+        self._handle = h.value
+        self.n, self.k, self.m_max, self.epilogue = int(n), int(k), int(m_max), bool(epilogue)
+        world._register(self)
+
+    def run(self, x_ptr, w_ptr, y_ptr, m=0, method=None, stream=0, residual_ptr=None, gamma_ptr=None,
+            residual_out_ptr=None):
+        """Collective: one call with M tokens (0: m_max). The epilogue's pointers are required
+        with the epilogue and refused without it."""
+        _check(self._world._lib.weft_gemv_run(self.handle, _ptr(x_ptr), _ptr(w_ptr), _ptr(y_ptr), int(m),
+                                              _text(method), _ptr(residual_ptr), _ptr(gamma_ptr),
+                                              _ptr(residual_out_ptr), _ptr(stream)))
+
+    def auto_method(self, m=0):
+        """The method `auto` runs for M tokens (0: m_max)."""
+        s = ctypes.c_char_p()
+        _check(self._world._lib.weft_gemv_auto_method(self.handle, int(m), ctypes.byref(s)))
         return s.value.decode()

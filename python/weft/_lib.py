@@ -10,7 +10,7 @@ serves every Python and PyTorch version. It is looked up, in order:
 import ctypes
 import os
 import threading
-from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_int, c_int64, c_size_t, c_uint64,
+from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_float, c_int, c_int64, c_size_t, c_uint64,
                     c_void_p)
 from pathlib import Path
 
@@ -54,6 +54,17 @@ class GemmConfig(Structure):
     ]
 
 
+class GemvConfig(Structure):
+    _fields_ = [
+        ("n", c_int64),
+        ("k", c_int64),
+        ("m_max", c_int64),
+        ("dtype", c_int),
+        ("epilogue", c_int),
+        ("eps", c_float),
+    ]
+
+
 _p = c_void_p
 _u64p = POINTER(c_uint64)
 _i64p = POINTER(c_int64)
@@ -88,6 +99,10 @@ _SIGNATURES = {
     "weft_gemm_run_gathered": (c_int, [_p, _p, _p, _p, c_int64, c_char_p, _p, _p]),
     "weft_gemm_shapes": (c_int, [_p, c_int64, _i64p, _i64p, _i64p, _i64p, _i64p, _i64p]),
     "weft_gemm_auto_method": (c_int, [_p, c_int64, POINTER(c_char_p)]),
+    "weft_gemv_create": (c_int, [_p, POINTER(GemvConfig), POINTER(c_void_p)]),
+    "weft_gemv_destroy": (c_int, [_p]),
+    "weft_gemv_run": (c_int, [_p, _p, _p, _p, c_int64, c_char_p, _p, _p, _p, _p]),
+    "weft_gemv_auto_method": (c_int, [_p, c_int64, POINTER(c_char_p)]),
 }
 
 

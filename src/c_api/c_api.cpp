@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -17,6 +18,7 @@
 #include "weft/core/error.hpp"
 #include "weft/ops/collectives.hpp"
 #include "weft/ops/gemm_overlap.hpp"
+#include "weft/ops/gemv_ar.hpp"
 #include "weft/runtime/backend.hpp"
 #include "weft/runtime/bootstrap.hpp"
 #include "weft/version.hpp"
@@ -91,7 +93,7 @@ bool stream_capturing(const Backend&, void*) { return false; }
 struct weft_world {
   std::unique_ptr<Backend> backend;
   std::set<uint64_t> blocks;  // weft_alloc's owners not yet freed
-  int live_ops = 0;           // weft_coll / weft_gemm objects not yet destroyed
+  int live_ops = 0;           // weft_coll / weft_gemm / weft_gemv objects not yet destroyed
 
   bool contains(const void* ptr, uint64_t bytes, uint64_t* offset) const {
     const auto base = reinterpret_cast<uintptr_t>(backend->local_ptr(0));
@@ -121,6 +123,11 @@ struct weft_coll {
 struct weft_gemm {
   weft_world* w = nullptr;
   std::unique_ptr<ops::GemmOverlap> op;
+};
+
+struct weft_gemv {
+  weft_world* w = nullptr;
+  std::unique_ptr<ops::GemvAllReduce> op;
 };
 
 namespace {
@@ -561,5 +568,63 @@ WEFT_API int weft_gemm_auto_method(const weft_gemm* g, int64_t m, const char** m
   return guard([&] {
     require_arg(g != nullptr && method != nullptr, "weft_gemm_auto_method: the handle and method must not be null");
     *method = ops::to_string(m == 0 ? g->op->auto_choice().method : g->op->auto_choice(m).method);
+  });
+}
+
+// ---- GEMV + AllReduce -------------------------------------------------------------------------
+WEFT_API int weft_gemv_create(weft_world* w, const weft_gemv_config* cfg, weft_gemv** out) {
+  return guard([&] {
+    require_arg(w != nullptr && cfg != nullptr && out != nullptr,
+                "weft_gemv_create: the world, config and out must not be null");
+    ops::GemvArConfig oc;
+    oc.n = cfg->n;
+    oc.k = cfg->k;
+    oc.m_max = cfg->m_max == 0 ? ops::kGemvMaxM : cfg->m_max;
+    oc.dtype = to_dtype(cfg->dtype, "weft_gemv_create");
+    oc.epilogue = cfg->epilogue != 0;
+    if (cfg->eps != 0) oc.eps = cfg->eps;
+    require_arg(std::isfinite(oc.eps) && oc.eps > 0,
+                fmt::format("weft_gemv_create: eps {} must be a positive number", oc.eps));
+    auto g = std::make_unique<weft_gemv>();
+    g->w = w;
+    g->op = std::make_unique<ops::GemvAllReduce>(*w->backend, oc);
+    *out = g.release();
+    ++w->live_ops;
+  });
+}
+
+WEFT_API int weft_gemv_destroy(weft_gemv* g) {
+  return guard([&] {
+    if (!g) return;
+    std::unique_ptr<weft_gemv> own(g);
+    --g->w->live_ops;
+  });
+}
+
+WEFT_API int weft_gemv_run(weft_gemv* g, const void* x, const void* w, void* y, int64_t m, const char* method,
+                           const void* residual, const void* gamma, void* residual_out, void* stream) {
+  return guard([&] {
+    require_arg(g != nullptr, "weft_gemv_run: the weft_gemv handle is null");
+    check_ptr(x, "gemv_ar", "x");
+    check_ptr(w, "gemv_ar", "w");
+    check_ptr(y, "gemv_ar", "y");
+    ops::GemvRunOptions o;
+    o.method = ops::parse_gemv_method(text_or(method, "auto"));
+    o.m = m;
+    o.residual = residual;
+    o.gamma = gamma;
+    o.residual_out = residual_out;
+    o.stream = stream;
+    g->op->run(x, w, y, o);
+  });
+}
+
+WEFT_API int weft_gemv_auto_method(const weft_gemv* g, int64_t m, const char** method) {
+  return guard([&] {
+    require_arg(g != nullptr && method != nullptr, "weft_gemv_auto_method: the handle and method must not be null");
+    const int64_t m_max = g->op->config().m_max;
+    require_arg(m >= 0 && m <= m_max,
+                fmt::format("weft_gemv_auto_method: M = {} outside [0, {}] (0: m_max)", m, m_max));
+    *method = ops::to_string(g->op->auto_choice(m == 0 ? m_max : m).method);
   });
 }

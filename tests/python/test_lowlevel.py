@@ -201,6 +201,56 @@ def test_gemm_exact(tmp_path, size, op, method):
     run_ranks(gemm_body, size, str(tmp_path), op, method)
 
 
+def gemv_body(rank, size, d, method):
+    """weft.GemvAllReduce: M 1, 3 and m_max from one object, exact; the epilogue's residual."""
+    N, KL, M_MAX = 16, 8, 4
+    with make_world(rank, size, d) as w:
+        g = weft.GemvAllReduce(w, N, KL * size, weft.BF16, m_max=M_MAX)
+        e = weft.GemvAllReduce(w, N, KL * size, weft.BF16, m_max=M_MAX, epilogue=True)
+        assert g.auto_method(1) in ("baseline", "decomposed", "fused")
+
+        def X(r, i, k):
+            return float((r + 2 * i + k) % 5 - 2)
+
+        def W(r, n, k):
+            return float((3 * r + n + 2 * k) % 3 - 1)
+
+        x = (ctypes.c_uint16 * (M_MAX * KL))(*[bf16(X(rank, i, k)) for i in range(M_MAX) for k in range(KL)])
+        wt = (ctypes.c_uint16 * (N * KL))(*[bf16(W(rank, n, k)) for n in range(N) for k in range(KL)])
+        res = (ctypes.c_uint16 * (M_MAX * N))(*[bf16(float((i + n) % 3)) for i in range(M_MAX) for n in range(N)])
+        gamma = (ctypes.c_uint16 * N)(*[bf16(1.0)] * N)
+        for m in (1, 3, 0):  # 0: m_max
+            rows = m or M_MAX
+            y = (ctypes.c_uint16 * (M_MAX * N))(*[bf16(-7.0)] * (M_MAX * N))
+            g.run(ctypes.addressof(x), ctypes.addressof(wt), ctypes.addressof(y), m=m, method=method)
+            want = [[sum(X(r, i, k) * W(r, n, k) for r in range(size) for k in range(KL)) for n in range(N)]
+                    for i in range(rows)]
+            assert [[from_bf16(y[i * N + n]) for n in range(N)] for i in range(rows)] == want, m
+            assert all(from_bf16(v) == -7.0 for v in y[rows * N:]), "rows past M written"
+            out = (ctypes.c_uint16 * (M_MAX * N))()
+            ro = (ctypes.c_uint16 * (M_MAX * N))()
+            e.run(ctypes.addressof(x), ctypes.addressof(wt), ctypes.addressof(out), m=m, method=method,
+                  residual_ptr=ctypes.addressof(res), gamma_ptr=ctypes.addressof(gamma),
+                  residual_out_ptr=ctypes.addressof(ro))
+            assert [[from_bf16(ro[i * N + n]) for n in range(N)] for i in range(rows)] == \
+                [[want[i][n] + (i + n) % 3 for n in range(N)] for i in range(rows)], m
+        with pytest.raises(weft.InvalidArgument):  # the epilogue's operands without the epilogue
+            g.run(ctypes.addressof(x), ctypes.addressof(wt), ctypes.addressof(out), m=1, method=method,
+                  residual_ptr=ctypes.addressof(res), gamma_ptr=ctypes.addressof(gamma),
+                  residual_out_ptr=ctypes.addressof(ro))
+        with pytest.raises(weft.InvalidArgument, match="5"):  # M above m_max
+            g.run(ctypes.addressof(x), ctypes.addressof(wt), ctypes.addressof(y), m=5, method=method)
+        g.close()
+        e.close()
+        return True
+
+
+@pytest.mark.parametrize("size", [1, 2])
+@pytest.mark.parametrize("method", [None, "baseline", "decomposed", "fused"])
+def test_gemv_exact(tmp_path, size, method):
+    run_ranks(gemv_body, size, str(tmp_path), method)
+
+
 def errors_body(rank, size, d):
     with make_world(rank, size, d) as w:
         c = weft.Collectives(w)

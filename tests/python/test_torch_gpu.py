@@ -1,7 +1,8 @@
 """torch.ops.weft.* on GPUs (nccl backend), 2 and 4 ranks where as many GPUs are present: every op
 against a torch reference, exact on integer data and within bf16 tolerance on random data,
 eagerly, replayed from a CUDA graph, and under torch.compile(fullgraph=True); the MLP block's
-modules forward and backward. Skipped without enough GPUs."""
+modules forward and backward; gemv_ar / gemv_ar_rmsnorm (decode) for several M from one object.
+Skipped without enough GPUs."""
 
 import pytest
 
@@ -171,3 +172,71 @@ def test_gpu_mlp_block(pools, size):
     if _gpus() < size:
         pytest.skip(f"needs {size} GPUs")
     pools.get(size, gpu=True).run(_rank_gpu_mlp, timeout=300)
+
+
+# ---- GEMV + AllReduce (decode) ---------------------------------------------------------------------
+
+def _rank_gpu_gemv(method):
+    """gemv_ar and gemv_ar_rmsnorm for several M from one op object: exact on integer data and
+    within bf16 tolerance of an fp32 reference on random data, eagerly, replayed from CUDA graphs
+    (the first capture of each M after prepare, no eager call of it before), and compiled."""
+    import torch._dynamo
+
+    import weft.torch as wt
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    bf = torch.bfloat16
+    nn, k_local = 1024, 512
+    gamma = rand((nn,), 5, bf)
+    wt.prepare("gemv_ar", torch.empty((1, k_local), dtype=bf, device="meta"),
+               torch.empty((nn, k_local), dtype=bf, device="meta"))
+    wt.prepare("gemv_ar_rmsnorm", torch.empty((1, k_local), dtype=bf, device="meta"),
+               torch.empty((nn, k_local), dtype=bf, device="meta"), None, None, 1e-6)
+    # Integers in [-1, 1]: every rank's partial sum and the total stay exact in bf16.
+    for exact, make in ((True, lambda shape, seed, dtype: ints(shape, seed, dtype, -1, 2)), (False, rand)):
+        xs = [make((128, k_local), 10 + p, bf) for p in range(n)]
+        ws = [make((nn, k_local), 20 + p, bf) for p in range(n)]
+        for m in (1, 7, 16, 128):
+            y_ref = sum(xs[p][:m].float() @ ws[p].float().t() for p in range(n))
+            res = make((m, nn), 30 + m, bf)
+            ro_ref = (y_ref.to(bf) + res).float() if exact else y_ref + res.float()
+            out_ref = ro_ref * torch.rsqrt(ro_ref.pow(2).mean(-1, keepdim=True) + 1e-6) * gamma.float()
+
+            def f(x, w, res_):
+                y = torch.ops.weft.gemv_ar(x, w, method, "")
+                out, ro = torch.ops.weft.gemv_ar_rmsnorm(x, w, res_, gamma, 1e-6, method, "")
+                return y, out, ro
+
+            def check(outs, what):
+                y, out, ro = outs
+                _check(y, y_ref, exact, f"gemv_ar {what} M={m}")
+                _check(ro, ro_ref, exact, f"gemv_ar_rmsnorm residual_out {what} M={m}")
+                _check(out, out_ref, False, f"gemv_ar_rmsnorm out {what} M={m}")
+
+            args = [xs[r][:m].contiguous(), ws[r], res]
+            static = [torch.zeros_like(t) for t in args]
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs = f(*static)
+            for s, t in zip(static, args):
+                s.copy_(t)
+            for o in outs:
+                o.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            check(outs, "CUDA graph")
+            check(f(*args), "eager")
+            if m in (1, 16):
+                torch._dynamo.reset()
+                check(torch.compile(f, fullgraph=True)(*args), "torch.compile")
+    return True
+
+
+@needs2
+@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("method", ["auto", "baseline", "decomposed", "fused"])
+def test_gpu_gemv_ar(pools, size, method):
+    if _gpus() < size:
+        pytest.skip(f"needs {size} GPUs")
+    pools.get(size, gpu=True).run(_rank_gpu_gemv, method, timeout=600)

@@ -1,7 +1,7 @@
 // The C API (include/weft/c_api.h) on the host backend: forked ranks build their world through
 // weft_world_create with the test's own allgather (files in the launcher's shared directory);
 // every collective exact on integer data into heap and plain outputs, all_to_all_v, the heap,
-// a GEMM op exact, and the status codes and messages of bad input and timeouts.
+// a GEMM op and the GEMV + AllReduce op exact, and the status codes and messages of bad input and timeouts.
 #include "weft/c_api.h"
 
 #include <fcntl.h>
@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -194,6 +196,104 @@ void collectives_exact(bool symmetric, const char* method) {
   ok(weft_world_destroy(w), "weft_world_destroy");
 }
 
+// weft_gemv_*: one object serves every M up to m_max, every method exact on integer data; the
+// epilogue (residual_out exact, the normalised output within bf16 rounding of an fp32
+// reference); bad input refused with the message.
+void gemv_exact() {
+  FileExchange x;
+  weft_world* w = make_world(x);
+  const int me = x.rank, world = x.size;
+  const int64_t N = 24, K = 16 * world, KL = K / world, MMAX = 9;
+  auto X = [](int64_t i, int64_t k) { return static_cast<float>((i + 2 * k) % 5 - 2); };
+  auto W = [](int64_t n, int64_t k) { return static_cast<float>((3 * n + k) % 3 - 1); };
+  auto R = [](int64_t i, int64_t n) { return static_cast<float>((i * 5 + n) % 7 - 3); };
+  auto G = [](int64_t n) { return 0.5f + static_cast<float>(n % 4) * 0.25f; };
+  std::vector<dev::bf16_t> xs(MMAX * KL), ws(N * KL), y(MMAX * N), res(MMAX * N), gamma(N), ro(MMAX * N);
+  for (int64_t i = 0; i < MMAX; ++i)
+    for (int64_t j = 0; j < KL; ++j) xs[i * KL + j] = dev::from_float<dev::bf16_t>(X(i, me * KL + j));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < KL; ++j) ws[n * KL + j] = dev::from_float<dev::bf16_t>(W(n, me * KL + j));
+  for (int64_t i = 0; i < MMAX; ++i)
+    for (int64_t n = 0; n < N; ++n) res[i * N + n] = dev::from_float<dev::bf16_t>(R(i, n));
+  for (int64_t n = 0; n < N; ++n) gamma[n] = dev::from_float<dev::bf16_t>(G(n));
+  auto want_y = [&](int64_t i, int64_t n) {
+    float s = 0;
+    for (int64_t k = 0; k < K; ++k) s += X(i, k) * W(n, k);
+    return s;
+  };
+  for (int epilogue : {0, 1}) {
+    weft_gemv_config cfg{};
+    cfg.n = N;
+    cfg.k = K;
+    cfg.m_max = MMAX;
+    cfg.dtype = WEFT_BF16;
+    cfg.epilogue = epilogue;
+    weft_gemv* g = nullptr;
+    ok(weft_gemv_create(w, &cfg, &g), "weft_gemv_create");
+    for (int64_t m : {int64_t{1}, int64_t{4}, MMAX})
+      for (const char* method : {"baseline", "decomposed", "fused", "auto"}) {
+        std::fill(y.begin(), y.end(), dev::from_float<dev::bf16_t>(-99.f));
+        ok(weft_gemv_run(g, xs.data(), ws.data(), y.data(), m, method, epilogue ? res.data() : nullptr,
+                         epilogue ? gamma.data() : nullptr, epilogue ? ro.data() : nullptr, nullptr),
+           "weft_gemv_run");
+        for (int64_t i = 0; i < m; ++i) {
+          double ss = 0;
+          for (int64_t n = 0; n < N; ++n) {
+            const float r = want_y(i, n) + (epilogue ? R(i, n) : 0.f);
+            ss += static_cast<double>(r) * r;
+            if (epilogue) {
+              const float got = dev::to_float(ro[i * N + n]);
+              WEFT_CHECK(got == r, fmt::format("M {} {}: residual_out[{}][{}] = {}, want {}", m, method, i, n, got, r));
+            }
+          }
+          const float inv = 1.f / std::sqrt(static_cast<float>(ss / N) + 1e-6f);
+          for (int64_t n = 0; n < N; ++n) {
+            const float got = dev::to_float(y[i * N + n]);
+            if (!epilogue) {
+              WEFT_CHECK(got == want_y(i, n),
+                         fmt::format("M {} {}: y[{}][{}] = {}, want {}", m, method, i, n, got, want_y(i, n)));
+            } else {
+              const float want = (want_y(i, n) + R(i, n)) * inv * G(n);
+              WEFT_CHECK(std::abs(got - want) <= 1e-2f * std::max(1.f, std::abs(want)),
+                         fmt::format("M {} {}: out[{}][{}] = {}, want {}", m, method, i, n, got, want));
+            }
+          }
+        }
+        // Rows past M are not written.
+        if (m < MMAX)
+          WEFT_CHECK(dev::to_float(y[m * N]) == -99.f, fmt::format("M {} {}: row {} written", m, method, m));
+      }
+    const char* am = nullptr;
+    ok(weft_gemv_auto_method(g, 1, &am), "weft_gemv_auto_method");
+    WEFT_CHECK(am && std::strlen(am) > 0, "auto_method names a method");
+    ok(weft_gemv_auto_method(g, 0, &am), "weft_gemv_auto_method(0)");
+    expect_err(weft_gemv_auto_method(g, MMAX + 1, &am), WEFT_EINVAL, {"outside"}, "auto_method M > m_max");
+    expect_err(weft_gemv_run(g, xs.data(), nullptr, y.data(), 1, nullptr, nullptr, nullptr, nullptr, nullptr),
+               WEFT_EINVAL, {"w", "null"}, "null w");
+    expect_err(weft_gemv_run(g, xs.data(), ws.data(), y.data(), 1, "quick", nullptr, nullptr, nullptr, nullptr),
+               WEFT_EINVAL, {"quick"}, "bad method");
+    // M above m_max: every rank refuses it the same way (no exchange happens).
+    expect_err(weft_gemv_run(g, xs.data(), ws.data(), y.data(), MMAX + 1, nullptr, epilogue ? res.data() : nullptr,
+                             epilogue ? gamma.data() : nullptr, epilogue ? ro.data() : nullptr, nullptr),
+               WEFT_EINVAL, {std::to_string(MMAX + 1)}, "M > m_max");
+    ok(weft_gemv_destroy(g), "weft_gemv_destroy");
+  }
+  weft_gemv_config bad{};
+  bad.n = N;
+  bad.k = K + 1;
+  bad.dtype = WEFT_BF16;
+  weft_gemv* g = nullptr;
+  expect_err(weft_gemv_create(w, &bad, &g), WEFT_EINVAL, {std::to_string(K + 1)}, "K not divisible");
+  bad.k = K;
+  bad.dtype = WEFT_F32;
+  expect_err(weft_gemv_create(w, &bad, &g), WEFT_EINVAL, {}, "f32");
+  bad.dtype = WEFT_BF16;
+  bad.m_max = 129;
+  expect_err(weft_gemv_create(w, &bad, &g), WEFT_EINVAL, {"129"}, "m_max 129");
+  expect_err(weft_gemv_create(w, nullptr, &g), WEFT_EINVAL, {"null"}, "null config");
+  ok(weft_world_destroy(w), "destroy");
+}
+
 }  // namespace
 
 class CApiCollectives : public ::testing::TestWithParam<std::tuple<int, bool, const char*>> {};
@@ -290,6 +390,10 @@ TEST(CApi, GemmOpsExact) {
     (void)world;
     ok(weft_world_destroy(w), "destroy");
   }));
+}
+
+TEST(CApi, GemvOpExact) {
+  for (int world : {1, 2, 3}) expect_all_ok(run_host_ranks(world, [] { gemv_exact(); }));
 }
 
 TEST(CApi, BadInputIsRefusedWithTheMessage) {

@@ -3,6 +3,8 @@
 
 #include <array>
 #include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace {
@@ -60,6 +62,60 @@ TEST(Cli, BenchOnTheHostBackendWritesJson) {
   auto ls = run(std::string("ls ") + dir);
   EXPECT_NE(ls.out.find(".json"), std::string::npos) << ls.out;
   run(std::string("rm -rf ") + dir);
+}
+
+// `weft bench gemv_ar --quick` on two host ranks: every column ran and was checked, the table,
+// and the JSON with every column's point and the measured bandwidth.
+TEST(Cli, BenchGemvArOnTwoHostRanks) {
+  char dir[] = "/tmp/weft-cli-gemv-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  auto r = run("WEFT_BACKEND=host WEFT_HOST_RANKS=2 " + kWeft + " bench gemv_ar --quick --out " + dir);
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("gemv_ar on"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 ranks"), std::string::npos) << r.out;
+  // --quick on 2 host ranks: K = 16 x 2, N = 32, M 1 and 3.
+  EXPECT_NE(r.out.find("32x32x1 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("32x32x3 "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("WRONG"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("note:"), std::string::npos) << r.out;  // every column ran on the host backend
+  auto js = run(std::string("cat ") + dir + "/gemv_ar-host-2r-*.json");
+  ASSERT_EQ(js.status, 0) << js.out;
+  const auto j = nlohmann::json::parse(js.out);
+  EXPECT_EQ(j["bench"], "gemv_ar");
+  EXPECT_EQ(j["world"], 2);
+  EXPECT_GT(j["hbm_gbps"].get<double>(), 0);
+  EXPECT_FALSE(j["bandwidth_method"].get<std::string>().empty());
+  std::map<std::string, int> seen;
+  for (const auto& p : j["points"]) {
+    const std::string m = p["method"];
+    ++seen[m];
+    EXPECT_GT(p["median_us"].get<double>(), 0) << p.dump();
+    // The methods and weft's GEMV and fused epilogue are checked (and agree); the rest are not.
+    const bool checked = m == "decomposed" || m == "fused" || m == "auto" || m == "gemv_weft" || m == "fused_rmsnorm";
+    const double err = p["rel_err_vs_reference"];
+    if (checked) {
+      EXPECT_GE(err, 0) << p.dump();
+      EXPECT_LE(err, j["tolerance_vs_reference"].get<double>()) << p.dump();
+    } else {
+      EXPECT_EQ(err, -1) << p.dump();
+    }
+  }
+  for (const char* m : {"baseline", "gemv_cublas", "gemv_weft", "ar_nccl", "ar_weft", "decomposed", "fused", "auto",
+                        "fused_rmsnorm", "unfused_rmsnorm", "roofline"})
+    EXPECT_EQ(seen[m], 2) << m;  // one point per M
+  run(std::string("rm -rf ") + dir);
+}
+
+TEST(Cli, BenchGemvArRefusesBadShapesAndMs) {
+  auto r = run(kWeft + " bench gemv_ar --shapes 8192x8192 --out /tmp");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("K:N"), std::string::npos) << r.out;
+  r = run(kWeft + " bench gemv_ar --ms 1,129 --out /tmp");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("129"), std::string::npos) << r.out;
+  r = run(kWeft + " bench gemm_ar --ms 8 --out /tmp");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("--ms applies to gemv_ar"), std::string::npos) << r.out;
 }
 
 TEST(Cli, InfoReportsTheBackend) {

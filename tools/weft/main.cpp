@@ -18,6 +18,7 @@
 #include "weft/bench/devapi_bench.hpp"
 #include "weft/bench/gemm_bench.hpp"
 #include "weft/bench/gemm_overlap_bench.hpp"
+#include "weft/bench/gemv_ar_bench.hpp"
 #include "weft/bench/shape.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ops/trace.hpp"
@@ -173,6 +174,39 @@ int cmd_bench_overlap(const std::string& what, bool quick, const std::string& ou
   return 0;
 }
 
+// `weft bench gemv_ar` (docs/gemv_ar.md, "Benchmark"): runs as ranks. A checked column whose
+// output disagrees with its reference fails the command (status 1, after the table).
+int cmd_bench_gemv(bool quick, const std::string& out_dir, const std::vector<std::string>& shapes,
+                   const std::vector<int64_t>& ms) {
+  if (!env_var(tunables::kGpuHeapMiB.env)) setenv(tunables::kGpuHeapMiB.env, "8192", 1);
+  auto b = make_backend();
+  bench::GemvBenchOptions opt;
+  opt.quick = quick;
+  opt.shapes = shapes;
+  opt.ms = ms;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (b->rank() == 0)
+    opt.progress = [t0](const std::string& s) {
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::cerr << fmt::format("[weft bench {:7.1f}s] {}\n", secs, s);
+    };
+  auto r = bench::bench_gemv_ar(*b, opt);
+  if (b->rank() == 0) {
+    write_json(bench::to_json(r), out_dir, fmt::format("gemv_ar-{}-{}r", r.backend, r.world), quick);
+    if (b->kind() == BackendKind::kHost) std::cout << kCpuFigures;
+    std::cout << bench::to_table(r);
+  }
+  for (const auto& p : r.points)
+    if (p.rel_err > p.tolerance) {
+      if (b->rank() == 0)
+        std::cerr << fmt::format("weft bench gemv_ar: {} at K {} N {} M {} is WRONG: relative error {:.3g} against its "
+                                 "reference\n",
+                                 p.method, p.k, p.n, p.m, p.rel_err);
+      return 1;
+    }
+  return 0;
+}
+
 // `weft trace FILE.json [--png OUT.png]`: per rank communication and computation time and
 // the fraction of communication hidden behind computation.
 int cmd_trace(const std::string& file, const std::string& png) {
@@ -270,15 +304,31 @@ std::string default_results_dir() {
 }
 
 bool is_bench_name(const std::string& s) {
-  return s == "all" || s == "devapi" || s == "collectives" || s == "gemm" || is_overlap_bench(s);
+  return s == "all" || s == "devapi" || s == "collectives" || s == "gemm" || s == "gemv_ar" || is_overlap_bench(s);
 }
 
 // The bench arguments that would fail (or be ignored) only after the ranks have started.
-void validate_bench(const std::string& what, const std::vector<std::string>& shapes, int chunks) {
+void validate_bench(const std::string& what, const std::vector<std::string>& shapes, int chunks,
+                    const std::vector<int64_t>& ms) {
   if (!is_bench_name(what))
     throw cli::UsageError(fmt::format(
-        "bench {}: unknown benchmark; expected devapi, collectives, gemm, ag_gemm, gemm_rs, gemm_ar or all", what));
+        "bench {}: unknown benchmark; expected devapi, collectives, gemm, ag_gemm, gemm_rs, gemm_ar, gemv_ar or all",
+        what));
   if (chunks < 0) throw cli::UsageError(fmt::format("--chunks must be 0 (auto) or more, not {}", chunks));
+  if (!ms.empty() && what != "gemv_ar") throw cli::UsageError(fmt::format("--ms applies to gemv_ar, not to bench '{}'", what));
+  if (what == "gemv_ar") {
+    // Shapes K:N (K the full depth); M from --ms.
+    for (const auto& s : shapes) {
+      try {
+        bench::parse_gemv_shape(s);
+      } catch (const InvalidArgument& e) {
+        throw cli::UsageError(cli::error_text(e));
+      }
+    }
+    for (int64_t m : ms)
+      if (m < 1 || m > 128) throw cli::UsageError(fmt::format("--ms: M = {} outside 1 ... 128", m));
+    return;
+  }
   if (!shapes.empty() && what != "gemm" && !is_overlap_bench(what)) {
     // `--shapes A B` takes every word after it: `--shapes 64x64x64 gemm` would run `all`.
     for (const auto& s : shapes)
@@ -286,7 +336,8 @@ void validate_bench(const std::string& what, const std::vector<std::string>& sha
         throw cli::UsageError(fmt::format("--shapes '{}': that is a benchmark, not a shape MxKxN; name the benchmark "
                                           "first (weft bench {} --shapes ...)",
                                           s, s));
-    throw cli::UsageError(fmt::format("--shapes applies to gemm, ag_gemm, gemm_rs and gemm_ar, not to bench '{}'", what));
+    throw cli::UsageError(
+        fmt::format("--shapes applies to gemm, ag_gemm, gemm_rs, gemm_ar and gemv_ar, not to bench '{}'", what));
   }
   const auto phys = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
   for (const auto& s : shapes) {
@@ -328,7 +379,8 @@ int main(int argc, char** argv) {
   std::string what = "all";
   std::vector<std::string> only;
   bench->add_option("what", what,
-                    "devapi, collectives, gemm, ag_gemm, gemm_rs, gemm_ar, or all (default: devapi and collectives)");
+                    "devapi, collectives, gemm, ag_gemm, gemm_rs, gemm_ar, gemv_ar, or all (default: devapi and "
+                    "collectives)");
   bench->add_option("--only", only, "collectives to run (all_reduce, all_gather, reduce_scatter, all_to_all)")
       ->delimiter(',');
   bool quick = false;
@@ -338,8 +390,13 @@ int main(int argc, char** argv) {
                     "directory for the JSON results (default: $XDG_DATA_HOME/weft/results, else "
                     "~/.local/share/weft/results)");
   std::vector<std::string> shapes;
-  bench->add_option("--shapes", shapes, "gemm: shapes MxKxN (default: docs/anchors.md's four and 8192x8192x8192)")
+  bench
+      ->add_option("--shapes", shapes,
+                   "gemm, ag_gemm, gemm_rs, gemm_ar: shapes MxKxN (default: docs/anchors.md's); gemv_ar: K:N (K the "
+                   "full depth; default 4096:4096,14336:4096,8192:8192,28672:8192)")
       ->delimiter(',');
+  std::vector<int64_t> ms;
+  bench->add_option("--ms", ms, "gemv_ar: tokens per call, 1 ... 128 (default 1,8,16,64,128)")->delimiter(',');
   int chunks = 0;
   std::string trace_dir;
   bool tune = false;
@@ -390,7 +447,7 @@ int main(int argc, char** argv) {
 
   try {
     if (*bench) {
-      validate_bench(what, shapes, chunks);
+      validate_bench(what, shapes, chunks, ms);
       if (out_dir.empty()) out_dir = default_results_dir();
       if (out_dir.empty()) throw cli::UsageError("weft bench: neither XDG_DATA_HOME nor HOME is set: give --out DIR");
     }
@@ -408,6 +465,10 @@ int main(int argc, char** argv) {
     }
     if (*bench && what == "gemm") return cmd_bench_gemm(quick, out_dir, shapes);
     if (*trace) return cmd_trace(trace_file, trace_png);
+    if (*bench && what == "gemv_ar") {
+      int rc = relaunch_as_ranks(argc, argv);
+      return rc >= 0 ? rc : cmd_bench_gemv(quick, out_dir, shapes, ms);
+    }
     if (*bench && is_overlap_bench(what)) {
       int rc = relaunch_as_ranks(argc, argv);
       return rc >= 0

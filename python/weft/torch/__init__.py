@@ -74,8 +74,19 @@ def gemm_ar(a, b, method="auto", group=None, b_layout="nk"):
     return torch.ops.weft.gemm_ar(a, b, method, group_name(group), b_layout)
 
 
+def gemv_ar(x, w, method="auto", group=None, residual=None, gamma=None, eps=1e-6):
+    """Decode's row-parallel linear: all_reduce(x [..., K/world] · wᵀ) -> y [..., N], w [N, K/world],
+    1 ... 128 tokens. With residual [..., N] and gamma [N]: the residual + RMSNorm epilogue in
+    the same op, returning (RMSNorm(y + residual) · gamma, y + residual)."""
+    if (residual is None) != (gamma is None):
+        raise ValueError("weft.torch.gemv_ar: the epilogue needs both residual and gamma (or neither)")
+    if residual is None:
+        return torch.ops.weft.gemv_ar(x, w, method, group_name(group))
+    return torch.ops.weft.gemv_ar_rmsnorm(x, w, residual, gamma, float(eps), method, group_name(group))
+
+
 from . import nn  # noqa: E402
 
 __all__ = ["init", "world", "shutdown", "TorchWorld", "group_name", "empty", "is_symmetric", "prepare",
-           "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_v", "ag_gemm", "ag_gemm_gathered", "gemm_rs",
-           "gemm_ar", "nn"]
+           "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_v", "ag_gemm", "ag_gemm_gathered",
+           "gemm_rs", "gemm_ar", "gemv_ar", "nn"]

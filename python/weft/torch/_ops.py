@@ -397,6 +397,120 @@ def _(a, b, method="auto", group="", b_layout="nk"):
     return _gemm_fake("gemm_ar", a, b, group, b_layout)
 
 
+# ---- GEMV + AllReduce for decode -------------------------------------------------------------
+# One weft.GemvAllReduce per (N, K, dtype, epilogue, eps, group), made with m_max = 128: every
+# decode batch size runs on it without allocating, so every call after the first of a shape
+# (or after prepare) can be captured in a CUDA graph.
+
+GEMV_METHODS = GEMM_METHODS
+GEMV_M_MAX = 128  # the tokens one call may have (ops::kGemvMaxM)
+
+
+def _gemv_operands(op, x, w, method, group):
+    """(world, x as [M, K/world], w, M, N, the output's leading shape)."""
+    wd = _world.lookup(group)
+    _check_method(op, method, GEMV_METHODS)
+    x = _check_input(wd, op, "x", x, _GEMM_DTYPES)
+    w = _check_input(wd, op, "w", w, _GEMM_DTYPES)
+    if x.dtype != w.dtype:
+        raise weft.InvalidArgument(f"weft.{op}: x is {x.dtype} but w is {w.dtype}")
+    if w.dim() != 2 or x.dim() < 1:
+        raise weft.InvalidArgument(f"weft.{op}: w must be 2-D [N, K/world] and x [..., K/world] "
+                                   f"(x {tuple(x.shape)}, w {tuple(w.shape)})")
+    n, k_local = w.shape
+    if x.shape[-1] != k_local:
+        raise weft.InvalidArgument(f"weft.{op}: x {tuple(x.shape)} and w {tuple(w.shape)} disagree on K/world "
+                                   f"({x.shape[-1]} vs {k_local})")
+    if k_local % 8 or n % 8 or n == 0 or k_local == 0:
+        raise weft.InvalidArgument(f"weft.{op}: K/world ({k_local}) and N ({n}) must be positive multiples of 8")
+    lead = tuple(x.shape[:-1])
+    x2 = x.reshape(-1, k_local)
+    m = x2.shape[0]
+    if m > GEMV_M_MAX:
+        raise weft.InvalidArgument(f"weft.{op}: M = {m} tokens, more than the op's maximum {GEMV_M_MAX} (a decode "
+                                   f"batch; use gemm_ar for more tokens)")
+    return wd, x2, w, m, n, lead
+
+
+def _gemv_object(wd, n, k, dtype, epilogue, eps, t, capture_check=True):
+    key = ("gemv_ar", n, k, dtype, epilogue, float(eps) if epilogue else None)
+    g = wd._gemms.get(key)
+    if g is None:
+        if capture_check and _capturing(t):
+            op = "gemv_ar_rmsnorm" if epilogue else "gemv_ar"
+            raise _not_prepared(op, f"N={n}, K={k}, {dtype}" + (f", eps {eps}" if epilogue else ""))
+        g = weft.GemvAllReduce(wd.world, n, k, _WEFT_DTYPE[dtype], m_max=GEMV_M_MAX, epilogue=epilogue, eps=eps)
+        wd._gemms[key] = g
+    return g
+
+
+def _gemv_epilogue_operands(op, wd, residual, gamma, m, n, dtype, lead):
+    residual = _check_input(wd, op, "residual", residual, (dtype,))
+    gamma = _check_input(wd, op, "gamma", gamma, (dtype,))
+    if tuple(residual.shape) != lead + (n,):
+        raise weft.InvalidArgument(f"weft.{op}: residual has shape {tuple(residual.shape)}; the output's is "
+                                   f"{lead + (n,)}")
+    if tuple(gamma.shape) != (n,):
+        raise weft.InvalidArgument(f"weft.{op}: gamma has shape {tuple(gamma.shape)}, not ({n},)")
+    return residual.reshape(m, n), gamma
+
+
+@torch.library.custom_op("weft::gemv_ar", mutates_args=())
+def gemv_ar(x: Tensor, w: Tensor, method: str = "auto", group: str = "") -> Tensor:
+    """y[..., N] = all_reduce(x[..., K/world] · wᵀ), w [N, K/world] (linear's weight layout), bf16/f16,
+    1 ... 128 tokens (x's leading dimensions flattened). Decode: no autograd."""
+    wd, x2, w, m, n, lead = _gemv_operands("gemv_ar", x, w, method, group)
+    y = x2.new_empty((m, n))
+    if m:
+        g = _gemv_object(wd, n, x2.shape[1] * wd.size, x2.dtype, False, 0.0, x2)
+        g.run(x2.data_ptr(), w.data_ptr(), y.data_ptr(), m=m, method=method, stream=_stream(x2))
+    return y.reshape(lead + (n,))
+
+
+@gemv_ar.register_fake
+def _(x, w, method="auto", group=""):
+    return x.new_empty(tuple(x.shape[:-1]) + (w.shape[0],))
+
+
+@torch.library.custom_op("weft::gemv_ar_rmsnorm", mutates_args=())
+def gemv_ar_rmsnorm(x: Tensor, w: Tensor, residual: Tensor, gamma: Tensor, eps: float = 1e-6, method: str = "auto",
+                    group: str = "") -> tuple[Tensor, Tensor]:
+    """gemv_ar with the residual + RMSNorm epilogue: with y = all_reduce(x · wᵀ),
+    residual_out = y + residual and out = RMSNorm(residual_out) · gamma (eps); returns
+    (out, residual_out), both [..., N]. residual [..., N], gamma [N], x's dtype."""
+    wd, x2, w, m, n, lead = _gemv_operands("gemv_ar_rmsnorm", x, w, method, group)
+    res2, gamma = _gemv_epilogue_operands("gemv_ar_rmsnorm", wd, residual, gamma, m, n, x2.dtype, lead)
+    out = x2.new_empty((m, n))
+    res_out = x2.new_empty((m, n))
+    if m:
+        g = _gemv_object(wd, n, x2.shape[1] * wd.size, x2.dtype, True, eps, x2)
+        g.run(x2.data_ptr(), w.data_ptr(), out.data_ptr(), m=m, method=method, stream=_stream(x2),
+              residual_ptr=res2.data_ptr(), gamma_ptr=gamma.data_ptr(), residual_out_ptr=res_out.data_ptr())
+    return out.reshape(lead + (n,)), res_out.reshape(lead + (n,))
+
+
+@gemv_ar_rmsnorm.register_fake
+def _(x, w, residual, gamma, eps=1e-6, method="auto", group=""):
+    shape = tuple(x.shape[:-1]) + (w.shape[0],)
+    return x.new_empty(shape), x.new_empty(shape)
+
+
+def _gemv_no_grad(ctx, inputs, output):
+    # Called only when an input requires grad (with grad mode on): refuse at the forward, with
+    # the way out, rather than leave a graph whose backward fails later.
+    raise RuntimeError("weft.gemv_ar / gemv_ar_rmsnorm have no backward (decode ops): call them under "
+                       "torch.no_grad() or torch.inference_mode(), or with inputs that do not require grad; "
+                       "for training use gemm_ar (weft.torch.nn.RowParallelLinear)")
+
+
+def _gemv_bwd(ctx, *grads):
+    raise RuntimeError("weft.gemv_ar has no backward")
+
+
+gemv_ar.register_autograd(_gemv_bwd, setup_context=_gemv_no_grad)
+gemv_ar_rmsnorm.register_autograd(_gemv_bwd, setup_context=_gemv_no_grad)
+
+
 # ---- prepare: create an op's state ahead (for CUDA graph capture) ---------------------------
 
 _PREPARE_PARAMS = {
@@ -409,6 +523,8 @@ _PREPARE_PARAMS = {
     "ag_gemm_gathered": ("a", "b", "method", "group", "b_layout", "group_size"),
     "gemm_rs": ("a", "b", "method", "group", "b_layout", "group_size"),
     "gemm_ar": ("a", "b", "method", "group", "b_layout"),
+    "gemv_ar": ("x", "w", "method", "group"),
+    "gemv_ar_rmsnorm": ("x", "w", "residual", "gamma", "eps", "method", "group"),
 }
 
 
@@ -432,6 +548,16 @@ def prepare(op: str, *args, **kwargs) -> None:
     w = _world.lookup(_world.group_name(vals.get("group", "")))
     if op == "ag_gemm_gathered":  # the same op object as ag_gemm's
         op = "ag_gemm"
+    if op in ("gemv_ar", "gemv_ar_rmsnorm"):
+        # One object serves every M (1 ... 128): only N, K/world and the dtype are read.
+        _check_method(op, method, GEMV_METHODS)
+        x, wt_ = vals["x"], vals["w"]
+        if x.dtype not in _GEMM_DTYPES or x.dtype != wt_.dtype or wt_.dim() != 2:
+            raise weft.InvalidArgument(f"weft.prepare: {op} takes bf16/f16 x and a 2-D w of one dtype")
+        n, k_local = wt_.shape
+        _gemv_object(w, n, k_local * w.size, x.dtype, op == "gemv_ar_rmsnorm", vals.get("eps", 1e-6), x,
+                     capture_check=False)
+        return
     if op in ("ag_gemm", "gemm_rs", "gemm_ar"):
         _check_method(op, method, GEMM_METHODS)
         a, b, b_layout = vals["a"], vals["b"], vals.get("b_layout", "nk")
