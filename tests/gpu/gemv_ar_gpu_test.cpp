@@ -104,11 +104,18 @@ Case make_case(int rank, int world, int64_t m, int64_t n, int64_t k_local, dev::
       for (int64_t q = 0; q < k_local; ++q) xr[static_cast<size_t>(i * k_local + q)] = X(r, i, q);
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) {
-        double p = 0;
-        for (int64_t q = 0; q < k_local; ++q)
-          p += static_cast<double>(xr[static_cast<size_t>(i * k_local + q)]) * wr[static_cast<size_t>(j * k_local + q)];
+        double p = 0, abs_sum = 0;
+        for (int64_t q = 0; q < k_local; ++q) {
+          const double t_ = static_cast<double>(xr[static_cast<size_t>(i * k_local + q)]) * wr[static_cast<size_t>(j * k_local + q)];
+          p += t_;
+          abs_sum += std::fabs(t_);
+        }
         c.y[static_cast<size_t>(i * n + j)] += p;
-        c.bound[static_cast<size_t>(i * n + j)] += 2 * u * std::fabs(p);  // the partial's rounding, fp32 sums
+        // The partial's rounding; its fp32 sum over K and a library's split-K partial sums kept
+        // in the dtype (up to 4 roundings) err by the sum of |terms|, not by |p|, where the
+        // terms cancel.
+        c.bound[static_cast<size_t>(i * n + j)] +=
+            2 * u * std::fabs(p) + (4 * u + static_cast<double>(k_local) * 0x1p-24) * abs_sum;
         big[static_cast<size_t>(i * n + j)] = std::max(big[static_cast<size_t>(i * n + j)], std::fabs(p));
       }
   }

@@ -8,7 +8,8 @@
 # `weft bench gemv_ar` on all GPUs (JSON + PNG) and its PyTorch peer (bench/torch_gemv_ar_peer.py:
 # torch.matmul + NCCL all_reduce in CUDA graphs, weft's fused op beside). Logs, JSON, PNGs in
 # $OUT (copy them to bench/results/); a short table last.
-# Environment: BENCH_ARGS (e.g. "--ms 1,16 --shapes 8192:8192"), PEER_ARGS, SKIP_PYTEST=1.
+# Environment: BENCH_ARGS (e.g. "--ms 1,16 --shapes 8192:8192"), PEER_ARGS, SKIP_PYTEST=1, SKIP_PEER=1,
+# WORLDS (e.g. "2 4": the first 2 GPUs, then 4), BENCH_LIMIT / PEER_LIMIT (seconds per run).
 set -uo pipefail
 BIN=${1:-.gpu}
 ONLY=${2:-all}
@@ -47,24 +48,31 @@ if [ "$ONLY" != bench ]; then
   fi
 fi
 if [ "$ONLY" != tests ]; then
-  step "weft bench gemv_ar on $NGPU GPUs"
-  mkdir -p "$OUT/results"
-  # weft bench launches one rank per GPU itself; its exit status is 1 when a column disagrees.
-  timeout -s KILL 480 "$d/weft" bench gemv_ar --out "$OUT/results" ${BENCH_ARGS:-} \
-    2>"$OUT/bench_gemv_ar_progress.log" > "$OUT/bench_gemv_ar.log" || status=1
-  tail -4 "$OUT/bench_gemv_ar_progress.log"
-  step "PyTorch peer on $NGPU GPUs (matmul + NCCL all_reduce in CUDA graphs)"
-  timeout -s KILL 420 torchrun --standalone --nproc-per-node "$NGPU" bench/torch_gemv_ar_peer.py \
-    --out "$OUT/results/torch-gemv_ar-${NGPU}r.json" ${PEER_ARGS:-} > "$OUT/torch_gemv_ar_peer.log" 2>&1 || status=1
-  json=$(ls -t "$OUT"/results/gemv_ar-*.json 2>/dev/null | head -1)
-  if [ -n "$json" ] && python3 -c 'import matplotlib' 2>/dev/null; then
-    peer=()
-    [ -f "$OUT/results/torch-gemv_ar-${NGPU}r.json" ] && peer=(--torch "$OUT/results/torch-gemv_ar-${NGPU}r.json")
-    python3 tools/plot_gemm_overlap.py "$json" "${peer[@]}" || status=1
-  fi
-  step "tables"
-  grep -vE "^(gemv cb|note:)" "$OUT/bench_gemv_ar.log" | grep -v "^wrote"
-  grep -E "^note:" "$OUT/bench_gemv_ar.log" | head -10
-  grep -vE "^\[|Warning|warn\(" "$OUT/torch_gemv_ar_peer.log" | tail -30
+  # WORLDS: the GPU counts to run on (the first N GPUs each; default: all of them).
+  for n in ${WORLDS:-$NGPU}; do
+    export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1)))
+    step "weft bench gemv_ar on $n GPUs"
+    mkdir -p "$OUT/results"
+    # weft bench launches one rank per visible GPU itself; its exit status is 1 when a column disagrees.
+    timeout -s KILL "${BENCH_LIMIT:-480}" "$d/weft" bench gemv_ar --out "$OUT/results" ${BENCH_ARGS:-} \
+      2>"$OUT/bench_gemv_ar_progress_${n}.log" > "$OUT/bench_gemv_ar_${n}.log" || status=1
+    tail -4 "$OUT/bench_gemv_ar_progress_${n}.log"
+    if [ "${SKIP_PEER:-0}" != 1 ]; then
+      step "PyTorch peer on $n GPUs (matmul + NCCL all_reduce in CUDA graphs)"
+      timeout -s KILL "${PEER_LIMIT:-420}" torchrun --standalone --nproc-per-node "$n" bench/torch_gemv_ar_peer.py \
+        --out "$OUT/results/torch-gemv_ar-${n}r.json" ${PEER_ARGS:-} > "$OUT/torch_gemv_ar_peer_${n}.log" 2>&1 || status=1
+    fi
+    json=$(ls -t "$OUT"/results/gemv_ar-*-${n}r-*.json 2>/dev/null | head -1)
+    if [ -n "$json" ] && python3 -c 'import matplotlib' 2>/dev/null; then
+      peer=()
+      [ -f "$OUT/results/torch-gemv_ar-${n}r.json" ] && peer=(--torch "$OUT/results/torch-gemv_ar-${n}r.json")
+      python3 tools/plot_gemm_overlap.py "$json" "${peer[@]}" || status=1
+    fi
+    step "tables ($n GPUs)"
+    grep -vE "^(gemv cb|note:)" "$OUT/bench_gemv_ar_${n}.log" | grep -v "^wrote"
+    grep -E "^note:" "$OUT/bench_gemv_ar_${n}.log" | head -10
+    [ -f "$OUT/torch_gemv_ar_peer_${n}.log" ] && grep -vE "^\[|Warning|warn\(" "$OUT/torch_gemv_ar_peer_${n}.log" | tail -30
+  done
+  unset CUDA_VISIBLE_DEVICES
 fi
 exit $status

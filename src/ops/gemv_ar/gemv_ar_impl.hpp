@@ -159,6 +159,8 @@ struct GemvModelInput {
 // weft's all-reduce of decomposed for `bytes` of y per rank: ll (16-byte lines, 8 of data)
 // while every rank sends less than kGemvLLMaxBytes, ll128 from there.
 inline constexpr uint64_t kGemvLLMaxBytes = 8ull << 10;
+// The largest M `auto` runs decomposed for (model.cpp says why).
+inline constexpr int64_t kGemvDecomposedMaxM = 8;
 Method gemv_all_reduce_method(int world, uint64_t bytes);
 // Each method's prediction (us) and the fastest available one.
 GemvAutoChoice predict_gemv(const GemvModelInput& in, const plan::DeviceConstants& d);
