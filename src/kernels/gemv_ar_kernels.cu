@@ -357,6 +357,16 @@ cudaError_t allow_smem() {
   return once;
 }
 
+// A launch attribute: clusters of S CTAs along x.
+cudaLaunchAttribute cluster_attr(int S) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(S);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  return attr;
+}
+
 template <auto Kernel, class... Args>
 cudaError_t launch(int grid, int S, size_t smem, cudaStream_t s, Args... args) {
   cudaError_t err = allow_smem<Kernel>();
@@ -366,11 +376,7 @@ cudaError_t launch(int grid, int S, size_t smem, cudaStream_t s, Args... args) {
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = static_cast<unsigned>(S);
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
+  cudaLaunchAttribute attr = cluster_attr(S);
   cfg.attrs = &attr;
   cfg.numAttrs = S > 1 ? 1 : 0;
   err = cudaLaunchKernelEx(&cfg, Kernel, args...);
@@ -448,11 +454,7 @@ int gemv_ar_fused_ctas(int n, int device) {
       cfg.gridDim = dim3(static_cast<unsigned>(ctas));
       cfg.blockDim = dim3(kThreads);
       cfg.dynamicSmemBytes = smem;
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = static_cast<unsigned>(S);
-      attr.val.clusterDim.y = 1;
-      attr.val.clusterDim.z = 1;
+      cudaLaunchAttribute attr = cluster_attr(S);
       cfg.attrs = &attr;
       cfg.numAttrs = 1;
       if (cudaOccupancyMaxActiveClusters(&clusters, gemv_ar_fused_kernel<dev::bf16_t, 128>, &cfg) != cudaSuccess)

@@ -31,19 +31,6 @@ namespace {
 
 using ops::GemmMethod;
 
-// Uniform in [-1, 1), rounded to bf16 (a hash of the index and the salt: the same on every run).
-std::vector<uint16_t> random_bf16(size_t n, int salt) {
-  std::vector<uint16_t> v(n);
-  uint64_t x = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(salt + 1);
-  for (size_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    const float u = static_cast<float>(x >> 40) / static_cast<float>(1ull << 24);  // [0, 1)
-    v[i] = dev::from_float<dev::bf16_t>(2.f * u - 1.f).bits;
-  }
-  return v;
-}
 
 // Small integers: exact in bf16, never all zero.
 std::vector<uint16_t> pattern(size_t n, int salt) {
@@ -55,11 +42,6 @@ std::vector<uint16_t> pattern(size_t n, int salt) {
   return v;
 }
 
-double max_over_ranks(Backend& b, double v) {
-  std::vector<double> all(static_cast<size_t>(b.size()));
-  b.bootstrap().allgather(&v, sizeof v, all.data());
-  return *std::max_element(all.begin(), all.end());
-}
 
 }  // namespace
 
@@ -426,6 +408,25 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
     b.barrier();
   }
   return res;
+}
+
+std::vector<uint16_t> random_bf16(size_t n, int salt) {
+  std::vector<uint16_t> v(n);
+  uint64_t x = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(salt + 1);
+  for (size_t i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    const float u = static_cast<float>(x >> 40) / static_cast<float>(1ull << 24);  // [0, 1)
+    v[i] = dev::from_float<dev::bf16_t>(2.f * u - 1.f).bits;
+  }
+  return v;
+}
+
+double max_over_ranks(Backend& b, double v) {
+  std::vector<double> all(static_cast<size_t>(b.size()));
+  b.bootstrap().allgather(&v, sizeof v, all.data());
+  return *std::max_element(all.begin(), all.end());
 }
 
 double relative_error_bf16(const std::vector<uint16_t>& got, const std::vector<uint16_t>& ref) {

@@ -37,6 +37,12 @@ inline double overlap_bench_tolerance(const std::string& op, int world) {
   return op == "ag_gemm" ? 2e-2 : 2e-2 * (world > 2 ? world / 2.0 : 1.0);
 }
 
+// n values uniform in [-1, 1), rounded to bf16 (bits): a hash of the index and the salt, the
+// same on every run (the op benches' random data).
+std::vector<uint16_t> random_bf16(size_t n, int salt);
+// Collective: the largest v over the ranks (the benches report the slowest rank's time).
+double max_over_ranks(Backend& b, double v);
+
 // max |got - ref| / max |ref| over bf16 values (bits), the bench's check; a NaN in got gives
 // infinity. got and ref have the same length.
 double relative_error_bf16(const std::vector<uint16_t>& got, const std::vector<uint16_t>& ref);

@@ -27,26 +27,7 @@ namespace {
 
 using ops::GemvMethod;
 
-// Uniform in [-1, 1), rounded to bf16 (a hash of the index and the salt: the same on every run;
-// as `weft bench gemm_ar`'s random data).
-std::vector<uint16_t> random_bf16(size_t n, int salt) {
-  std::vector<uint16_t> v(n);
-  uint64_t x = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(salt + 1);
-  for (size_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    const float u = static_cast<float>(x >> 40) / static_cast<float>(1ull << 24);  // [0, 1)
-    v[i] = dev::from_float<dev::bf16_t>(2.f * u - 1.f).bits;
-  }
-  return v;
-}
 
-double max_over_ranks(Backend& b, double v) {
-  std::vector<double> all(static_cast<size_t>(b.size()));
-  b.bootstrap().allgather(&v, sizeof v, all.data());
-  return *std::max_element(all.begin(), all.end());
-}
 
 // One operand of `n` bf16 values: device memory (GPU) or 16-byte aligned host memory.
 class Buf {
