@@ -278,6 +278,155 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_ar_fused_kernel(dev::DeviceC
   gemv::epoch_end(g, c, a, kc, e);
 }
 
+// ---- decode sizes (m <= 16): W streamed straight into registers --------------------------
+// The same swap-AB MMAs, without the shared-memory ring: each lane loads its 16 bytes of rows
+// g and g+8 of a 16-row tile (and of its tokens' x) from global memory into registers, kU
+// 32-k steps at a time, all loads of a batch issued before its MMAs (ld.global.nc with
+// L1::no_allocate for W, which is read once; x through L1). Every warp of a CTA streams its own
+// contiguous K range of one row tile, so each row is read in runs of kU x 64 bytes and no
+// barrier paces the warps; the warps' partial tiles are summed in warp order (deterministic).
+// A part is `pw` rows (a multiple of 16, at most 16 x kWarps): pw / 16 row tiles, the warps
+// split among them, each tile's warps splitting K.
+
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+template <int MT, int NW>
+struct RegCfg {
+  static_assert(MT == 8 || MT == 16, "the register path serves m <= 16");
+  static constexpr int kU = MT == 8 ? 8 : 4;  // 32-k steps per batch (registers: W 8 kU, x 4 kU MT/8)
+  static constexpr int kRed = NW * 16 * MT;   // floats: every warp's 16 x MT partial
+};
+// Warps of the local kernel's CTAs (two resident per SM) and of the fused call's (one per SM:
+// gemv_ar_fused_ctas's grid). 16 fused warps measured slower than 8 (docs/gemv_ar.md).
+constexpr int kRegLocalWarps = 8, kRegFusedWarps = 8;
+constexpr int kRegMaxPw = 16 * kRegFusedWarps;
+// Floats of shared memory a register-path part needs: the warps' partials, then the part [MT][pw].
+template <int MT, int NW>
+constexpr int reg_part_floats(int pw) {
+  return RegCfg<MT, NW>::kRed + MT * pw;
+}
+
+// The partial of rows [row0, row0 + pw) over all of k for tokens < m, into part[t * pw + r]
+// (fp32; rows past n left unwritten). Ends with part written and synced.
+template <class T, int MT, int NW>
+__device__ __forceinline__ void reg_part(const T* __restrict__ x, const T* __restrict__ w, int m, int n, int k,
+                                         int row0, int pw, float* smem) {
+  constexpr int U = RegCfg<MT, NW>::kU, G = MT / 8;
+  constexpr bool kBF16 = std::is_same_v<T, dev::bf16_t>;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int rts = pw / 16, ks = NW / rts;  // row tiles; warps per tile
+  const int rt = warp % rts, kslice = warp / rts;
+  const int steps = (k + 31) / 32;
+  const int s0 = steps * kslice / ks, s1 = steps * (kslice + 1) / ks;
+  const int ra = row0 + 16 * rt + g, rb = ra + 8;
+  const bool a_ok = ra < n && warp < rts * ks, b_ok = rb < n && warp < rts * ks;
+  const T* wa_p = w + static_cast<size_t>(a_ok ? ra : 0) * k + 8 * q;
+  const T* wb_p = w + static_cast<size_t>(b_ok ? rb : 0) * k + 8 * q;
+  const int groups = (m + 7) / 8;
+  float acc[G][4];
+#pragma unroll
+  for (int j = 0; j < G; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  for (int s = s0; s < s1; s += U) {
+    uint4 wa[U], wb[U], xv[U][G];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int kk = 32 * (s + u) + 8 * q;
+      const bool ok = s + u < s1 && kk < k;
+      wa[u] = ok && a_ok ? ld_stream16(wa_p + 32 * (s + u)) : zero;
+      wb[u] = ok && b_ok ? ld_stream16(wb_p + 32 * (s + u)) : zero;
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+        const int tok = 8 * j + g;
+        xv[u][j] = ok && tok < m ? __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(tok) * k + kk)) : zero;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+        if (j >= groups) break;
+        ptx::mma_m16n8k16_f32<kBF16>(acc[j], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xv[u][j].x, xv[u][j].y);
+        ptx::mma_m16n8k16_f32<kBF16>(acc[j], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xv[u][j].z, xv[u][j].w);
+      }
+  }
+  float* red = smem;  // [warp][16 rows][MT tokens]
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    const int tok = 8 * j + 2 * q;
+    float* r0 = red + (warp * 16 + g) * MT + tok;
+    float* r8 = red + (warp * 16 + g + 8) * MT + tok;
+    r0[0] = acc[j][0];
+    r0[1] = acc[j][1];
+    r8[0] = acc[j][2];
+    r8[1] = acc[j][3];
+  }
+  __syncthreads();
+  float* part = smem + RegCfg<MT, NW>::kRed;
+  for (int i = tid; i < pw * m; i += 32 * NW) {
+    const int t = i / pw, r = i % pw, tile = r / 16;
+    float v = 0.f;
+    for (int s = 0; s < ks; ++s) v += red[((s * rts + tile) * 16 + r % 16) * MT + t];  // warp order
+    part[t * pw + r] = v;
+  }
+  __syncthreads();
+}
+
+template <class T, int MT>
+__global__ void __launch_bounds__(32 * kRegLocalWarps, 2) gemv_reg_local_kernel(const T* x, const T* w, T* y, int m, int n, int k,
+                                                                   int pw) {
+  extern __shared__ __align__(16) float fsmem[];
+  const int parts = (n + pw - 1) / pw;
+  for (int p = static_cast<int>(blockIdx.x); p < parts; p += static_cast<int>(gridDim.x)) {
+    const int row0 = p * pw;
+    reg_part<T, MT, kRegLocalWarps>(x, w, m, n, k, row0, pw, fsmem);
+    const float* part = fsmem + RegCfg<MT, kRegLocalWarps>::kRed;
+    const int lpt = pw / 4;
+    for (int i = threadIdx.x; i < m * lpt; i += 32 * kRegLocalWarps) {
+      const int t = i / lpt, lr = 4 * (i % lpt), j = row0 + lr;
+      if (j < n)
+        *reinterpret_cast<uint64_t*>(y + static_cast<size_t>(t) * n + j) = gemv::pack4<T>(part + t * pw + lr);
+    }
+    __syncthreads();  // part is read before the next part overwrites it
+  }
+}
+
+// The fused call for m <= 16: the same parts (pw, owners) as gemv_ar_fused_kernel, so that
+// calls of any m share the epochs and receive lines.
+template <class T, int MT>
+__global__ void __launch_bounds__(32 * kRegFusedWarps, 1) gemv_reg_fused_kernel(dev::DeviceCtx c, GemvArgs a, int pw) {
+  extern __shared__ __align__(16) float fsmem[];
+  float* scratch = fsmem + reg_part_floats<MT, kRegFusedWarps>(pw);
+  const int kc = static_cast<int>(blockIdx.x);
+  const uint64_t e = gemv::epoch_begin(c, a, kc);
+  const dev::CoopCta g;
+  const int parts = (a.n + pw - 1) / pw;
+  for (int p = kc; p < parts; p += a.ctas) {
+    const int row0 = p * pw;
+    reg_part<T, MT, kRegFusedWarps>(static_cast<const T*>(a.x), static_cast<const T*>(a.w), a.m, a.n, a.k, row0,
+                                    pw, fsmem);
+    const float* part = fsmem + RegCfg<MT, kRegFusedWarps>::kRed;
+    gemv::push_part<T>(g, c, a, e, row0, std::min(a.n, row0 + pw),
+                       [&](int t, int j, float* v) {
+                         const float* src = part + t * pw + (j - row0);
+                         v[0] = src[0];
+                         v[1] = src[1];
+                         v[2] = src[2];
+                         v[3] = src[3];
+                       });
+    __syncthreads();  // part is read before the next part overwrites it
+  }
+  gemv::finish<T>(g, c, a, kc, pw, e, scratch);
+  gemv::epoch_end(g, c, a, kc, e);
+}
+
 // Unfused epilogue: one CTA per token row; 16-byte vectors (n % 8 == 0, 16-byte aligned rows).
 template <class T>
 __global__ void __launch_bounds__(kThreads)
@@ -368,12 +517,12 @@ cudaLaunchAttribute cluster_attr(int S) {
 }
 
 template <auto Kernel, class... Args>
-cudaError_t launch(int grid, int S, size_t smem, cudaStream_t s, Args... args) {
+cudaError_t launch_threads(int grid, int S, int threads, size_t smem, cudaStream_t s, Args... args) {
   cudaError_t err = allow_smem<Kernel>();
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
   cudaLaunchAttribute attr = cluster_attr(S);
@@ -382,9 +531,36 @@ cudaError_t launch(int grid, int S, size_t smem, cudaStream_t s, Args... args) {
   err = cudaLaunchKernelEx(&cfg, Kernel, args...);
   return err != cudaSuccess ? err : cudaGetLastError();
 }
+template <auto Kernel, class... Args>
+cudaError_t launch(int grid, int S, size_t smem, cudaStream_t s, Args... args) {
+  return launch_threads<Kernel>(grid, S, kThreads, smem, s, args...);
+}
+
+// m <= 16: the register path, parts of 16 rows (one row tile, the 8 warps splitting K), as
+// many CTAs as are resident, each taking parts p, p + grid, ...
+template <class T, int MT>
+cudaError_t reg_local(const GemvArgs& a, cudaStream_t s) {
+  constexpr int pw = 16;
+  static const int resident = [] {
+    int device = 0, per_sm = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_reg_local_kernel<T, MT>, 32 * kRegLocalWarps,
+                                                      sizeof(float) * reg_part_floats<MT, kRegLocalWarps>(pw)) !=
+            cudaSuccess)
+      return 0;
+    return std::max(1, per_sm) * device_sms(device);
+  }();
+  if (resident < 1) return cudaErrorInvalidConfiguration;
+  const int grid = std::min((a.n + pw - 1) / pw, resident);
+  return launch_threads<gemv_reg_local_kernel<T, MT>>(grid, 1, 32 * kRegLocalWarps,
+                                              sizeof(float) * reg_part_floats<MT, kRegLocalWarps>(pw), s,
+                                              static_cast<const T*>(a.x), static_cast<const T*>(a.w),
+                                              static_cast<T*>(a.y), a.m, a.n, a.k, pw);
+}
 
 template <class T, int MT>
 cudaError_t local_mt(const GemvArgs& a, cudaStream_t s) {
+  if constexpr (MT <= 16) return reg_local<T, MT>(a, s);
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
@@ -401,6 +577,18 @@ cudaError_t fused_mt(const dev::DeviceCtx& c, const GemvArgs& a, cudaStream_t s)
   if (err != cudaSuccess) return err;
   const int S = cluster_for(a.n, device);
   if (a.ctas % S != 0) return cudaErrorInvalidValue;  // not gemv_ar_fused_ctas's grid
+  if constexpr (MT <= 16) {
+    // The register path where its CTA can hold a part (pw <= kRegMaxPw): the same parts and
+    // owners as the cluster kernel (gemv_ar_algos.hpp's invariants hold across calls of any m).
+    const int pw = kBN / S;
+    if (pw <= kRegMaxPw) {
+      const size_t smem =
+          sizeof(float) * static_cast<size_t>(reg_part_floats<MT, kRegFusedWarps>(pw) +
+                                              gemv::scratch_floats(a.m_max, gemv::max_parts_per_cta(a.n, pw, a.ctas),
+                                                                   32 * kRegFusedWarps));
+      return launch_threads<gemv_reg_fused_kernel<T, MT>>(a.ctas, 1, 32 * kRegFusedWarps, smem, s, c, a, pw);
+    }
+  }
   return launch<gemv_ar_fused_kernel<T, MT>>(a.ctas, S, fused_smem<T, MT>(a, S), s, c, a, S, kchunk_for(a.k, S));
 }
 

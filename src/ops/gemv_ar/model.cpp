@@ -65,10 +65,10 @@ GemvAutoChoice predict_gemv(const GemvModelInput& in, const plan::DeviceConstant
     best = a.predicted_decomposed_us;
     a.method = GemvMethod::kDecomposed;
   }
-  // The fused kernel does not reach its prediction yet: its GEMV streams W at 15-69% of HBM
-  // bandwidth where cuBLAS's reaches ~95% at M = 1, and it measured slower than the baseline
-  // at every shape (docs/gemv_ar.md, "Measured"). Until it does, `auto` leaves it out on GPUs:
-  // the prediction above is the kernel's target, reported, not chosen.
+  // The fused kernel does not reach its prediction yet: it measured slower than the baseline
+  // at every shape (its GEMV part slower than the GEMV alone; docs/gemv_ar.md, "Measured").
+  // Until it does, `auto` leaves it out on GPUs: the prediction above is the kernel's target,
+  // reported, not chosen.
   return a;
 }
 
