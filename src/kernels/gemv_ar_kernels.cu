@@ -43,6 +43,7 @@
 #include "weft/device/ptx/arch.cuh"
 #include "weft/device/ptx/cluster.cuh"
 #include "weft/device/ptx/cp_async.cuh"
+#include "weft/device/ptx/ld_global.cuh"
 #include "weft/device/ptx/memory_order.cuh"
 #include "weft/device/ptx/mma.cuh"
 #include "weft/kernels/gemv_ar_algos.hpp"
@@ -288,14 +289,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_ar_fused_kernel(dev::DeviceC
 // A part is `pw` rows (a multiple of 16, at most 16 x kWarps): pw / 16 row tiles, the warps
 // split among them, each tile's warps splitting K.
 
-__device__ __forceinline__ uint4 ld_stream16(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
 template <int MT, int NW>
 struct RegCfg {
   static_assert(MT == 8 || MT == 16, "the register path serves m <= 16");
@@ -326,7 +319,7 @@ __device__ __forceinline__ void reg_part(const T* __restrict__ x, const T* __res
   const int steps = (k + 31) / 32;
   const int s0 = steps * kslice / ks, s1 = steps * (kslice + 1) / ks;
   const int ra = row0 + 16 * rt + g, rb = ra + 8;
-  const bool a_ok = ra < n && warp < rts * ks, b_ok = rb < n && warp < rts * ks;
+  const bool a_ok = ra < n, b_ok = rb < n;  // (pw / 16 divides NW: every warp has a tile)
   const T* wa_p = w + static_cast<size_t>(a_ok ? ra : 0) * k + 8 * q;
   const T* wb_p = w + static_cast<size_t>(b_ok ? rb : 0) * k + 8 * q;
   const int groups = (m + 7) / 8;
@@ -340,8 +333,8 @@ __device__ __forceinline__ void reg_part(const T* __restrict__ x, const T* __res
     for (int u = 0; u < U; ++u) {
       const int kk = 32 * (s + u) + 8 * q;
       const bool ok = s + u < s1 && kk < k;
-      wa[u] = ok && a_ok ? ld_stream16(wa_p + 32 * (s + u)) : zero;
-      wb[u] = ok && b_ok ? ld_stream16(wb_p + 32 * (s + u)) : zero;
+      wa[u] = ok && a_ok ? ptx::ld_global_nc_na_v4(wa_p + 32 * (s + u)) : zero;
+      wb[u] = ok && b_ok ? ptx::ld_global_nc_na_v4(wb_p + 32 * (s + u)) : zero;
 #pragma unroll
       for (int j = 0; j < G; ++j) {
         const int tok = 8 * j + g;
@@ -560,14 +553,17 @@ cudaError_t reg_local(const GemvArgs& a, cudaStream_t s) {
 
 template <class T, int MT>
 cudaError_t local_mt(const GemvArgs& a, cudaStream_t s) {
-  if constexpr (MT <= 16) return reg_local<T, MT>(a, s);
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  LocalParams p{a.x, a.w, a.y, a.m, a.n, a.k, cluster_for(a.n, device), 0};
-  p.kchunk = kchunk_for(a.k, p.S);
-  const int grid = (a.n + kBN - 1) / kBN * p.S;
-  return launch<gemv_local_kernel<T, MT>>(grid, p.S, TileCfg<MT>::kSmem, s, p);
+  if constexpr (MT <= 16) {
+    return reg_local<T, MT>(a, s);
+  } else {  // (not instantiated for the register path's token tiles)
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    LocalParams p{a.x, a.w, a.y, a.m, a.n, a.k, cluster_for(a.n, device), 0};
+    p.kchunk = kchunk_for(a.k, p.S);
+    const int grid = (a.n + kBN - 1) / kBN * p.S;
+    return launch<gemv_local_kernel<T, MT>>(grid, p.S, TileCfg<MT>::kSmem, s, p);
+  }
 }
 
 template <class T, int MT>

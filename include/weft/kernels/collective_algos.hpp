@@ -352,8 +352,10 @@ WEFT_HD bool ll_try(const uint64_t* line, uint32_t flag, uint64_t& data) {
   return f0 == flag && f1 == flag;
 }
 
-// Spins until the line carries `flag` (under the deadline); returns its data.
-WEFT_HD uint64_t ll_wait(const dev::DeviceCtx& c, const uint64_t* line, uint32_t flag, int from_peer, uint64_t off) {
+// Spins until the line carries `flag` (under the deadline; a timeout report names `op`, an
+// op_tag, where given); returns its data.
+WEFT_HD uint64_t ll_wait(const dev::DeviceCtx& c, const uint64_t* line, uint32_t flag, int from_peer, uint64_t off,
+                         uint64_t op = 0) {
   uint64_t data;
   if (ll_try(line, flag, data)) return data;  // landed already: no clock read on the common path
   const uint64_t t0 = dev::now_ns();
@@ -368,7 +370,7 @@ WEFT_HD uint64_t ll_wait(const dev::DeviceCtx& c, const uint64_t* line, uint32_t
 #else
         const uint64_t seen = __atomic_load_n(line, __ATOMIC_RELAXED) >> 32;
 #endif
-        dev::fail_wait(c, dev::WaitKind::kSignal, from_peer, off, flag, seen, waited);
+        dev::fail_wait(c, dev::WaitKind::kSignal, from_peer, off, flag, seen, waited, op);
       }
     }
   }

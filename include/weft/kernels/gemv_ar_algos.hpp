@@ -111,31 +111,6 @@ WEFT_HD void unpack4(uint64_t d, float* v) {
   for (int q = 0; q < 4; ++q) v[q] = dev::to_float(r[q]);
 }
 
-// Spins until the line carries `flag` (deadline c.timeout_ns; the report names the peer and
-// the op); returns its data.
-WEFT_HD uint64_t line_wait(const dev::DeviceCtx& c, const GemvArgs& a, const uint64_t* line, uint32_t flag,
-                           int from_peer, uint64_t off) {
-  uint64_t data;
-  if (coll::ll_try(line, flag, data)) return data;
-  const uint64_t t0 = dev::now_ns();
-  uint32_t spins = 0;
-  while (!coll::ll_try(line, flag, data)) {
-    dev::spin_pause(++spins);
-    if ((spins & 63u) == 0u) {
-      const uint64_t waited = dev::now_ns() - t0;
-      if (waited > c.timeout_ns) {
-#if defined(__CUDA_ARCH__)
-        const uint64_t seen = ptx::ld_volatile_global(line) >> 32;
-#else
-        const uint64_t seen = __atomic_load_n(line, __ATOMIC_RELAXED) >> 32;
-#endif
-        dev::fail_wait(c, dev::WaitKind::kSignal, from_peer, off, flag, seen, waited, a.op_tag);
-      }
-    }
-  }
-  return data;
-}
-
 // Pushes this rank's partial of columns [j0, j1) (multiples of 4; j1 - j0 <= the part width)
 // for tokens 0 .. m-1 into block [e & 1][rank] of every rank, this one first. value(t, j, v)
 // gives the fp32 partial of columns j .. j+3 of token t in v[0..3].
@@ -201,7 +176,7 @@ WEFT_HD void finish(Coop g, const dev::DeviceCtx& c, const GemvArgs& a, int k, i
       for (int u = 0; u < U; ++u)
         if (!ok[u]) {
           const uint64_t off = line_off(a, c.world, par, p, t[u], j[u]);
-          v[u] = line_wait(c, a, c.local<const uint64_t>(off), flag, p, off);
+          v[u] = coll::ll_wait(c, c.local<const uint64_t>(off), flag, p, off, a.op_tag);
         }
       for (int u = 0; u < U; ++u) {
         if (!live[u]) continue;

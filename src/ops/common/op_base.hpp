@@ -44,6 +44,13 @@ class HeapShare {
   int exceptions_;  // std::uncaught_exceptions() at construction
 };
 
+// Whether the byte ranges [x, x + nx) and [y, y + ny) share a byte (an output that would be
+// written while an input is read); an empty range shares none.
+inline bool ranges_overlap(const void* x, uint64_t nx, const void* y, uint64_t ny) {
+  const auto p = reinterpret_cast<uintptr_t>(x), q = reinterpret_cast<uintptr_t>(y);
+  return nx && ny && p < q + ny && q < p + nx;
+}
+
 class OpBase {
  public:
   OpBase(Backend& backend, std::string op_name) : b_(backend), name_(std::move(op_name)) {}

@@ -357,10 +357,7 @@ void GemmOverlap::run(const void* a, const void* b, void* c, const GemmRunOption
   I.op.check_ptr(a, 16, "A");
   I.op.check_ptr(b, 16, "B");
   I.op.check_ptr(c, 16, "C");
-  auto overlaps = [](const void* x, uint64_t nx, const void* y, uint64_t ny) {
-    const auto p = reinterpret_cast<uintptr_t>(x), q = reinterpret_cast<uintptr_t>(y);
-    return p < q + ny && q < p + nx;
-  };
+  const auto overlaps = detail::ranges_overlap;
   WEFT_REQUIRE(!overlaps(c, c_bytes, a, a_bytes) && !overlaps(c, c_bytes, b, b_bytes),
                fmt::format("{}: C overlaps A or B (C is written while they are read)", to_string(I.cfg.op)));
   if (opt.gathered_a) {

@@ -231,11 +231,6 @@ std::string describe(const GemvArConfig& c) {
                      c.epilogue ? "on" : "off", c.eps);
 }
 
-bool overlaps(const void* x, uint64_t nx, const void* y, uint64_t ny) {
-  const auto p = reinterpret_cast<uintptr_t>(x), q = reinterpret_cast<uintptr_t>(y);
-  return nx && ny && p < q + ny && q < p + nx;
-}
-
 }  // namespace
 
 GemvAllReduce::GemvAllReduce(Backend& backend, const GemvArConfig& config) {
@@ -302,7 +297,7 @@ void GemvAllReduce::run(const void* x, const void* w, void* y, const GemvRunOpti
     I.op.check_ptr(x, 16, "x");
     I.op.check_ptr(w, 16, "w");
     I.op.check_ptr(y, 16, "y");
-    WEFT_REQUIRE(!overlaps(y, y_bytes, x, x_bytes) && !overlaps(y, y_bytes, w, w_bytes),
+    WEFT_REQUIRE(!detail::ranges_overlap(y, y_bytes, x, x_bytes) && !detail::ranges_overlap(y, y_bytes, w, w_bytes),
                  "gemv_ar: y overlaps x or w (y is written while they are read)");
     detail::GemvEpilogue ep{opt.residual, opt.gamma, opt.residual_out};
     if (I.cfg.epilogue) {
@@ -310,15 +305,17 @@ void GemvAllReduce::run(const void* x, const void* w, void* y, const GemvRunOpti
       I.op.check_ptr(opt.gamma, 16, "gamma (the epilogue's operand)");
       I.op.check_ptr(opt.residual_out, 16, "residual_out (the epilogue's operand)");
       const uint64_t g_bytes = static_cast<uint64_t>(I.cfg.n) * I.eb;
-      WEFT_REQUIRE(!overlaps(y, y_bytes, opt.residual, y_bytes) && !overlaps(y, y_bytes, opt.gamma, g_bytes) &&
-                       !overlaps(y, y_bytes, opt.residual_out, y_bytes),
+      WEFT_REQUIRE(!detail::ranges_overlap(y, y_bytes, opt.residual, y_bytes) &&
+                       !detail::ranges_overlap(y, y_bytes, opt.gamma, g_bytes) &&
+                       !detail::ranges_overlap(y, y_bytes, opt.residual_out, y_bytes),
                    "gemv_ar: y overlaps residual, gamma or residual_out");
-      WEFT_REQUIRE(!overlaps(opt.residual_out, y_bytes, x, x_bytes) &&
-                       !overlaps(opt.residual_out, y_bytes, w, w_bytes) &&
-                       !overlaps(opt.residual_out, y_bytes, opt.gamma, g_bytes),
+      WEFT_REQUIRE(!detail::ranges_overlap(opt.residual_out, y_bytes, x, x_bytes) &&
+                       !detail::ranges_overlap(opt.residual_out, y_bytes, w, w_bytes) &&
+                       !detail::ranges_overlap(opt.residual_out, y_bytes, opt.gamma, g_bytes),
                    "gemv_ar: residual_out overlaps x, w or gamma");
-      WEFT_REQUIRE(opt.residual == opt.residual_out || !overlaps(opt.residual, y_bytes, opt.residual_out, y_bytes),
-                   "gemv_ar: residual and residual_out overlap without being the same buffer (in place)");
+      WEFT_REQUIRE(
+          opt.residual == opt.residual_out || !detail::ranges_overlap(opt.residual, y_bytes, opt.residual_out, y_bytes),
+          "gemv_ar: residual and residual_out overlap without being the same buffer (in place)");
     } else {
       WEFT_REQUIRE(!opt.residual && !opt.gamma && !opt.residual_out,
                    "gemv_ar: epilogue operands (residual, gamma, residual_out) given, but the op was made without "

@@ -204,11 +204,7 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
     //    then its graph. A column that cannot run keeps its reason; every rank fails alike
     //    (shape or build), or none does.
     // Calls per timed run (WEFT_BENCH_PER_GRAPH: experiments).
-    const int64_t per_run_env = tunable_value(tunables::kBenchPerRun);
-    [[maybe_unused]] const int per_graph = per_run_env > 0    ? static_cast<int>(std::min<int64_t>(per_run_env, 1000))
-                                           : predicted < 300  ? 10
-                                           : predicted < 3000 ? 3
-                                                              : 2;
+    [[maybe_unused]] const int per_graph = bench_calls_per_run(predicted < 300 ? 10 : predicted < 3000 ? 3 : 2);
     for (Column& col : cols) {
       try {
         col.call();
@@ -235,10 +231,7 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
       }
 #endif
     }
-    // The sleep before each timed replay must outlast the host's launch of the graph, or the
-    // GPU idles inside the events (WEFT_BENCH_SLEEP_US: experiments).
-    [[maybe_unused]] const uint64_t sleep_ns =
-        static_cast<uint64_t>(std::clamp<int64_t>(tunable_value(tunables::kBenchSleepUs), 0, 100000)) * 1000;
+    [[maybe_unused]] const uint64_t sleep_ns = bench_sleep_ns();
     // One timed run of a column: a barrier-lined graph replay (GPU), an eager call (host).
     auto run_once = [&](Column& col) -> double {
 #ifdef WEFT_HAVE_CUDA
@@ -298,13 +291,7 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
         check(col);
       }
     } else {
-      for (int r = -1; r < reps; ++r)
-        for (size_t i = 0; i < cols.size(); ++i) {
-          Column& col = cols[r % 2 ? cols.size() - 1 - i : i];
-          if (!col.ran) continue;
-          const double us = run_once(col);
-          if (r >= 0) col.us.push_back(us);
-        }
+      interleaved_rounds(cols, reps, run_once);
       for (Column& col : cols) check(col);
     }
 
@@ -421,6 +408,15 @@ std::vector<uint16_t> random_bf16(size_t n, int salt) {
     v[i] = dev::from_float<dev::bf16_t>(2.f * u - 1.f).bits;
   }
   return v;
+}
+
+int bench_calls_per_run(int dflt) {
+  const int64_t v = tunable_value(tunables::kBenchPerRun);
+  return v > 0 ? static_cast<int>(std::min<int64_t>(v, 1000)) : dflt;
+}
+
+uint64_t bench_sleep_ns() {
+  return static_cast<uint64_t>(std::clamp<int64_t>(tunable_value(tunables::kBenchSleepUs), 0, 100000)) * 1000;
 }
 
 double max_over_ranks(Backend& b, double v) {

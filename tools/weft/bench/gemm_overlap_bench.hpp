@@ -42,6 +42,25 @@ inline double overlap_bench_tolerance(const std::string& op, int world) {
 std::vector<uint16_t> random_bf16(size_t n, int salt);
 // Collective: the largest v over the ranks (the benches report the slowest rank's time).
 double max_over_ranks(Backend& b, double v);
+// Calls per timed run of the op benches: WEFT_BENCH_PER_GRAPH (experiments; at most 1000)
+// where set, else `dflt`.
+int bench_calls_per_run(int dflt);
+// The sleep before each timed run, which must outlast the host's launch of the graph or the
+// GPU idles inside the events (WEFT_BENCH_SLEEP_US, at most 100 ms), in ns.
+uint64_t bench_sleep_ns();
+// The op benches' interleaved rounds: a warm-up round, then `reps` rounds of one run_once(col)
+// of every column that ran (odd rounds in reverse order, so clock and power drift reach every
+// column alike), each time pushed onto col.us.
+template <class Column, class Run>
+void interleaved_rounds(std::vector<Column>& cols, int reps, const Run& run_once) {
+  for (int r = -1; r < reps; ++r)
+    for (size_t i = 0; i < cols.size(); ++i) {
+      Column& col = cols[r % 2 ? cols.size() - 1 - i : i];
+      if (!col.ran) continue;
+      const double us = run_once(col);
+      if (r >= 0) col.us.push_back(us);
+    }
+}
 
 // max |got - ref| / max |ref| over bf16 values (bits), the bench's check; a NaN in got gives
 // infinity. got and ref have the same length.

@@ -300,9 +300,7 @@ GemvBenchResult bench_gemv_ar(Backend& b, const GemvBenchOptions& opt) {
 
       // 1. Each column's first call (the op's first call of an (M, method) checks the ranks
       //    agree: not capturable), then its graph. A column that cannot run keeps its reason.
-      const int64_t per_run_env = tunable_value(tunables::kBenchPerRun);
-      [[maybe_unused]] const int per_graph =
-          per_run_env > 0 ? static_cast<int>(std::min<int64_t>(per_run_env, 1000)) : 10;
+      [[maybe_unused]] const int per_graph = bench_calls_per_run(10);
       for (Column& col : cols) {
         try {
           col.call();
@@ -326,8 +324,7 @@ GemvBenchResult bench_gemv_ar(Backend& b, const GemvBenchOptions& opt) {
         }
 #endif
       }
-      [[maybe_unused]] const uint64_t sleep_ns =
-          static_cast<uint64_t>(std::clamp<int64_t>(tunable_value(tunables::kBenchSleepUs), 0, 100000)) * 1000;
+      [[maybe_unused]] const uint64_t sleep_ns = bench_sleep_ns();
       auto run_once = [&](Column& col) -> double {
 #ifdef WEFT_HAVE_CUDA
         if (gpu) return col.graph->timed_replay(b, bar, e0, e1, sleep_ns);
@@ -339,14 +336,7 @@ GemvBenchResult bench_gemv_ar(Backend& b, const GemvBenchOptions& opt) {
       };
       // 2. Interleaved rounds: a warm-up round, then rounds of one run of every column (odd
       //    rounds reversed), so clock and power drift reach every column alike.
-      const int reps = gpu ? (opt.quick ? 3 : 15) : 3;
-      for (int r = -1; r < reps; ++r)
-        for (size_t i = 0; i < cols.size(); ++i) {
-          Column& col = cols[r % 2 ? cols.size() - 1 - i : i];
-          if (!col.ran) continue;
-          const double us = run_once(col);
-          if (r >= 0) col.us.push_back(us);
-        }
+      interleaved_rounds(cols, gpu ? (opt.quick ? 3 : 15) : 3, run_once);
       // 3. Checks: each column run once more (what was timed), its outputs fetched; references
       //    come first in the column order. Every rank takes part (the calls are collective).
       std::map<std::string, std::vector<std::vector<uint16_t>>> outputs;
