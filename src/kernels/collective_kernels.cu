@@ -14,7 +14,8 @@ namespace {
 // One kernel per (type, algorithm): the bandwidth paths (unrolled fp32 sums) need many
 // registers, the LL paths few; one kernel for all would give every path the worst case.
 template <class T, coll::Algo A>
-__global__ void __launch_bounds__(kCollThreads) collective_kernel(dev::DeviceCtx c, coll::Args a) {
+__global__ void __launch_bounds__(kCollThreads)
+    collective_kernel(const __grid_constant__ dev::DeviceCtx c, const __grid_constant__ coll::Args a) {
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
   coll::run_slice_as<T>(dev::CoopCta{}, c, a, static_cast<int>(blockIdx.x), A);

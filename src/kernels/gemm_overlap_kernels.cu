@@ -6,13 +6,13 @@
 namespace weft::kernels {
 namespace {
 
-__global__ void epoch_bump_kernel(dev::DeviceCtx c, uint64_t epoch_off) {
+__global__ void epoch_bump_kernel(const __grid_constant__ dev::DeviceCtx c, uint64_t epoch_off) {
   uint64_t* e = c.local<uint64_t>(epoch_off);
   *e = *e + 1;
   __threadfence();
 }
 
-__global__ void signal_kernel(dev::DeviceCtx c, OverlapSignals sig) {
+__global__ void signal_kernel(const __grid_constant__ dev::DeviceCtx c, const __grid_constant__ OverlapSignals sig) {
   // The copy before this kernel has completed; the sc fence orders its data (and anything
   // else this GPU wrote) before the release adds at system scope.
   dev::quiet();
@@ -27,12 +27,15 @@ __device__ inline void wait_all(const dev::DeviceCtx& c, uint64_t epoch_off, con
   dev::fence_acq_rel();
 }
 
-__global__ void wait_kernel(dev::DeviceCtx c, uint64_t epoch_off, OverlapWaits w) { wait_all(c, epoch_off, w); }
+__global__ void wait_kernel(const __grid_constant__ dev::DeviceCtx c, uint64_t epoch_off,
+                            const __grid_constant__ OverlapWaits w) {
+  wait_all(c, epoch_off, w);
+}
 
 // Thread q waits until peer q's call counter (its heap word at epoch_off) has reached this
 // rank's, under the deadline that names q. Reads the peer's word in place: the counter is the
 // peer's own, bumped by nobody else, never reset.
-__global__ void peer_epochs_kernel(dev::DeviceCtx c, uint64_t epoch_off, uint64_t op) {
+__global__ void peer_epochs_kernel(const __grid_constant__ dev::DeviceCtx c, uint64_t epoch_off, uint64_t op) {
   const int q = static_cast<int>(threadIdx.x);
   if (q >= c.world || q == c.rank) return;
   const uint64_t e = *c.local<volatile uint64_t>(epoch_off);
@@ -66,8 +69,9 @@ __device__ __forceinline__ float load_cg(const T* p) {
 }
 
 template <class T>
-__global__ void reduce_kernel(dev::DeviceCtx c, uint64_t epoch_off, OverlapWaits w, const T* slots, uint64_t stride,
-                              int nslots, T* out, uint64_t n) {
+__global__ void reduce_kernel(const __grid_constant__ dev::DeviceCtx c, uint64_t epoch_off,
+                              const __grid_constant__ OverlapWaits w, const T* slots, uint64_t stride, int nslots,
+                              T* out, uint64_t n) {
   wait_then_sync(c, epoch_off, w);
   for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
@@ -97,8 +101,9 @@ __device__ __forceinline__ uint4 pack8(const float* acc) {
 // vectors per thread and step (i and i + stride of the grid), so every slot has two loads in
 // flight per thread.
 template <class T>
-__global__ void reduce_kernel_vec(dev::DeviceCtx c, uint64_t epoch_off, OverlapWaits w, const uint4* slots,
-                                  uint64_t stride_vec, int nslots, uint4* out, uint64_t nvec) {
+__global__ void reduce_kernel_vec(const __grid_constant__ dev::DeviceCtx c, uint64_t epoch_off,
+                                  const __grid_constant__ OverlapWaits w, const uint4* slots, uint64_t stride_vec,
+                                  int nslots, uint4* out, uint64_t nvec) {
   wait_then_sync(c, epoch_off, w);
   const uint64_t grid = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < nvec; i += 2 * grid) {
@@ -131,7 +136,9 @@ __global__ void copy_kernel(char* dst, size_t dpitch, const char* src, size_t sp
 }
 
 template <class T>
-__global__ void __launch_bounds__(coll::kCtaThreads) chain_kernel(dev::DeviceCtx c, uint64_t epoch_off, OverlapChain ch) {
+__global__ void __launch_bounds__(coll::kCtaThreads)
+    chain_kernel(const __grid_constant__ dev::DeviceCtx c, uint64_t epoch_off,
+                 const __grid_constant__ OverlapChain ch) {
   wait_then_sync(c, epoch_off, ch.waits);
   uint64_t lo, hi;
   coll::split(ch.n, static_cast<int>(gridDim.x), static_cast<int>(blockIdx.x), lo, hi);

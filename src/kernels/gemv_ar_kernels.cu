@@ -25,13 +25,19 @@
 //    (128 B/clk) for 32 KiB of W, ~2x the HBM share of an SM; 4096 MMAs per stage at
 //    mma.sync's ~1000 FMA/clk/SM keep up with HBM too (2 FLOP per byte of W per token).
 //
-// Fused call (gemv_ar_fused): the same tile loop in a persistent grid (every CTA resident:
+// Fused call (gemv_ar_fused), m > kGemvSmallM: the same tile loop in a persistent grid (every CTA resident:
 // the epilogue's grid barrier needs it), cluster c of ncl owning the 256-column slices c,
 // c + ncl, ...; after each slice's cluster sum, CTA s of the cluster pushes its 256/S columns
 // (a "part") to every rank's receive lines as LL lines and goes on to its next slice. Then
 // gemv_ar_algos.hpp's finish waits for, sums (rank order) and writes its parts, with the
 // residual + RMSNorm epilogue. The exchange protocol and its invariants (epochs, parities, the
-// norm's barrier) are in gemv_ar_algos.hpp; the host backend runs the same code.
+// norm's barrier) are in gemv_ar_algos.hpp; the host backend runs the same code. Calls of
+// m <= kGemvSmallM run the register path (below) in a grid of their own, two CTAs per SM, each
+// pushing its 16-row parts as it finishes them, with the op's second state set.
+//
+// Every kernel that takes the DeviceCtx (an array of peer bases, indexed at run time) takes it
+// as a __grid_constant__ parameter: a by-value copy is spilled to each thread's local memory
+// (~660 bytes per thread, written at entry), which cost microseconds per call.
 //
 // The unfused epilogue (add_rmsnorm): one CTA per token row, 16-byte vectors.
 #include <cuda_bf16.h>
@@ -235,7 +241,7 @@ struct LocalParams {
 };
 
 template <class T, int MT>
-__global__ void __launch_bounds__(kThreads, 1) gemv_local_kernel(LocalParams p) {
+__global__ void __launch_bounds__(kThreads, 1) gemv_local_kernel(const __grid_constant__ LocalParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int S = p.S, s = cluster_rank(S);
   const int row0 = static_cast<int>(blockIdx.x) / S * kBN;
@@ -255,7 +261,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_local_kernel(LocalParams p) 
 }
 
 template <class T, int MT>
-__global__ void __launch_bounds__(kThreads, 1) gemv_ar_fused_kernel(dev::DeviceCtx c, GemvArgs a, int S, int kchunk) {
+__global__ void __launch_bounds__(kThreads, 1)
+    gemv_ar_fused_kernel(const __grid_constant__ dev::DeviceCtx c, const __grid_constant__ GemvArgs a, int S,
+                         int kchunk) {
   extern __shared__ __align__(128) unsigned char smem[];
   float* scratch = reinterpret_cast<float*>(smem + TileCfg<MT>::kSmem);
   const int kc = static_cast<int>(blockIdx.x), s = cluster_rank(S);
@@ -295,10 +303,10 @@ struct RegCfg {
   static constexpr int kU = MT == 8 ? 8 : 4;  // 32-k steps per batch (registers: W 8 kU, x 4 kU MT/8)
   static constexpr int kRed = NW * 16 * MT;   // floats: every warp's 16 x MT partial
 };
-// Warps of the local kernel's CTAs (two resident per SM) and of the fused call's (one per SM:
-// gemv_ar_fused_ctas's grid). 16 fused warps measured slower than 8 (docs/gemv_ar.md).
-constexpr int kRegLocalWarps = 8, kRegFusedWarps = 8;
-constexpr int kRegMaxPw = 16 * kRegFusedWarps;
+// Warps of a register-path CTA (local and fused: two CTAs resident per SM). Parts are 16 rows
+// (one row tile, the warps splitting K): 16 fused warps measured slower than 8 (docs/gemv_ar.md).
+constexpr int kRegWarps = 8;
+constexpr int kRegPw = 16;
 // Floats of shared memory a register-path part needs: the warps' partials, then the part [MT][pw].
 template <int MT, int NW>
 constexpr int reg_part_floats(int pw) {
@@ -373,16 +381,16 @@ __device__ __forceinline__ void reg_part(const T* __restrict__ x, const T* __res
 }
 
 template <class T, int MT>
-__global__ void __launch_bounds__(32 * kRegLocalWarps, 2) gemv_reg_local_kernel(const T* x, const T* w, T* y, int m, int n, int k,
-                                                                   int pw) {
+__global__ void __launch_bounds__(32 * kRegWarps, 2)
+    gemv_reg_local_kernel(const T* x, const T* w, T* y, int m, int n, int k, int pw) {
   extern __shared__ __align__(16) float fsmem[];
   const int parts = (n + pw - 1) / pw;
   for (int p = static_cast<int>(blockIdx.x); p < parts; p += static_cast<int>(gridDim.x)) {
     const int row0 = p * pw;
-    reg_part<T, MT, kRegLocalWarps>(x, w, m, n, k, row0, pw, fsmem);
-    const float* part = fsmem + RegCfg<MT, kRegLocalWarps>::kRed;
+    reg_part<T, MT, kRegWarps>(x, w, m, n, k, row0, pw, fsmem);
+    const float* part = fsmem + RegCfg<MT, kRegWarps>::kRed;
     const int lpt = pw / 4;
-    for (int i = threadIdx.x; i < m * lpt; i += 32 * kRegLocalWarps) {
+    for (int i = threadIdx.x; i < m * lpt; i += 32 * kRegWarps) {
       const int t = i / lpt, lr = 4 * (i % lpt), j = row0 + lr;
       if (j < n)
         *reinterpret_cast<uint64_t*>(y + static_cast<size_t>(t) * n + j) = gemv::pack4<T>(part + t * pw + lr);
@@ -391,21 +399,22 @@ __global__ void __launch_bounds__(32 * kRegLocalWarps, 2) gemv_reg_local_kernel(
   }
 }
 
-// The fused call for m <= 16: the same parts (pw, owners) as gemv_ar_fused_kernel, so that
-// calls of any m share the epochs and receive lines.
+// The fused call for m <= kGemvSmallM: the local kernel's parts (pw rows) and residency (two
+// CTAs per SM), CTA kc owning parts kc, kc + a.ctas, ... (the small state set's grid and owners,
+// gemv_ar_kernels.hpp).
 template <class T, int MT>
-__global__ void __launch_bounds__(32 * kRegFusedWarps, 1) gemv_reg_fused_kernel(dev::DeviceCtx c, GemvArgs a, int pw) {
+__global__ void __launch_bounds__(32 * kRegWarps, 2)
+    gemv_reg_fused_kernel(const __grid_constant__ dev::DeviceCtx c, const __grid_constant__ GemvArgs a, int pw) {
   extern __shared__ __align__(16) float fsmem[];
-  float* scratch = fsmem + reg_part_floats<MT, kRegFusedWarps>(pw);
+  float* scratch = fsmem + reg_part_floats<MT, kRegWarps>(pw);
   const int kc = static_cast<int>(blockIdx.x);
   const uint64_t e = gemv::epoch_begin(c, a, kc);
   const dev::CoopCta g;
   const int parts = (a.n + pw - 1) / pw;
   for (int p = kc; p < parts; p += a.ctas) {
     const int row0 = p * pw;
-    reg_part<T, MT, kRegFusedWarps>(static_cast<const T*>(a.x), static_cast<const T*>(a.w), a.m, a.n, a.k, row0,
-                                    pw, fsmem);
-    const float* part = fsmem + RegCfg<MT, kRegFusedWarps>::kRed;
+    reg_part<T, MT, kRegWarps>(static_cast<const T*>(a.x), static_cast<const T*>(a.w), a.m, a.n, a.k, row0, pw, fsmem);
+    const float* part = fsmem + RegCfg<MT, kRegWarps>::kRed;
     gemv::push_part<T>(g, c, a, e, row0, std::min(a.n, row0 + pw),
                        [&](int t, int j, float* v) {
                          const float* src = part + t * pw + (j - row0);
@@ -533,22 +542,20 @@ cudaError_t launch(int grid, int S, size_t smem, cudaStream_t s, Args... args) {
 // many CTAs as are resident, each taking parts p, p + grid, ...
 template <class T, int MT>
 cudaError_t reg_local(const GemvArgs& a, cudaStream_t s) {
-  constexpr int pw = 16;
+  constexpr int pw = kRegPw;
   static const int resident = [] {
     int device = 0, per_sm = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_reg_local_kernel<T, MT>, 32 * kRegLocalWarps,
-                                                      sizeof(float) * reg_part_floats<MT, kRegLocalWarps>(pw)) !=
-            cudaSuccess)
+    if (cudaGetDevice(&device) != cudaSuccess || cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                                     &per_sm, gemv_reg_local_kernel<T, MT>, 32 * kRegWarps,
+                                                     sizeof(float) * reg_part_floats<MT, kRegWarps>(pw)) != cudaSuccess)
       return 0;
     return std::max(1, per_sm) * device_sms(device);
   }();
   if (resident < 1) return cudaErrorInvalidConfiguration;
   const int grid = std::min((a.n + pw - 1) / pw, resident);
-  return launch_threads<gemv_reg_local_kernel<T, MT>>(grid, 1, 32 * kRegLocalWarps,
-                                              sizeof(float) * reg_part_floats<MT, kRegLocalWarps>(pw), s,
-                                              static_cast<const T*>(a.x), static_cast<const T*>(a.w),
-                                              static_cast<T*>(a.y), a.m, a.n, a.k, pw);
+  return launch_threads<gemv_reg_local_kernel<T, MT>>(
+      grid, 1, 32 * kRegWarps, sizeof(float) * reg_part_floats<MT, kRegWarps>(pw), s, static_cast<const T*>(a.x),
+      static_cast<const T*>(a.w), static_cast<T*>(a.y), a.m, a.n, a.k, pw);
 }
 
 template <class T, int MT>
@@ -566,26 +573,26 @@ cudaError_t local_mt(const GemvArgs& a, cudaStream_t s) {
   }
 }
 
+template <int MT>
+size_t reg_fused_smem(int n, int m_max, int ctas) {
+  return sizeof(float) *
+         static_cast<size_t>(reg_part_floats<MT, kRegWarps>(kRegPw) +
+                             gemv::scratch_floats(m_max, gemv::max_parts_per_cta(n, kRegPw, ctas), 32 * kRegWarps));
+}
+
 template <class T, int MT>
 cudaError_t fused_mt(const dev::DeviceCtx& c, const GemvArgs& a, cudaStream_t s) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  const int S = cluster_for(a.n, device);
-  if (a.ctas % S != 0) return cudaErrorInvalidValue;  // not gemv_ar_fused_ctas's grid
-  if constexpr (MT <= 16) {
-    // The register path where its CTA can hold a part (pw <= kRegMaxPw): the same parts and
-    // owners as the cluster kernel (gemv_ar_algos.hpp's invariants hold across calls of any m).
-    const int pw = kBN / S;
-    if (pw <= kRegMaxPw) {
-      const size_t smem =
-          sizeof(float) * static_cast<size_t>(reg_part_floats<MT, kRegFusedWarps>(pw) +
-                                              gemv::scratch_floats(a.m_max, gemv::max_parts_per_cta(a.n, pw, a.ctas),
-                                                                   32 * kRegFusedWarps));
-      return launch_threads<gemv_reg_fused_kernel<T, MT>>(a.ctas, 1, 32 * kRegFusedWarps, smem, s, c, a, pw);
-    }
+  if constexpr (MT <= kGemvSmallM) {  // the small state set (gemv_ar_fused_small_ctas's grid)
+    return launch_threads<gemv_reg_fused_kernel<T, MT>>(a.ctas, 1, 32 * kRegWarps,
+                                                        reg_fused_smem<MT>(a.n, a.m_max, a.ctas), s, c, a, kRegPw);
+  } else {
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    const int S = cluster_for(a.n, device);
+    if (a.ctas % S != 0) return cudaErrorInvalidValue;  // not gemv_ar_fused_ctas's grid
+    return launch<gemv_ar_fused_kernel<T, MT>>(a.ctas, S, fused_smem<T, MT>(a, S), s, c, a, S, kchunk_for(a.k, S));
   }
-  return launch<gemv_ar_fused_kernel<T, MT>>(a.ctas, S, fused_smem<T, MT>(a, S), s, c, a, S, kchunk_for(a.k, S));
 }
 
 // The token tile: m rounded up to 8, 16, 32, 64 or 128.
@@ -654,6 +661,38 @@ int gemv_ar_fused_ctas(int n, int device) {
     const int fit = std::min(clusters, slices) * S;
     if (fit >= ctas) break;
     ctas = fit;  // fewer CTAs: more parts each; check that grid again with its scratch
+  }
+  return ctas;
+}
+
+namespace {
+template <auto Kernel>
+int reg_per_sm(size_t smem) {
+  int per_sm = 0;
+  if (allow_smem<Kernel>() != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, 32 * kRegWarps, smem) != cudaSuccess)
+    return 0;
+  return per_sm;
+}
+}  // namespace
+
+int gemv_ar_fused_small_ctas(int n, int m_max, int device) {
+  if (m_max < 1 || m_max > kGemvSmallM) return 0;
+  const int parts = gemv::parts_of(n, kRegPw);
+  // Residency of every instantiation with the scratch of the grid it will have.
+  auto resident = [&](int ctas) {
+    const size_t s8 = reg_fused_smem<8>(n, m_max, ctas), s16 = reg_fused_smem<16>(n, m_max, ctas);
+    const int per_sm = std::min(
+        {reg_per_sm<gemv_reg_fused_kernel<dev::bf16_t, 8>>(s8), reg_per_sm<gemv_reg_fused_kernel<dev::bf16_t, 16>>(s16),
+         reg_per_sm<gemv_reg_fused_kernel<dev::f16_t, 8>>(s8), reg_per_sm<gemv_reg_fused_kernel<dev::f16_t, 16>>(s16)});
+    return per_sm * device_sms(device);
+  };
+  int ctas = parts;
+  for (;;) {  // ctas only shrinks (more parts per CTA never fits more CTAs): this ends
+    const int fit = std::min(parts, resident(ctas));
+    if (fit < 1) return 0;
+    if (fit >= ctas) break;
+    ctas = fit;
   }
   return ctas;
 }

@@ -11,12 +11,15 @@ __global__ void lsa_bases_kernel(ncclWindow_t win, int world, char** out) {
   for (int p = threadIdx.x; p < world; p += blockDim.x) out[p] = static_cast<char*>(ncclGetPeerPointer(win, 0, p));
 }
 
-__global__ void symmetry_write_kernel(dev::DeviceCtx c) {
+__global__ void symmetry_write_kernel(const __grid_constant__ dev::DeviceCtx c) {
   for (int p = threadIdx.x; p < c.world; p += blockDim.x)
     *c.ptr<uint64_t>(p, 8ull * c.rank) = (static_cast<uint64_t>(c.rank + 1) << 32) | static_cast<uint64_t>(p);
 }
 
-__global__ void barrier_kernel(dev::DeviceCtx c, dev::BarrierHandle bar) { dev::barrier(dev::CoopThread{}, c, bar); }
+__global__ void barrier_kernel(const __grid_constant__ dev::DeviceCtx c,
+                               const __grid_constant__ dev::BarrierHandle bar) {
+  dev::barrier(dev::CoopThread{}, c, bar);
+}
 
 __global__ void sleep_kernel(uint64_t ns) {
   const uint64_t t0 = ptx::globaltimer_ns();

@@ -1,5 +1,5 @@
 // GEMV + AllReduce on the nccl backend (issue 23): every method (baseline, decomposed, fused
-// where the GPU has it, auto), bf16 and f16, M in {1, 7, 16, 64, 128} from one object, the
+// where the GPU has it, auto), bf16 and f16, M in {1, 7, 16, 64, 128, 3, 17} from one object, the
 // epilogue on and off; exact on small-integer data, within the dtype's rounding of an fp32
 // reference on random data; CUDA-graph capture of every method, each graph replayed twice with
 // different inputs. On 1 GPU and on every GPU; skipped without GPUs.
@@ -196,7 +196,7 @@ int run_every_method(Backend& b, int64_t n, int64_t k, cudaStream_t s) {
       DevBuf x(static_cast<size_t>(kGemvMaxM * kl) * 2), w(static_cast<size_t>(n * kl) * 2),
           y(static_cast<size_t>(kGemvMaxM * n) * 2), res(static_cast<size_t>(kGemvMaxM * n) * 2),
           gamma(static_cast<size_t>(n) * 2), r_out(static_cast<size_t>(kGemvMaxM * n) * 2);
-      for (int64_t m : {1, 7, 16, 64, 128})
+      for (int64_t m : {1, 7, 16, 64, 128, 3, 17})  // back to the small state set, then the large
         for (GemvMethod method : methods_of(op))
           for (bool integer : {true, false}) {
             ++e;

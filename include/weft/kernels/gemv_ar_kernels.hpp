@@ -13,6 +13,11 @@
 //    norm (16 bytes reserved), then [2 parities][m_max][ctas] floats: each CTA's per-token sum
 //    of squares, summed in CTA order by every CTA (bitwise the same on every rank). The
 //    protocol and its invariants: gemv_ar_algos.hpp.
+// Calls of m <= kGemvSmallM run a different kernel (the register path: 16-column parts, two
+// CTAs per SM) with a grid and owners of its own, so they have a second set of this state
+// (GemvArgs of their own: ctas from gemv_ar_fused_small_ctas, m_max = min(m_max, kGemvSmallM)).
+// Each set's invariants hold on their own: every rank makes the same sequence of calls, so the
+// calls of one set are numbered alike on every rank whatever the other set's calls between them.
 #pragma once
 #include <cstdint>
 
@@ -46,6 +51,9 @@ struct GemvArgs {
   uint64_t op_tag = 0;  // dev::op_tag("gemv_ar"): names the op in a timeout report
 };
 
+// The largest m of the register path's fused call (its own state; see above).
+inline constexpr int kGemvSmallM = 16;
+
 inline uint64_t gemv_lines_bytes(int world, int m_max, int n) {
   return 2ull * static_cast<uint64_t>(world) * static_cast<uint64_t>(m_max) * static_cast<uint64_t>(n) / 4 * 16;
 }
@@ -64,11 +72,14 @@ void gemv_ar_host_fused(const dev::DeviceCtx& c, const GemvArgs& a, dev::DType t
 // the epilogue's grid-wide barrier needs; the same for every m). 0: the kernel cannot run here
 // (a CUDA query failed or its shared memory does not fit). Every rank must use the same grid.
 int gemv_ar_fused_ctas(int n, int device);
+// The grid of the fused calls of m <= kGemvSmallM (the register path; persistent as above), for
+// receive lines of m_max <= kGemvSmallM tokens. 0: it cannot run here.
+int gemv_ar_fused_small_ctas(int n, int m_max, int device);
 // y = x * w^T on this rank (no communication): weft's skinny GEMM.
 cudaError_t gemv_local(const GemvArgs& a, dev::DType t, cudaStream_t s);
-// One fused call (a.ctas CTAs): local GEMV, LL push of every finished slice to every peer, the
-// sum in rank order where it lands, the epilogue when a.residual is set. Every wait has the
-// deadline c.timeout_ns (error slot, then trap).
+// One fused call (a.ctas CTAs; a.m <= kGemvSmallM: the small set's args): local GEMV, LL push of every finished slice
+// to every peer, the sum in rank order where it lands, the epilogue when a.residual is set. Every wait has the deadline
+// c.timeout_ns (error slot, then trap).
 cudaError_t gemv_ar_fused(const dev::DeviceCtx& c, const GemvArgs& a, dev::DType t, cudaStream_t s);
 // Unfused epilogue: residual_out = y + residual; out = RMSNorm(residual_out) * gamma; m rows of n.
 cudaError_t add_rmsnorm(const void* y, const void* residual, const void* gamma, void* residual_out, void* out, int m,

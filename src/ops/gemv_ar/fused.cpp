@@ -6,6 +6,8 @@
 // is capturable.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "gemv_ar_impl.hpp"
 #include "weft/core/error.hpp"
 
@@ -15,21 +17,32 @@
 
 namespace weft::ops::detail {
 
-GemvFused::GemvFused(GemvContext& c, int ctas) : c_(c) {
-  const int world = c.world, m_max = static_cast<int>(c.cfg.m_max), n = static_cast<int>(c.cfg.n);
-  base_.n = n;
-  base_.k = static_cast<int>(c.k_local);
-  base_.m_max = m_max;
-  base_.ctas = ctas;
-  base_.eps = c.cfg.eps;
-  base_.op_tag = dev::op_tag("gemv_ar");
-  base_.lines_off = c.op.workspace(kernels::gemv_lines_bytes(world, m_max, n), "fused.lines");
-  base_.epoch_off = c.op.workspace(kernels::gemv_epochs_bytes(ctas), "fused.epochs");
-  if (c.cfg.epilogue) base_.norm_off = c.op.workspace(kernels::gemv_norm_bytes(m_max, ctas), "fused.norm");
+namespace {
+kernels::GemvArgs fused_state(GemvContext& c, int m_max, int ctas, const char* name) {
+  const int world = c.world, n = static_cast<int>(c.cfg.n);
+  kernels::GemvArgs a;
+  a.n = n;
+  a.k = static_cast<int>(c.k_local);
+  a.m_max = m_max;
+  a.ctas = ctas;
+  a.eps = c.cfg.eps;
+  a.op_tag = dev::op_tag("gemv_ar");
+  a.lines_off = c.op.workspace(kernels::gemv_lines_bytes(world, m_max, n), fmt::format("fused.{}.lines", name));
+  a.epoch_off = c.op.workspace(kernels::gemv_epochs_bytes(ctas), fmt::format("fused.{}.epochs", name));
+  if (c.cfg.epilogue)
+    a.norm_off = c.op.workspace(kernels::gemv_norm_bytes(m_max, ctas), fmt::format("fused.{}.norm", name));
+  return a;
+}
+}  // namespace
+
+GemvFused::GemvFused(GemvContext& c, int ctas, int small_ctas) : c_(c) {
+  const int m_max = static_cast<int>(c.cfg.m_max);
+  small_ = fused_state(c, std::min(m_max, kernels::kGemvSmallM), small_ctas, "small");
+  if (m_max > kernels::kGemvSmallM) large_ = fused_state(c, m_max, ctas, "large");
 }
 
 void GemvFused::run(int64_t m, const void* x, const void* w, void* y, const GemvEpilogue& ep, void* stream) {
-  kernels::GemvArgs a = base_;
+  kernels::GemvArgs a = m <= kernels::kGemvSmallM ? small_ : large_;
   a.x = x;
   a.w = w;
   a.y = y;

@@ -239,18 +239,24 @@ GemvAllReduce::GemvAllReduce(Backend& backend, const GemvArConfig& config) {
   Impl& I = *impl_;
   I.op.agree("the configuration", describe(config));
   const SymmetricHeap::Scope mine = I.share.scope();  // every allocation of the set-up is the op's
-  int ctas = 0;
+  int ctas = 0, small_ctas = 0;
   if (I.host()) {
     I.host_sum.resize(static_cast<size_t>(config.m_max * config.n) * I.eb);
+    // Two grids unlike each other, as on GPUs (the two state sets are tested apart).
     ctas = static_cast<int>(std::min<int64_t>(4, config.n / 8));
+    small_ctas = static_cast<int>(std::min<int64_t>(3, config.n / 8));
   } else {
 #ifdef WEFT_HAVE_CUDA
     I.init_gpu();
     int device = 0;
     WEFT_CUDA_CHECK(cudaGetDevice(&device));
-    ctas = kernels::gemv_ar_fused_ctas(static_cast<int>(config.n), device);
-    // The fused call's grid must be the same on every rank (its per-CTA epochs and slices).
-    I.op.agree("the fused grid", fmt::format("{} CTAs", ctas));
+    const int m_small = static_cast<int>(std::min<int64_t>(config.m_max, kernels::kGemvSmallM));
+    small_ctas = kernels::gemv_ar_fused_small_ctas(static_cast<int>(config.n), m_small, device);
+    ctas = config.m_max > kernels::kGemvSmallM ? kernels::gemv_ar_fused_ctas(static_cast<int>(config.n), device)
+                                               : small_ctas;
+    if (small_ctas == 0) ctas = 0;
+    // The fused call's grids must be the same on every rank (their per-CTA epochs and parts).
+    I.op.agree("the fused grid", fmt::format("{} / {} CTAs", small_ctas, ctas));
 #else
     throw_error(__FILE__, __LINE__, "gemv_ar: the nccl backend needs a CUDA build");
 #endif
@@ -258,7 +264,7 @@ GemvAllReduce::GemvAllReduce(Backend& backend, const GemvArConfig& config) {
   // In this order on every rank (symmetric allocations are matched by name, size and order).
   I.baseline = std::make_unique<detail::GemvBaseline>(I);
   I.decomposed = std::make_unique<detail::GemvDecomposed>(I);
-  if (ctas > 0) I.fused = std::make_unique<detail::GemvFused>(I, ctas);
+  if (ctas > 0) I.fused = std::make_unique<detail::GemvFused>(I, ctas, small_ctas);
   if (!I.decomposed->ready() && I.rank == 0)
     std::fprintf(stderr, "weft: gemv_ar: the decomposed method is not available: %s\n", I.decomposed->why().c_str());
   const plan::DeviceConstants d = detail::gemv_device_constants();

@@ -134,17 +134,21 @@ class GemvDecomposed : public GemvMethodImpl {
 };
 
 // `fused`: one call of kernels::gemv_ar_fused (GPU) or kernels::gemv_ar_host_fused (host
-// teams) over the op's symmetric state, allocated here for m_max.
+// teams) over the op's symmetric state, allocated here for m_max: two sets of it, one for the
+// calls of M <= kernels::kGemvSmallM (their own grid: the GPU runs another kernel for them) and
+// one for larger M (gemv_ar_kernels.hpp).
 class GemvFused : public GemvMethodImpl {
  public:
-  // ctas: the grid (GPU: kernels::gemv_ar_fused_ctas; host: a few teams).
-  GemvFused(GemvContext& c, int ctas);
+  // ctas: the grid of M > kGemvSmallM (GPU: kernels::gemv_ar_fused_ctas; host: a few teams);
+  // small_ctas: of M <= kGemvSmallM (GPU: kernels::gemv_ar_fused_small_ctas).
+  GemvFused(GemvContext& c, int ctas, int small_ctas);
   void run(int64_t m, const void* x, const void* w, void* y, const GemvEpilogue& ep, void* stream) override;
-  int ctas() const { return base_.ctas; }
 
  private:
   GemvContext& c_;
-  kernels::GemvArgs base_;  // the symmetric state's offsets and the shape; per call: pointers, m
+  // The symmetric state's offsets and the shape; per call: pointers, m.
+  kernels::GemvArgs small_;  // M <= kGemvSmallM
+  kernels::GemvArgs large_;  // larger M (unused when m_max <= kGemvSmallM)
 };
 
 // ---- model (model.cpp) ---------------------------------------------------------------------
