@@ -452,24 +452,31 @@ TEST(GemvArModel, AutoAndTheAllReduceChoice) {
   EXPECT_EQ(gemv_all_reduce_method(8, 1024), Method::kLowLatency);
   EXPECT_EQ(gemv_all_reduce_method(8, 2048), Method::kLowLatency128);
   EXPECT_EQ(gemv_all_reduce_method(1, 1 << 20), Method::kLowLatency128);
-  // The shapes on the H200 constants: the fused call's target beats the library
-  // sequence (a cuBLAS launch and NCCL's fixed cost) at decode sizes; every prediction is
-  // positive; auto does not pick fused on GPUs (its kernel does not reach the target yet).
+  // The shapes on the H200 constants: every prediction is positive; auto is the
+  // fastest prediction; the fused call beats the library sequence at decode sizes and is never
+  // picked above kGemvSmallM (the cluster kernel's measured rate); decomposed beats the baseline
+  // at M = 1.
   const plan::DeviceConstants d = plan::h200_constants();
   for (int world : {2, 4})
-    for (int64_t m : {1, 16, 128}) {
+    for (int64_t m : {1, 16, 17, 128}) {
       detail::GemvModelInput in{world, m, 8192, 8192 / world, 2, false, true, true};
       const GemvAutoChoice a = detail::predict_gemv(in, d);
       EXPECT_GT(a.predicted_baseline_us, 0);
       EXPECT_GT(a.predicted_decomposed_us, 0);
       EXPECT_GT(a.predicted_fused_us, 0);
-      EXPECT_LT(a.predicted_decomposed_us, a.predicted_baseline_us) << "world " << world << " M " << m;
-      if (m <= 16) {
-        EXPECT_LT(a.predicted_fused_us, a.predicted_baseline_us) << "world " << world << " M " << m;
+      const double best = std::min({a.predicted_baseline_us, a.predicted_decomposed_us, a.predicted_fused_us});
+      const double chosen = a.method == GemvMethod::kBaseline     ? a.predicted_baseline_us
+                            : a.method == GemvMethod::kDecomposed ? a.predicted_decomposed_us
+                                                                  : a.predicted_fused_us;
+      EXPECT_EQ(chosen, best) << "world " << world << " M " << m;
+      if (m == 1) {
+        EXPECT_LT(a.predicted_decomposed_us, a.predicted_baseline_us) << "world " << world;
       }
-      EXPECT_NE(a.method, GemvMethod::kFused) << "world " << world << " M " << m;
-      EXPECT_EQ(a.method, m <= detail::kGemvDecomposedMaxM ? GemvMethod::kDecomposed : GemvMethod::kBaseline)
-          << "world " << world << " M " << m;
+      if (m <= kernels::kGemvSmallM) {
+        EXPECT_LT(a.predicted_fused_us, a.predicted_baseline_us) << "world " << world << " M " << m;
+      } else {
+        EXPECT_NE(a.method, GemvMethod::kFused) << "world " << world << " M " << m;
+      }
       in.fused_available = false;
       EXPECT_NE(detail::predict_gemv(in, d).method, GemvMethod::kFused);
       in.epilogue = true;

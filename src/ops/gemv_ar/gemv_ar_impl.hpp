@@ -163,8 +163,13 @@ struct GemvModelInput {
 // weft's all-reduce of decomposed for `bytes` of y per rank: ll (16-byte lines, 8 of data)
 // while every rank sends less than kGemvLLMaxBytes, ll128 from there.
 inline constexpr uint64_t kGemvLLMaxBytes = 8ull << 10;
-// The largest M `auto` runs decomposed for (model.cpp says why).
-inline constexpr int64_t kGemvDecomposedMaxM = 8;
+// Measured fractions of the model's rates (docs/gemv_ar.md, "Measured"; model.cpp):
+// weft's GEMV streams W at this fraction of HBM bandwidth -- the register path (M <= 16) and
+// the cluster kernel (larger M) ...
+inline constexpr double kGemvRegHbmEfficiency = 0.87;
+inline constexpr double kGemvClusterHbmEfficiency = 0.25;
+// ... and LL128 moves its lines at this fraction of the SM link rate.
+inline constexpr double kGemvLL128LinkEfficiency = 0.65;
 Method gemv_all_reduce_method(int world, uint64_t bytes);
 // Each method's prediction (us) and the fastest available one.
 GemvAutoChoice predict_gemv(const GemvModelInput& in, const plan::DeviceConstants& d);

@@ -38,8 +38,9 @@ GemvAutoChoice predict_gemv(const GemvModelInput& in, const plan::DeviceConstant
   double ll_us = 0;  // weft's all-reduce (decomposed)
   if (in.world > 1) {
     const bool ll = gemv_all_reduce_method(in.world, static_cast<uint64_t>(y_bytes)) == Method::kLowLatency;
-    // Every rank pushes its y to every peer in lines: LL doubles the bytes, LL128 adds 1/15.
-    const double on_link = peers * y_bytes * (ll ? 2.0 : 16.0 / 15.0);
+    // Every rank pushes its y to every peer in lines: LL doubles the bytes, LL128 adds 1/15
+    // and moves them at kGemvLL128LinkEfficiency of the link rate (measured on 2 and 4 GPUs).
+    const double on_link = peers * y_bytes * (ll ? 2.0 : 16.0 / 15.0 / kGemvLL128LinkEfficiency);
     ll_us = d.launch_us + d.signal_latency_us + plan::transfer_us(d, plan::Engine::kSm, on_link);
   }
   GemvAutoChoice a;
@@ -48,27 +49,27 @@ GemvAutoChoice predict_gemv(const GemvModelInput& in, const plan::DeviceConstant
       cublas_us + plan::collective_us(d, plan::Collective::kAllReduce, in.world, y_bytes) + epilogue_us;
   a.predicted_decomposed_us = in.decomposed_available ? cublas_us + ll_us + epilogue_us : 0;
   if (in.fused_available) {
-    // One launch; W streamed at HBM speed; each slice's LL lines leave as it is done, so only
-    // the last slice's push and one flag latency follow the stream; the epilogue's grid-wide
+    // One launch; W streamed at weft's measured GEMV rate (the register path up to
+    // kGemvSmallM, the cluster kernel above); each part's LL lines leave as it is done, so only
+    // the last part's push and one flag latency follow the stream; the epilogue's grid-wide
     // barrier adds a flag round on the device.
+    const double eff = in.m <= kernels::kGemvSmallM ? kGemvRegHbmEfficiency : kGemvClusterHbmEfficiency;
+    const double weft_stream_us = plan::hbm_us(d, w_bytes + x_bytes + y_bytes) / eff;
     const double push_us =
         in.world > 1 ? d.signal_latency_us + plan::transfer_us(d, plan::Engine::kSm, peers * y_bytes * 2.0) : 0;
-    a.predicted_fused_us = d.launch_us + stream_us + push_us + (in.epilogue ? d.signal_latency_us : 0);
+    a.predicted_fused_us = d.launch_us + weft_stream_us + push_us + (in.epilogue ? d.signal_latency_us : 0);
   }
+  // The fastest prediction; ties keep the earlier (baseline, decomposed, fused).
   a.method = GemvMethod::kBaseline;
   double best = a.predicted_baseline_us;
-  // Measured (docs/gemv_ar.md, "Measured"): decomposed is slower than its parts (the GEMM alone
-  // plus weft's all-reduce alone) by 1.5 us at M = 1 growing to 5-10 us at M = 64-128, which
-  // the model does not know; it beat the baseline at every shape at M = 1 and on 4 GPUs at
-  // M = 8, and lost by up to 10 us from M = 16 on. So decomposed only up to kGemvDecomposedMaxM.
-  if (in.decomposed_available && in.m <= kGemvDecomposedMaxM && a.predicted_decomposed_us < best) {
+  if (in.decomposed_available && a.predicted_decomposed_us < best) {
     best = a.predicted_decomposed_us;
     a.method = GemvMethod::kDecomposed;
   }
-  // The fused kernel does not reach its prediction yet: it measured slower than the baseline
-  // at every shape (its GEMV part slower than the GEMV alone; docs/gemv_ar.md, "Measured").
-  // Until it does, `auto` leaves it out on GPUs: the prediction above is the kernel's target,
-  // reported, not chosen.
+  if (in.fused_available && a.predicted_fused_us < best) {
+    best = a.predicted_fused_us;
+    a.method = GemvMethod::kFused;
+  }
   return a;
 }
 
