@@ -7,27 +7,25 @@
 //    over k does not care which k a slot holds as long as A and B agree, so lane (g, q) holds
 //    k = 8q .. 8q+7 of its row in 4 registers and feeds k 8q..8q+3 to one MMA and 8q+4..8q+7 to
 //    the next (the ISA's slots 2q, 2q+1, 2q+8, 2q+9 of each): no ldmatrix, no shuffles.
-//  - A CTA (8 warps, 256 threads) owns a tile of kBN = 256 rows of W; warp w the rows
-//    32w .. 32w+31 (two m16 tiles), for all token groups of 8 (MT/8 of them): W is read once
-//    whatever m is, every W fragment feeds MT/8 MMAs, every x fragment 2.
-//  - W and x stream through a kStages-deep cp.async ring of 64-k stages (32 KiB of W per
-//    stage: 96 KiB in flight per SM, enough to cover HBM latency at ~12 B/clk/SM); a stage's
-//    128-byte rows are swizzled (16-byte chunk c of row r at c ^ 4 (r & 1)) so that the
-//    fragment reads of a quarter warp (rows r, r+1, chunks q and 4+q) hit 8 distinct bank groups.
-//    cp.async.cg skips L1 (W is read once); x (<= 128 x k) is read by every tile through L2.
+//  - m > 16 (gemv_tile): a CTA (8 warps, two CTAs per SM) owns a tile of kBN = 128 rows of W,
+//    warp w the rows 16w .. 16w+15, for all token groups of 8 (MT/8 of them); W is read once
+//    whatever m is. Each lane streams its 16 bytes of rows g and g+8 of each 32-k step from
+//    global memory straight into registers (ld.global.nc, no L1 allocation), the next batch of
+//    steps in flight while the current one is multiplied; x goes through shared memory in
+//    double-buffered chunks (cp.async; 16-byte chunk c of token t's row at c ^ 4 (t & 1), so
+//    the fragment reads of a quarter warp hit distinct bank groups), one barrier per chunk.
 //  - The grid fills the machine by splitting K across the CTAs of a thread-block cluster of
-//    S = 1 .. 8 (S = sm count / tiles, a power of two): n = 4096 gives 16 tiles x 8, n = 8192
-//    32 x 4. The S partial tiles (fp32, in shared memory) are summed through distributed shared
-//    memory in cluster-rank order (deterministic), each CTA finishing 256/S of the tile's columns.
-//    x is read from L2 once per tile: m * k * 2 bytes per 256 rows of W, at most half of W's
-//    bytes at m = 128.
-//  - Per SM and 64-k stage at m = 128: 64 KiB of W + x fragment reads from shared memory
-//    (128 B/clk) for 32 KiB of W, ~2x the HBM share of an SM; 4096 MMAs per stage at
-//    mma.sync's ~1000 FMA/clk/SM keep up with HBM too (2 FLOP per byte of W per token).
+//    S = 1 .. 8, S chosen from the clusters the hardware can hold at once (cluster_for); the S
+//    partial tiles (fp32, in shared memory) are summed through distributed shared memory in
+//    cluster-rank order (deterministic), each CTA finishing 128/S of the tile's columns. x is
+//    read from L2 once per tile: m * k * 2 bytes per 128 rows of W.
+//  - Measured (docs/gemv_ar.md, "Kernels"): 45-66% of HBM at m = 32, 23-29% at m = 128 for the
+//    large weights, the time growing with m at a fixed W: the per-token work (two mma.sync per
+//    16-byte x fragment read from shared memory), not the stream, bounds it there.
 //
-// Fused call (gemv_ar_fused), m > kGemvSmallM: the same tile loop in a persistent grid (every CTA resident:
-// the epilogue's grid barrier needs it), cluster c of ncl owning the 256-column slices c,
-// c + ncl, ...; after each slice's cluster sum, CTA s of the cluster pushes its 256/S columns
+// Fused call (gemv_ar_fused), m > kGemvSmallM: the same tile loop in a persistent grid (every
+// CTA resident: the epilogue's grid barrier needs it), cluster c of ncl owning the 128-column
+// slices c, c + ncl, ...; after each slice's cluster sum, CTA s of the cluster pushes its 128/S columns
 // (a "part") to every rank's receive lines as LL lines and goes on to its next slice. Then
 // gemv_ar_algos.hpp's finish waits for, sums (rank order) and writes its parts, with the
 // residual + RMSNorm epilogue. The exchange protocol and its invariants (epochs, parities, the
@@ -44,6 +42,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <array>
 #include <type_traits>
 
 #include "weft/device/ptx/arch.cuh"
@@ -58,25 +57,27 @@
 namespace weft::kernels {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 256;  // two CTAs per SM (16 warps streaming W)
 constexpr int kWarps = kThreads / 32;
-constexpr int kRowsPerWarp = 32;            // two m16 MMA tiles
-constexpr int kBN = kWarps * kRowsPerWarp;  // rows of W (columns of y) per tile
-constexpr int kKC = 64;                     // k per stage: 128-byte rows
-constexpr int kStages = 4;
+constexpr int kBN = kWarps * 16;        // rows of W (columns of y) per tile: one m16 MMA tile per warp
+constexpr int kKC = 64;                 // the K split's granularity (k per cluster rank: a multiple)
 constexpr int kMaxCluster = 8;          // portable cluster size
 constexpr int kRedStride = kBN + 4;     // floats per token row of the partial tile (bank skew)
-constexpr int kWStage = kBN * kKC * 2;  // bytes
 static_assert(kBN % (4 * kMaxCluster) == 0, "every CTA of a cluster finishes whole LL lines");
 
 template <int MT>
 struct TileCfg {
   static_assert(MT % 8 == 0 && MT >= 8 && MT <= 128, "token tile: groups of 8, at most 128");
-  static constexpr int kXStage = MT * kKC * 2;
-  static constexpr int kPipe = kStages * (kWStage + kXStage);
-  static constexpr int kRed = MT * kRedStride * 4;  // the partial tile, after the ring is drained
+  static constexpr int kKX = MT <= 64 ? 256 : 128;  // k per chunk of x in shared memory
+  static constexpr int kXChunk = MT * kKX * 2;      // bytes of one chunk of x
+  static constexpr int kPipe = 2 * kXChunk;         // double-buffered
+  static constexpr int kRed = MT * kRedStride * 4;  // the partial tile, after the chunks are done
   static constexpr int kSmem = kPipe > kRed ? kPipe : kRed;
-  static_assert(kSmem <= 200 * 1024, "leaves room for the fused call's scratch under 227 KiB");
+  // 32-k steps of W per batch: two batches in registers (the next one loading while the
+  // current one is multiplied), with the accumulators, under 128 registers.
+  static constexpr int kU = MT <= 64 ? 4 : 2;
+  static_assert((kKX / 32) % kU == 0, "batches do not straddle chunks of x");
+  static_assert(kSmem <= 100 * 1024, "two CTAs per SM, with the fused call's scratch");
 };
 
 // ---- the cluster (S CTAs splitting K); S == 1 on GPUs without clusters ----------------------
@@ -113,104 +114,107 @@ __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr, int rank, int S) 
   return v;
 }
 
-// Byte offset of 16-byte chunk c (0..7) of 128-byte row r in a stage.
-__device__ __forceinline__ uint32_t swz(int r, int c) {
-  return static_cast<uint32_t>(r * 128 + ((c ^ ((r & 1) << 2)) << 4));
+// Byte offset of 16-byte chunk c of token t's row (KX k) in a chunk of x: the two tokens a
+// quarter warp reads (t, t+1; chunks 4s+q) land in distinct bank groups.
+template <int KX>
+__device__ __forceinline__ uint32_t xswz(int t, int c) {
+  return static_cast<uint32_t>(t * (KX * 2) + ((c ^ ((t & 1) << 2)) << 4));
 }
-
-// Accumulators of one warp: [m16 tile][token group][d0..d3].
-template <int MT>
-struct Acc {
-  float v[2][MT / 8][4];
-};
 
 // The partial tile of rows [row0, row0 + kBN) of W over k in [kbeg, kend) (multiples of 8;
 // empty when kbeg >= kend), written to shared memory as red[token][row] (fp32, kRedStride per
-// token) for tokens < m. Ends with the ring drained and red written (not yet synced).
+// token) for tokens < m. Warp w owns rows row0 + 16 w .. + 15 and streams them from global
+// memory straight into registers (as reg_part below: lane (g, q) holds k 8q .. 8q+7 of rows g
+// and g+8 of each 32-k step; ld.global.nc, no L1 allocation), the next batch of kU steps in
+// flight while the current one is multiplied; x goes through shared memory in double-buffered
+// chunks of kKX k (cp.async, one barrier per chunk), read by all warps. Ends with red written
+// (not yet synced).
 template <class T, int MT>
 __device__ __forceinline__ void gemv_tile(const T* __restrict__ x, const T* __restrict__ w, int m, int n, int k,
                                           int row0, int kbeg, int kend, unsigned char* smem) {
+  constexpr int U = TileCfg<MT>::kU, G = MT / 8, kKX = TileCfg<MT>::kKX, kSteps = kKX / 32;
+  constexpr int kXChunk = TileCfg<MT>::kXChunk;
+  constexpr bool kBF16 = std::is_same_v<T, dev::bf16_t>;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
-  const uint32_t sbase = ptx::smem_u32(smem);
-  const uint32_t sw = sbase, sx = sbase + kStages * kWStage;
-  constexpr int kXStage = TileCfg<MT>::kXStage;
-  constexpr bool kBF16 = std::is_same_v<T, dev::bf16_t>;
-  const int steps = kend > kbeg ? (kend - kbeg + kKC - 1) / kKC : 0;
+  const uint32_t sx = ptx::smem_u32(smem);
+  const int steps = kend > kbeg ? (kend - kbeg + 31) / 32 : 0;
+  const int chunks = (steps + kSteps - 1) / kSteps;
+  const int batches = (steps + U - 1) / U;  // batches never straddle a chunk: kSteps % U == 0
 
-  auto load = [&](int step, int slot) {
-    const int kb = kbeg + step * kKC;
-#pragma unroll
-    for (int i = 0; i < kBN * 8 / kThreads; ++i) {  // W: kBN rows x 8 chunks
-      const int ci = tid + i * kThreads, r = ci >> 3, c = ci & 7;
-      const int gr = row0 + r, gk = kb + 8 * c;
-      const bool ok = gr < n && gk < kend;
-      ptx::cp_async_cg_16(sw + slot * kWStage + swz(r, c), ok ? w + static_cast<size_t>(gr) * k + gk : w, ok);
+  auto load_x = [&](int c) {
+    const int kb = kbeg + c * kKX;
+    const uint32_t dst = sx + static_cast<uint32_t>((c & 1) * kXChunk);
+    for (int ci = tid; ci < MT * (kKX / 8); ci += kThreads) {
+      const int t = ci / (kKX / 8), cc = ci % (kKX / 8), gk = kb + 8 * cc;
+      const bool ok = t < m && gk < kend;
+      ptx::cp_async_cg_16(dst + xswz<kKX>(t, cc), ok ? x + static_cast<size_t>(t) * k + gk : x, ok);
     }
-    for (int ci = tid; ci < MT * 8; ci += kThreads) {  // x: MT tokens x 8 chunks
-      const int r = ci >> 3, c = ci & 7;
-      const int gk = kb + 8 * c;
-      const bool ok = r < m && gk < kend;
-      ptx::cp_async_cg_16(sx + slot * kXStage + swz(r, c), ok ? x + static_cast<size_t>(r) * k + gk : x, ok);
+  };
+  const int ra = row0 + 16 * warp + g, rb = ra + 8;
+  const bool a_ok = ra < n, b_ok = rb < n;
+  const T* wa_p = w + static_cast<size_t>(a_ok ? ra : 0) * k + kbeg + 8 * q;
+  const T* wb_p = w + static_cast<size_t>(b_ok ? rb : 0) * k + kbeg + 8 * q;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  auto load_w = [&](int b, uint4* wa, uint4* wb) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int st = b * U + u;
+      const bool ok = st < steps && kbeg + 32 * st + 8 * q < kend;
+      wa[u] = ok && a_ok ? ptx::ld_global_nc_na_v4(wa_p + 32 * st) : zero;
+      wb[u] = ok && b_ok ? ptx::ld_global_nc_na_v4(wb_p + 32 * st) : zero;
     }
   };
 
-  Acc<MT> acc;
+  float acc[G][4];
 #pragma unroll
-  for (int r = 0; r < 2; ++r)
-#pragma unroll
-    for (int j = 0; j < MT / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc.v[r][j][e] = 0.f;
-
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) load(s, s);
-    ptx::cp_async_commit_group();  // one group per stage, empty ones too: wait_group counts stay exact
-  }
+  for (int j = 0; j < G; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   const int groups = (m + 7) / 8;  // token groups that hold a token (warp-uniform)
-  for (int it = 0; it < steps; ++it) {
-    ptx::cp_async_wait_group<kStages - 2>();
-    __syncthreads();  // stage `it` landed for every thread; stage it - 1's slot is free
-    if (it + kStages - 1 < steps) load(it + kStages - 1, (it + kStages - 1) % kStages);
-    ptx::cp_async_commit_group();
-    const int slot = it % kStages;
-    const uint32_t ws = sw + slot * kWStage, xs = sx + slot * kXStage;
+  if (chunks > 0) load_x(0);
+  ptx::cp_async_commit_group();
+  uint4 wa[U], wb[U], na[U], nb[U];
+  if (batches > 0) load_w(0, wa, wb);
+  for (int b = 0; b < batches; ++b) {
+    const int st0 = b * U, c = st0 / kSteps;
+    if (st0 % kSteps == 0) {              // the first batch of chunk c
+      ptx::cp_async_wait_group<0>();      // chunk c (issued a chunk ago) landed for this thread
+      __syncthreads();                    // ... for every thread; every warp is done with chunk c - 1
+      if (c + 1 < chunks) load_x(c + 1);  // into chunk c - 1's buffer
+      ptx::cp_async_commit_group();
+    }
+    if (b + 1 < batches) load_w(b + 1, na, nb);
+    const uint32_t xb = sx + static_cast<uint32_t>((c & 1) * kXChunk);
+    // Every step of the batch and every token group, branch-free (a conditional break per
+    // group serialised the loads and MMAs of the groups): steps past the end are in this
+    // chunk of x, whose k past kend are zeros, as are W's and those of tokens past m.
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {  // two 32-k halves of the stage
-      uint4 lo[2], hi[2];
+    for (int u = 0; u < U; ++u) {
+      const int cs = 4 * ((st0 + u) % kSteps) + q;  // this lane's 16-byte chunk of the step
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = warp * kRowsPerWarp + r * 16 + g;
-        lo[r] = ptx::ld_shared_v4(ws + swz(row, 4 * kk + q));
-        hi[r] = ptx::ld_shared_v4(ws + swz(row + 8, 4 * kk + q));
+      for (int j = 0; j < G; ++j) {
+        const uint4 xv = ptx::ld_shared_v4(xb + xswz<kKX>(8 * j + g, cs));
+        ptx::mma_m16n8k16_f32<kBF16>(acc[j], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xv.x, xv.y);  // k 8q .. 8q+3
+        ptx::mma_m16n8k16_f32<kBF16>(acc[j], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xv.z, xv.w);  // k 8q+4 .. 8q+7
       }
+    }
 #pragma unroll
-      for (int j = 0; j < MT / 8; ++j) {
-        if (j >= groups) break;
-        const uint4 xv = ptx::ld_shared_v4(xs + swz(8 * j + g, 4 * kk + q));
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          ptx::mma_m16n8k16_f32<kBF16>(acc.v[r][j], lo[r].x, hi[r].x, lo[r].y, hi[r].y, xv.x, xv.y);  // k 8q .. 8q+3
-          ptx::mma_m16n8k16_f32<kBF16>(acc.v[r][j], lo[r].z, hi[r].z, lo[r].w, hi[r].w, xv.z, xv.w);  // k 8q+4 .. 8q+7
-        }
-      }
+    for (int u = 0; u < U; ++u) {
+      wa[u] = na[u];
+      wb[u] = nb[u];
     }
   }
   ptx::cp_async_wait_group<0>();
-  __syncthreads();  // the ring is idle: red reuses its bytes
+  __syncthreads();  // every warp is done with x: red reuses its bytes
   float* red = reinterpret_cast<float*>(smem);
 #pragma unroll
-  for (int r = 0; r < 2; ++r)
-#pragma unroll
-    for (int j = 0; j < MT / 8; ++j) {
-      if (j >= groups) break;
-      const int row = warp * kRowsPerWarp + r * 16 + g, tok = 8 * j + 2 * q;
-      red[tok * kRedStride + row] = acc.v[r][j][0];
-      red[(tok + 1) * kRedStride + row] = acc.v[r][j][1];
-      red[tok * kRedStride + row + 8] = acc.v[r][j][2];
-      red[(tok + 1) * kRedStride + row + 8] = acc.v[r][j][3];
-    }
+  for (int j = 0; j < G; ++j) {
+    if (j >= groups) break;
+    const int row = 16 * warp + g, tok = 8 * j + 2 * q;
+    red[tok * kRedStride + row] = acc[j][0];
+    red[(tok + 1) * kRedStride + row] = acc[j][1];
+    red[tok * kRedStride + row + 8] = acc[j][2];
+    red[(tok + 1) * kRedStride + row + 8] = acc[j][3];
+  }
 }
 
 // The cluster's sum (rank order) of columns lr .. lr+3 (tile-local) of token t.
@@ -241,7 +245,7 @@ struct LocalParams {
 };
 
 template <class T, int MT>
-__global__ void __launch_bounds__(kThreads, 1) gemv_local_kernel(const __grid_constant__ LocalParams p) {
+__global__ void __launch_bounds__(kThreads, 2) gemv_local_kernel(const __grid_constant__ LocalParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int S = p.S, s = cluster_rank(S);
   const int row0 = static_cast<int>(blockIdx.x) / S * kBN;
@@ -261,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_local_kernel(const __grid_co
 }
 
 template <class T, int MT>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, 2)
     gemv_ar_fused_kernel(const __grid_constant__ dev::DeviceCtx c, const __grid_constant__ GemvArgs a, int S,
                          int kchunk) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -330,7 +334,6 @@ __device__ __forceinline__ void reg_part(const T* __restrict__ x, const T* __res
   const bool a_ok = ra < n, b_ok = rb < n;  // (pw / 16 divides NW: every warp has a tile)
   const T* wa_p = w + static_cast<size_t>(a_ok ? ra : 0) * k + 8 * q;
   const T* wb_p = w + static_cast<size_t>(b_ok ? rb : 0) * k + 8 * q;
-  const int groups = (m + 7) / 8;
   float acc[G][4];
 #pragma unroll
   for (int j = 0; j < G; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
@@ -353,7 +356,6 @@ __device__ __forceinline__ void reg_part(const T* __restrict__ x, const T* __res
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int j = 0; j < G; ++j) {
-        if (j >= groups) break;
         ptx::mma_m16n8k16_f32<kBF16>(acc[j], wa[u].x, wb[u].x, wa[u].y, wb[u].y, xv[u][j].x, xv[u][j].y);
         ptx::mma_m16n8k16_f32<kBF16>(acc[j], wa[u].z, wb[u].z, wa[u].w, wb[u].w, xv[u][j].z, xv[u][j].w);
       }
@@ -430,14 +432,16 @@ __global__ void __launch_bounds__(32 * kRegWarps, 2)
 }
 
 // Unfused epilogue: one CTA per token row; 16-byte vectors (n % 8 == 0, 16-byte aligned rows).
+constexpr int kNormThreads = 256;
+
 template <class T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kNormThreads)
     add_rmsnorm_kernel(const T* y, const T* res, const T* gamma, T* ro, T* out, int n, float eps) {
-  __shared__ float warp_sums[kWarps];
+  __shared__ float warp_sums[kNormThreads / 32];
   const size_t row = static_cast<size_t>(blockIdx.x) * n;
   const int vecs = n / 8;
   float sq = 0.f;
-  for (int v = threadIdx.x; v < vecs; v += kThreads) {
+  for (int v = threadIdx.x; v < vecs; v += kNormThreads) {
     uint4 a = reinterpret_cast<const uint4*>(y + row)[v], b = reinterpret_cast<const uint4*>(res + row)[v];
     T ea[8], eb[8];
     __builtin_memcpy(ea, &a, 16);
@@ -454,9 +458,9 @@ __global__ void __launch_bounds__(kThreads)
   if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = sq;
   __syncthreads();
   float total = 0.f;
-  for (int wi = 0; wi < kWarps; ++wi) total += warp_sums[wi];
+  for (int wi = 0; wi < kNormThreads / 32; ++wi) total += warp_sums[wi];
   const float inv = 1.0f / sqrtf(total / static_cast<float>(n) + eps);
-  for (int v = threadIdx.x; v < vecs; v += kThreads) {
+  for (int v = threadIdx.x; v < vecs; v += kNormThreads) {
     uint4 a = reinterpret_cast<const uint4*>(ro + row)[v], b = reinterpret_cast<const uint4*>(gamma)[v];
     T ea[8], eb[8];
     __builtin_memcpy(ea, &a, 16);
@@ -477,14 +481,6 @@ bool has_clusters(int device) {
   int major = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   return major >= 9;
-}
-// The K split: the largest power of two <= sms / tiles, at most kMaxCluster (1 without clusters).
-int cluster_for(int n, int device) {
-  if (!has_clusters(device)) return 1;
-  const int tiles = (n + kBN - 1) / kBN, sms = device_sms(device);
-  int s = 1;
-  while (2 * s <= kMaxCluster && 2 * s * tiles <= sms) s *= 2;
-  return s;
 }
 int kchunk_for(int k, int S) { return ((k + S - 1) / S + kKC - 1) / kKC * kKC; }
 
@@ -517,6 +513,59 @@ cudaLaunchAttribute cluster_attr(int S) {
   attr.val.clusterDim.z = 1;
   return attr;
 }
+
+// Clusters of S CTAs of Kernel (kThreads threads, smem bytes each) resident at once on this
+// device (S = 1: CTAs); 0 when a query fails.
+template <auto Kernel>
+int resident_clusters(int S, size_t smem, int device) {
+  if (allow_smem<Kernel>() != cudaSuccess) return 0;
+  if (S == 1) {
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, kThreads, smem) != cudaSuccess) return 0;
+    return per_sm * device_sms(device);
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(S * 32));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr = cluster_attr(S);
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  return cudaOccupancyMaxActiveClusters(&clusters, Kernel, &cfg) == cudaSuccess ? clusters : 0;
+}
+
+// The K split of n columns (tiles of kBN rows): the cluster size S in {1, 2, 4, 8} with the
+// fewest rounds of resident clusters (tiles / resident, rounded up) per unit of K a CTA streams
+// (1 / S), the smaller S on ties. The residency of clusters is what the hardware reports, not
+// sms / S: clusters are placed within a GPC, so 132 SMs at one CTA each hold 30 clusters of 4,
+// not 33 (a grid of 32 such clusters ran its last two as a second wave, doubling the time).
+template <auto Kernel>
+int cluster_for(int n, size_t smem, int device) {
+  if (!has_clusters(device)) return 1;
+  // Once per kernel (its smem is fixed; the GPUs of a process are taken to be alike).
+  static const auto resident = [&] {
+    std::array<int, 4> r{};
+    for (int i = 0; i < 4; ++i) r[static_cast<size_t>(i)] = resident_clusters<Kernel>(1 << i, smem, device);
+    return r;
+  }();
+  const int tiles = (n + kBN - 1) / kBN;
+  int best = 1;
+  double best_cost = 0;
+  for (int i = 0; i < 4; ++i) {
+    const int S = 1 << i, c = resident[static_cast<size_t>(i)];
+    if (c < 1) continue;
+    const double cost = static_cast<double>((tiles + c - 1) / c) / S;
+    if (best_cost == 0 || cost < best_cost) {
+      best = S;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+// The fused call's K split: the same for every m (its grid and parts are), from the residency
+// of the largest token tile's local kernel (the fused kernel adds a little scratch).
+int fused_cluster(int n, int device);
 
 template <auto Kernel, class... Args>
 cudaError_t launch_threads(int grid, int S, int threads, size_t smem, cudaStream_t s, Args... args) {
@@ -558,6 +607,10 @@ cudaError_t reg_local(const GemvArgs& a, cudaStream_t s) {
       static_cast<const T*>(a.w), static_cast<T*>(a.y), a.m, a.n, a.k, pw);
 }
 
+int fused_cluster(int n, int device) {
+  return cluster_for<gemv_local_kernel<dev::bf16_t, 128>>(n, TileCfg<128>::kSmem, device);
+}
+
 template <class T, int MT>
 cudaError_t local_mt(const GemvArgs& a, cudaStream_t s) {
   if constexpr (MT <= 16) {
@@ -566,7 +619,8 @@ cudaError_t local_mt(const GemvArgs& a, cudaStream_t s) {
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
-    LocalParams p{a.x, a.w, a.y, a.m, a.n, a.k, cluster_for(a.n, device), 0};
+    LocalParams p{a.x, a.w, a.y, a.m, a.n, a.k, cluster_for<gemv_local_kernel<T, MT>>(a.n, TileCfg<MT>::kSmem, device),
+                  0};
     p.kchunk = kchunk_for(a.k, p.S);
     const int grid = (a.n + kBN - 1) / kBN * p.S;
     return launch<gemv_local_kernel<T, MT>>(grid, p.S, TileCfg<MT>::kSmem, s, p);
@@ -589,7 +643,7 @@ cudaError_t fused_mt(const dev::DeviceCtx& c, const GemvArgs& a, cudaStream_t s)
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
-    const int S = cluster_for(a.n, device);
+    const int S = fused_cluster(a.n, device);
     if (a.ctas % S != 0) return cudaErrorInvalidValue;  // not gemv_ar_fused_ctas's grid
     return launch<gemv_ar_fused_kernel<T, MT>>(a.ctas, S, fused_smem<T, MT>(a, S), s, c, a, S, kchunk_for(a.k, S));
   }
@@ -622,7 +676,7 @@ bool shape_ok(const GemvArgs& a) {
 }  // namespace
 
 int gemv_ar_fused_ctas(int n, int device) {
-  const int S = cluster_for(n, device);
+  const int S = fused_cluster(n, device);
   const int slices = (n + kBN - 1) / kBN;
   // Residency of the largest instantiation (m = 128) bounds every call's grid: the grid is the
   // same for every m (the epochs and the parts' owners are per CTA index). The scratch grows
@@ -716,14 +770,14 @@ cudaError_t add_rmsnorm(const void* y, const void* residual, const void* gamma, 
   if (m < 1 || n < 8 || n % 8 != 0) return cudaErrorInvalidValue;
   if (t == dev::DType::kBF16)
     add_rmsnorm_kernel<dev::bf16_t>
-        <<<m, kThreads, 0, s>>>(static_cast<const dev::bf16_t*>(y), static_cast<const dev::bf16_t*>(residual),
-                                static_cast<const dev::bf16_t*>(gamma), static_cast<dev::bf16_t*>(residual_out),
-                                static_cast<dev::bf16_t*>(out), n, eps);
+        <<<m, kNormThreads, 0, s>>>(static_cast<const dev::bf16_t*>(y), static_cast<const dev::bf16_t*>(residual),
+                                    static_cast<const dev::bf16_t*>(gamma), static_cast<dev::bf16_t*>(residual_out),
+                                    static_cast<dev::bf16_t*>(out), n, eps);
   else if (t == dev::DType::kF16)
     add_rmsnorm_kernel<dev::f16_t>
-        <<<m, kThreads, 0, s>>>(static_cast<const dev::f16_t*>(y), static_cast<const dev::f16_t*>(residual),
-                                static_cast<const dev::f16_t*>(gamma), static_cast<dev::f16_t*>(residual_out),
-                                static_cast<dev::f16_t*>(out), n, eps);
+        <<<m, kNormThreads, 0, s>>>(static_cast<const dev::f16_t*>(y), static_cast<const dev::f16_t*>(residual),
+                                    static_cast<const dev::f16_t*>(gamma), static_cast<dev::f16_t*>(residual_out),
+                                    static_cast<dev::f16_t*>(out), n, eps);
   else
     return cudaErrorInvalidValue;
   return cudaGetLastError();

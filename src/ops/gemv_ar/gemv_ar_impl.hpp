@@ -167,7 +167,7 @@ inline constexpr uint64_t kGemvLLMaxBytes = 8ull << 10;
 // weft's GEMV streams W at this fraction of HBM bandwidth -- the register path (M <= 16) and
 // the cluster kernel (larger M) ...
 inline constexpr double kGemvRegHbmEfficiency = 0.87;
-inline constexpr double kGemvClusterHbmEfficiency = 0.25;
+inline constexpr double kGemvClusterHbmEfficiency = 0.45;
 // ... and LL128 moves its lines at this fraction of the SM link rate.
 inline constexpr double kGemvLL128LinkEfficiency = 0.65;
 Method gemv_all_reduce_method(int world, uint64_t bytes);
