@@ -20,8 +20,8 @@
 //    cluster-rank order (deterministic), each CTA finishing 128/S of the tile's columns. x is
 //    read from L2 once per tile: m * k * 2 bytes per 128 rows of W.
 //  - Measured (docs/gemv_ar.md, "Kernels"): 45-66% of HBM at m = 32, 23-29% at m = 128 for the
-//    large weights, the time growing with m at a fixed W: the per-token work (two mma.sync per
-//    16-byte x fragment read from shared memory), not the stream, bounds it there.
+//    large weights; ncu: the cluster waves (SM active 74% of elapsed) and W's load latency,
+//    not the MMA issue (a wgmma variant was slower).
 //
 // Fused call (gemv_ar_fused), m > kGemvSmallM: the same tile loop in a persistent grid (every
 // CTA resident: the epilogue's grid barrier needs it), cluster c of ncl owning the 128-column
