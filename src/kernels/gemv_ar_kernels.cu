@@ -487,7 +487,8 @@ int kchunk_for(int k, int S) { return ((k + S - 1) / S + kKC - 1) / kKC * kKC; }
 template <class T, int MT>
 size_t fused_smem(const GemvArgs& a, int S) {
   const int per_cta = gemv::max_parts_per_cta(a.n, kBN / S, a.ctas);
-  return TileCfg<MT>::kSmem + sizeof(float) * static_cast<size_t>(gemv::scratch_floats(a.m_max, per_cta, kThreads));
+  return TileCfg<MT>::kSmem +
+         sizeof(float) * static_cast<size_t>(gemv::scratch_floats(a.m_max, per_cta, kBN / S, kThreads));
 }
 
 // Lets the kernel use up to the device's opt-in shared memory: once per instantiation (not a
@@ -629,9 +630,9 @@ cudaError_t local_mt(const GemvArgs& a, cudaStream_t s) {
 
 template <int MT>
 size_t reg_fused_smem(int n, int m_max, int ctas) {
-  return sizeof(float) *
-         static_cast<size_t>(reg_part_floats<MT, kRegWarps>(kRegPw) +
-                             gemv::scratch_floats(m_max, gemv::max_parts_per_cta(n, kRegPw, ctas), 32 * kRegWarps));
+  return sizeof(float) * static_cast<size_t>(reg_part_floats<MT, kRegWarps>(kRegPw) +
+                                             gemv::scratch_floats(m_max, gemv::max_parts_per_cta(n, kRegPw, ctas),
+                                                                  kRegPw, 32 * kRegWarps));
 }
 
 template <class T, int MT>

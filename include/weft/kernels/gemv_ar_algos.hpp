@@ -53,8 +53,10 @@ using kernels::GemvArgs;
 
 // Lines each thread polls per batch in finish (all issued before any is waited on).
 inline constexpr int kLineUnroll = 4;
-// At most this many threads share one token's final sum of squares (the rest idle there).
-inline constexpr int kNormGroup = 16;
+// The norm's per-CTA sums each thread loads per batch (in flight together), and at most this
+// many threads per token (each round of the tree over them is a group-wide sync).
+inline constexpr int kNormUnroll = 8;
+inline constexpr int kNormGroup = 64;
 
 WEFT_HD int parts_of(int n, int pw) { return (n + pw - 1) / pw; }
 // Parts CTA k owns: k, k + ctas, ...
@@ -64,10 +66,11 @@ WEFT_HD int parts_of_cta(int n, int pw, int ctas, int k) {
 }
 WEFT_HD int max_parts_per_cta(int n, int pw, int ctas) { return parts_of_cta(n, pw, ctas, 0); }
 
-// Floats of the per-CTA scratch finish() needs (shared memory on the GPU): per-part sums of
-// squares [m_max][parts per CTA], group sums [max(threads, m_max)], inv_rms [m_max].
-WEFT_HD int scratch_floats(int m_max, int parts_per_cta, int threads) {
-  return m_max * parts_per_cta + (threads > m_max ? threads : m_max) + m_max;
+// Floats of the per-CTA scratch finish() needs (shared memory on the GPU): each line's sum of
+// squares [parts per CTA * m_max * pw / 4], per-part sums of squares [m_max][parts per CTA],
+// group sums [max(threads, m_max)], inv_rms [m_max].
+WEFT_HD int scratch_floats(int m_max, int parts_per_cta, int pw, int threads) {
+  return parts_per_cta * m_max * (pw / 4) + m_max * parts_per_cta + (threads > m_max ? threads : m_max) + m_max;
 }
 
 // Heap offset of the line holding columns j .. j+3 of token t from `src`, parity par.
@@ -145,7 +148,7 @@ WEFT_HD bool item_at(const GemvArgs& a, int pw, int k, int items, int i, int& t,
 }
 
 // Step 2 (after every part of CTA k was pushed): waits for, sums and writes CTA k's lines, then
-// the epilogue when a.residual is set. `scratch`: scratch_floats(m_max, parts, g.size()) floats
+// the epilogue when a.residual is set. `scratch`: scratch_floats(m_max, parts, pw, g.size()) floats
 // shared by the group.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
@@ -160,6 +163,7 @@ WEFT_HD void finish(Coop g, const dev::DeviceCtx& c, const GemvArgs& a, int k, i
   const int me = g.rank(), step = g.size();
   const bool epi = a.residual != nullptr;
   T* y = static_cast<T*>(a.y);
+  float* line_sq = scratch;  // [items]: each line's sum of squares of residual_out (epilogue)
   for (int i0 = me; i0 < items; i0 += U * step) {
     int t[U], j[U];
     bool live[U];
@@ -186,7 +190,11 @@ WEFT_HD void finish(Coop g, const dev::DeviceCtx& c, const GemvArgs& a, int k, i
       }
     }
     for (int u = 0; u < U; ++u) {
-      if (!live[u]) continue;
+      const int i = i0 + u * step;
+      if (!live[u]) {
+        if (epi && i < items) line_sq[i] = 0.f;  // a line past n (the last part's)
+        continue;
+      }
       const uint64_t at = static_cast<uint64_t>(t[u]) * static_cast<uint64_t>(a.n) + static_cast<uint64_t>(j[u]);
       if (!epi) {
         *reinterpret_cast<uint64_t*>(y + at) = pack4<T>(acc[u]);
@@ -196,26 +204,26 @@ WEFT_HD void finish(Coop g, const dev::DeviceCtx& c, const GemvArgs& a, int k, i
       unpack4<T>(pack4<T>(acc[u]), s);  // y rounded to the dtype, as the unfused sequence has it
       unpack4<T>(*reinterpret_cast<const uint64_t*>(static_cast<const T*>(a.residual) + at), r);
       for (int q = 0; q < 4; ++q) s[q] += r[q];
-      *reinterpret_cast<uint64_t*>(static_cast<T*>(a.residual_out) + at) = pack4<T>(s);
+      const uint64_t ro = pack4<T>(s);
+      *reinterpret_cast<uint64_t*>(static_cast<T*>(a.residual_out) + at) = ro;
+      unpack4<T>(ro, s);  // the rounded values, as the norm reads them
+      line_sq[i] = s[0] * s[0] + s[1] * s[1] + s[2] * s[2] + s[3] * s[3];
     }
   }
   if (!epi) return;
 
   // ---- epilogue: per-token sums of squares, grid barrier, normalisation ----
-  float* part_sq = scratch;                                       // [m][P]
-  float* group_sq = scratch + a.m_max * P;                        // [m * G]
+  const int lpp = pw / 4, per_part = a.m * lpp;
+  float* part_sq = scratch + P * a.m_max * lpp;                   // [m][P]
+  float* group_sq = part_sq + a.m_max * P;                        // [m * G]
   float* inv_rms = group_sq + (step > a.m_max ? step : a.m_max);  // [m]
   const T* ro = static_cast<const T*>(a.residual_out);
-  g.sync();  // this CTA's residual_out is written
-  for (int i = me; i < a.m * P; i += step) {
+  g.sync();                                   // this CTA's line sums are written
+  for (int i = me; i < a.m * P; i += step) {  // a part's lines in order
     const int t = i / P, pi = i % P;
-    const int j0 = (k + pi * a.ctas) * pw, j1 = j0 + pw < a.n ? j0 + pw : a.n;
+    const float* ls = line_sq + pi * per_part + t * lpp;
     float s = 0.f;
-    for (int j = j0; j < j1; j += 4) {
-      float f[4];
-      unpack4<T>(*reinterpret_cast<const uint64_t*>(ro + static_cast<uint64_t>(t) * a.n + j), f);
-      for (int q = 0; q < 4; ++q) s += f[q] * f[q];
-    }
+    for (int l = 0; l < lpp; ++l) s += ls[l];
     part_sq[i] = s;
   }
   uint64_t* counter = c.local<uint64_t>(a.norm_off);
@@ -234,23 +242,34 @@ WEFT_HD void finish(Coop g, const dev::DeviceCtx& c, const GemvArgs& a, int k, i
     dev::wait_ge(c, a.norm_off, en * ctas, -1, dev::WaitKind::kBarrier, a.op_tag);
   }
   g.sync();
-  // Token t's total over the CTAs: G threads each sum the CTAs G apart, then one sums the G
-  // group sums; the order depends only on (ctas, m, group size): the same on every rank.
-  int G = a.m > 0 ? step / a.m : 1;
-  if (G > kNormGroup) G = kNormGroup;
-  if (G < 1) G = 1;
+  // Token t's total over the CTAs: G threads (the largest power of two <= kNormGroup with m G
+  // <= the group's size) each sum the CTAs G apart, then a pairwise tree over the G group sums;
+  // the order depends only on (ctas, m, group size): the same on every rank.
+  int G = 1;
+  while (2 * G * a.m <= step && 2 * G <= kNormGroup) G *= 2;
   for (int i = me; i < a.m * G; i += step) {
     const int t = i / G, gi = i % G;
     float s = 0.f;
-    for (int kk = gi; kk < a.ctas; kk += G) s += *c.local<const float>(norm_sums_off(a, q, t, kk));
+    int kk = gi;
+    for (; kk + (kNormUnroll - 1) * G < a.ctas; kk += kNormUnroll * G) {
+      float v[kNormUnroll];
+      for (int u = 0; u < kNormUnroll; ++u) v[u] = *c.local<const float>(norm_sums_off(a, q, t, kk + u * G));
+      for (int u = 0; u < kNormUnroll; ++u) s += v[u];  // the order of the plain loop below
+    }
+    for (; kk < a.ctas; kk += G) s += *c.local<const float>(norm_sums_off(a, q, t, kk));
     group_sq[i] = s;
   }
   g.sync();
+  for (int half = G / 2; half >= 1; half /= 2) {
+    for (int i = me; i < a.m * half; i += step) {
+      const int t = i / half, gi = i % half;
+      group_sq[t * G + gi] += group_sq[t * G + gi + half];
+    }
+    g.sync();
+  }
   for (int t = me; t < a.m; t += step) {
-    float s = 0.f;
-    for (int gi = 0; gi < G; ++gi) s += group_sq[t * G + gi];
     // 1 / sqrt (IEEE in CUDA without fast math, as on the host): GPU and host agree bitwise.
-    inv_rms[t] = 1.0f / sqrtf(s / static_cast<float>(a.n) + a.eps);
+    inv_rms[t] = 1.0f / sqrtf(group_sq[t * G] / static_cast<float>(a.n) + a.eps);
   }
   g.sync();
   const T* gamma = static_cast<const T*>(a.gamma);

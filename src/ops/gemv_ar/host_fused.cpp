@@ -55,7 +55,7 @@ void gemv_ar_host_fused(const dev::DeviceCtx& c, const GemvArgs& a, dev::DType t
   std::vector<std::vector<float>> part(static_cast<size_t>(a.ctas), std::vector<float>(static_cast<size_t>(a.m) * pw));
   std::vector<std::vector<float>> scratch(
       static_cast<size_t>(a.ctas),
-      std::vector<float>(static_cast<size_t>(gemv::scratch_floats(a.m_max, per_cta, kHostTeamThreads))));
+      std::vector<float>(static_cast<size_t>(gemv::scratch_floats(a.m_max, per_cta, pw, kHostTeamThreads))));
   host_launch(a.ctas, kHostTeamThreads, [&](CoopHostTeam g, int k) {
     float* pb = part[static_cast<size_t>(k)].data();
     float* sb = scratch[static_cast<size_t>(k)].data();
