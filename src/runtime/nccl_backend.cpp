@@ -48,10 +48,22 @@ class NcclBackend final : public Backend {
     WEFT_REQUIRE(mib >= 1, fmt::format("{}={} must be at least 1", tunables::kGpuHeapMiB.env, mib));
     heap_bytes_ = static_cast<size_t>(mib) << 20;
     WEFT_NCCL_CHECK(ncclMemAlloc(&buf_, heap_bytes_));
-    WEFT_NCCL_CHECK(ncclCommWindowRegister(comm_, buf_, heap_bytes_, &win_, NCCL_WIN_COLL_SYMMETRIC));
+    // The symmetric window and the device communicator are what weft's kernels address peers
+    // through; NCCL refuses them where it has no symmetric-memory support (e.g. a machine
+    // without CUDA VMM peer mappings): say so, and what to use instead, not only NCCL's words.
+    auto symmetric = [&](ncclResult_t r, const char* what) {
+      if (r == ncclSuccess) return;
+      throw_error(__FILE__, __LINE__,
+                  fmt::format("rank {}: NCCL could not {} ({}: {}); weft's nccl backend needs NCCL's "
+                              "symmetric memory (NCCL >= 2.28 with CUDA VMM and peer access between the "
+                              "GPUs); without it, WEFT_BACKEND=host runs the ops on the host for tests",
+                              w.rank, what, ncclGetErrorString(r), ncclGetLastError(nullptr)));
+    };
+    symmetric(ncclCommWindowRegister(comm_, buf_, heap_bytes_, &win_, NCCL_WIN_COLL_SYMMETRIC),
+              "register weft's heap as a symmetric window");
     ncclDevCommRequirements reqs{};
     reqs.lsaBarrierCount = 1;
-    WEFT_NCCL_CHECK(ncclDevCommCreate(comm_, &reqs, &devcomm_));
+    symmetric(ncclDevCommCreate(comm_, &reqs, &devcomm_), "create its device communicator");
     have_devcomm_ = true;
 
     WEFT_CUDA_CHECK(cudaHostAlloc(&slot_host_, sizeof(dev::ErrorSlot), cudaHostAllocMapped));
