@@ -311,6 +311,7 @@ struct RegCfg {
 // (one row tile, the warps splitting K): 16 fused warps measured slower than 8 (docs/gemv_ar.md).
 constexpr int kRegWarps = 8;
 constexpr int kRegPw = 16;
+static_assert(32 * kRegWarps == kThreads, "resident_clusters sizes both kernels' CTAs");
 // Floats of shared memory a register-path part needs: the warps' partials, then the part [MT][pw].
 template <int MT, int NW>
 constexpr int reg_part_floats(int pw) {
@@ -594,12 +595,10 @@ template <class T, int MT>
 cudaError_t reg_local(const GemvArgs& a, cudaStream_t s) {
   constexpr int pw = kRegPw;
   static const int resident = [] {
-    int device = 0, per_sm = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                                     &per_sm, gemv_reg_local_kernel<T, MT>, 32 * kRegWarps,
-                                                     sizeof(float) * reg_part_floats<MT, kRegWarps>(pw)) != cudaSuccess)
-      return 0;
-    return std::max(1, per_sm) * device_sms(device);
+    int device = 0;
+    return cudaGetDevice(&device) != cudaSuccess ? 0
+                                                 : resident_clusters<gemv_reg_local_kernel<T, MT>>(
+                                                       1, sizeof(float) * reg_part_floats<MT, kRegWarps>(pw), device);
   }();
   if (resident < 1) return cudaErrorInvalidConfiguration;
   const int grid = std::min((a.n + pw - 1) / pw, resident);
@@ -694,24 +693,7 @@ int gemv_ar_fused_ctas(int n, int device) {
         cudaDeviceGetAttribute(&device_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
         smem > static_cast<size_t>(device_max))
       return 0;
-    int clusters = 0;
-    if (S > 1) {
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(static_cast<unsigned>(ctas));
-      cfg.blockDim = dim3(kThreads);
-      cfg.dynamicSmemBytes = smem;
-      cudaLaunchAttribute attr = cluster_attr(S);
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
-      if (cudaOccupancyMaxActiveClusters(&clusters, gemv_ar_fused_kernel<dev::bf16_t, 128>, &cfg) != cudaSuccess)
-        return 0;
-    } else {
-      int per_sm = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_ar_fused_kernel<dev::bf16_t, 128>, kThreads,
-                                                        smem) != cudaSuccess)
-        return 0;
-      clusters = per_sm * device_sms(device);
-    }
+    const int clusters = resident_clusters<gemv_ar_fused_kernel<dev::bf16_t, 128>>(S, smem, device);
     if (clusters < 1) return 0;
     const int fit = std::min(clusters, slices) * S;
     if (fit >= ctas) break;
@@ -720,27 +702,16 @@ int gemv_ar_fused_ctas(int n, int device) {
   return ctas;
 }
 
-namespace {
-template <auto Kernel>
-int reg_per_sm(size_t smem) {
-  int per_sm = 0;
-  if (allow_smem<Kernel>() != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, 32 * kRegWarps, smem) != cudaSuccess)
-    return 0;
-  return per_sm;
-}
-}  // namespace
-
 int gemv_ar_fused_small_ctas(int n, int m_max, int device) {
   if (m_max < 1 || m_max > kGemvSmallM) return 0;
   const int parts = gemv::parts_of(n, kRegPw);
   // Residency of every instantiation with the scratch of the grid it will have.
   auto resident = [&](int ctas) {
     const size_t s8 = reg_fused_smem<8>(n, m_max, ctas), s16 = reg_fused_smem<16>(n, m_max, ctas);
-    const int per_sm = std::min(
-        {reg_per_sm<gemv_reg_fused_kernel<dev::bf16_t, 8>>(s8), reg_per_sm<gemv_reg_fused_kernel<dev::bf16_t, 16>>(s16),
-         reg_per_sm<gemv_reg_fused_kernel<dev::f16_t, 8>>(s8), reg_per_sm<gemv_reg_fused_kernel<dev::f16_t, 16>>(s16)});
-    return per_sm * device_sms(device);
+    return std::min({resident_clusters<gemv_reg_fused_kernel<dev::bf16_t, 8>>(1, s8, device),
+                     resident_clusters<gemv_reg_fused_kernel<dev::bf16_t, 16>>(1, s16, device),
+                     resident_clusters<gemv_reg_fused_kernel<dev::f16_t, 8>>(1, s8, device),
+                     resident_clusters<gemv_reg_fused_kernel<dev::f16_t, 16>>(1, s16, device)});
   };
   int ctas = parts;
   for (;;) {  // ctas only shrinks (more parts per CTA never fits more CTAs): this ends
