@@ -11,6 +11,17 @@ export LD_LIBRARY_PATH=$NCCL_LIB:$CUBLAS_LIB:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/weft-out}
 mkdir -p "$OUT"
 step() { echo; echo "=== $*"; }
+# The binaries of SRC (pack.sh compresses them as .xz; plain files are copied) into DEST, runnable.
+unpack_bin() {
+  mkdir -p "$2"
+  for f in "$1"/*; do
+    case "$f" in
+      *.xz) python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$f" "$2/$(basename "${f%.xz}")" ;;
+      *) cp "$f" "$2/" ;;
+    esac
+  done
+  chmod +x "$2"/*
+}
 # The GEMM+communication GPU tests (exact on 1 and 2 GPUs, graph replays, back-to-back calls),
 # log in $OUT/gpu_tests_overlap.log; the outcome lines printed.
 overlap_tests() {

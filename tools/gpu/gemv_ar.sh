@@ -16,14 +16,7 @@ ONLY=${2:-all}
 source "$(dirname "$0")/env.sh"
 # The binaries, unpacked (pack.sh compresses them as .xz).
 d=/tmp/weft-bin/gemv
-mkdir -p "$d"
-for f in "$BIN"/*; do
-  case "$f" in
-    *.xz) python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$f" "$d/$(basename "${f%.xz}")" ;;
-    *) cp "$f" "$d/" ;;
-  esac
-done
-chmod +x "$d"/*
+unpack_bin "$BIN" "$d"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site

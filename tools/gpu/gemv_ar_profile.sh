@@ -11,11 +11,7 @@ SHAPE=${3:-28672:8192}
 KERNEL=${4:-gemv_local_kernel}
 source "$(dirname "$0")/env.sh"
 d=/tmp/weft-bin/profile
-mkdir -p "$d"
-for f in "$BIN"/*.xz; do
-  python3 -c 'import lzma,sys; open(sys.argv[2],"wb").write(lzma.open(sys.argv[1]).read())' "$f" "$d/$(basename "${f%.xz}")"
-done
-chmod +x "$d"/*
+unpack_bin "$BIN" "$d"
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1} WEFT_TIMEOUT_MS=120000
 step "ncu: $KERNEL at m = $M, K:N = $SHAPE"
 timeout -s KILL 240 ncu --clock-control none --target-processes all -k "regex:$KERNEL" -c 1 \
