@@ -7,26 +7,28 @@
 //    over k does not care which k a slot holds as long as A and B agree, so lane (g, q) holds
 //    k = 8q .. 8q+7 of its row in 4 registers and feeds k 8q..8q+3 to one MMA and 8q+4..8q+7 to
 //    the next (the ISA's slots 2q, 2q+1, 2q+8, 2q+9 of each): no ldmatrix, no shuffles.
-//  - m > 16 (gemv_tile): a CTA (8 warps, two CTAs per SM) owns a tile of kBN = 128 rows of W,
-//    warp w the rows 16w .. 16w+15, for all token groups of 8 (MT/8 of them); W is read once
-//    whatever m is. Each lane streams its 16 bytes of rows g and g+8 of each 32-k step from
-//    global memory straight into registers (ld.global.nc, no L1 allocation), the next batch of
-//    steps in flight while the current one is multiplied; x goes through shared memory in
-//    double-buffered chunks (cp.async; 16-byte chunk c of token t's row at c ^ 4 (t & 1), so
-//    the fragment reads of a quarter warp hit distinct bank groups), one barrier per chunk.
-//  - The grid fills the machine by splitting K across the CTAs of a thread-block cluster of
-//    S = 1 .. 8, S chosen from the clusters the hardware can hold at once (cluster_for); the S
-//    partial tiles (fp32, in shared memory) are summed through distributed shared memory in
-//    cluster-rank order (deterministic), each CTA finishing 128/S of the tile's columns. x is
-//    read from L2 once per tile: m * k * 2 bytes per 128 rows of W.
-//  - Measured (docs/gemv_ar.md, "Kernels"): 45-66% of HBM at m = 32, 23-29% at m = 128 for the
-//    large weights; ncu: the cluster waves (SM active 74% of elapsed) and W's load latency,
-//    not the MMA issue (a wgmma variant was slower).
+//  - m > 16 on sm_90a (wg::): a CTA (two consumer warpgroups + a producer warp, one per SM)
+//    owns a tile of kBN = 128 rows of W; W's and x's 64-k boxes come by TMA into a ring of
+//    stages, wgmma m64nMTk16 multiplies them (swap AB as above, both operands K-major in shared
+//    memory). W is read once whatever m is; x from L2 once per tile.
+//  - m > 16 elsewhere (gemv_tile, the compute_80 PTX): a CTA (8 warps, two per SM) owns a tile
+//    of 128 rows, warp w the rows 16w .. 16w+15, for all token groups of 8; each lane streams
+//    its 16 bytes of rows g and g+8 of each 32-k step from global memory straight into
+//    registers (ld.global.nc, no L1 allocation), the next batch in flight; x through shared
+//    memory in double-buffered chunks (cp.async; 16-byte chunk c of token t's row at
+//    c ^ 4 (t & 1): the fragment reads of a quarter warp hit distinct bank groups).
+//  - Both fill the machine by splitting K across the CTAs of a thread-block cluster of S = 1,
+//    2 or 4 (cluster_for: from the clusters the hardware holds at once and a measured cost per
+//    round); the S partial tiles (fp32, in shared memory) are summed through distributed shared
+//    memory in cluster-rank order (deterministic), each CTA finishing 128/S of the columns.
+//  - Measured (docs/gemv_ar.md, "Kernels"): the wgmma kernel 85-94% of HBM at m = 32 .. 128
+//    on 28672 x 8192 (2 x H200); the mma.sync one 20-66%.
 //
 // Fused call (gemv_ar_fused), m > kGemvSmallM: the same tile loop in a persistent grid (every
 // CTA resident: the epilogue's grid barrier needs it), cluster c of ncl owning the 128-column
 // slices c, c + ncl, ...; after each slice's cluster sum, CTA s of the cluster pushes its 128/S columns
-// (a "part") to every rank's receive lines as LL lines and goes on to its next slice. Then
+// (a "part") to every rank -- LL lines, or above kGemvPartFlagsM values + a flag per part --
+// and goes on to its next slice. Then
 // gemv_ar_algos.hpp's finish waits for, sums (rank order) and writes its parts, with the
 // residual + RMSNorm epilogue. The exchange protocol and its invariants (epochs, parities, the
 // norm's barrier) are in gemv_ar_algos.hpp; the host backend runs the same code. Calls of
@@ -45,12 +47,20 @@
 #include <array>
 #include <type_traits>
 
+#include "tensor_map.hpp"
+#include "weft/core/env.hpp"
+#include "weft/core/error.hpp"
 #include "weft/device/ptx/arch.cuh"
+#include "weft/device/ptx/bar.cuh"
 #include "weft/device/ptx/cluster.cuh"
 #include "weft/device/ptx/cp_async.cuh"
+#include "weft/device/ptx/fence.cuh"
 #include "weft/device/ptx/ld_global.cuh"
+#include "weft/device/ptx/mbarrier.cuh"
 #include "weft/device/ptx/memory_order.cuh"
 #include "weft/device/ptx/mma.cuh"
+#include "weft/device/ptx/tma.cuh"
+#include "weft/device/ptx/wgmma.cuh"
 #include "weft/kernels/gemv_ar_algos.hpp"
 #include "weft/kernels/gemv_ar_kernels.hpp"
 
@@ -284,12 +294,232 @@ __global__ void __launch_bounds__(kThreads, 2)
     // Part sl * S + s (owned by CTA kc = cl * S + s: parts_of_cta's k, k + ctas, ...).
     const int j0 = row0 + s * pw, j1 = std::min(a.n, j0 + pw);
     if (j0 < j1)
-      gemv::push_part<T>(g, c, a, e, j0, j1, [&](int t, int j, float* v) { cluster_sum4(smem, t, j - row0, S, v); });
+      gemv::push_part<T>(g, c, a, e, sl * S + s, j0, j1,
+                         [&](int t, int j, float* v) { cluster_sum4(smem, t, j - row0, S, v); });
     cluster_sync(S);  // the partial tiles are read: the next slice's ring may overwrite them
   }
   gemv::finish<T>(g, c, a, kc, pw, e, scratch);
   gemv::epoch_end(g, c, a, kc, e);
 }
+
+// ---- m > 16 on sm_90a: TMA ring + wgmma (gemv_wg_*) ---------------------------------------
+// The same tiles (kBN = 128 rows of W, the K split over a cluster, the partial tile red[token]
+// [row] summed through distributed shared memory) with the mainloop of weft's GEMM: one
+// producer warp loads, per 64-k block, W's box [128 rows x 64 k] and x's box [MT tokens x 64 k]
+// by TMA (128-byte swizzle; rows past n, tokens past m and k past the matrix read as zeros)
+// into a ring of stages on mbarriers; two consumer warpgroups multiply (swap AB: wgmma
+// m64nMTk16, A = 64 rows of W, B = the tokens, both K-major from shared memory) and release
+// each stage once the MMAs that read it are complete. The partial tile reuses the ring's bytes
+// once a tile's k-blocks are consumed; the ring restarts per tile (a persistent CTA mostly owns
+// one tile). x is read from L2 once per tile, as on the other path.
+namespace wg {
+constexpr int kBK = 64;                          // k per stage: one 128-byte swizzle span
+constexpr int kConsumerThreads = 256;            // two warpgroups of 64 rows
+constexpr int kThreads = kConsumerThreads + 32;  // + the producer warp
+constexpr int kSmemCap = 176 * 1024;             // the ring: one CTA per SM, >= 50 KiB left for the fused scratch
+constexpr int kWStage = kBN * kBK * 2;           // 16 KiB
+static_assert(kBN == 128 && kBK * 2 == 128, "two warpgroups of 64 rows; a stage row is one swizzle span");
+
+template <int MT>
+struct Cfg {
+  static_assert(MT == 32 || MT == 64 || MT == 128, "the wgmma N of a token tile");
+  static constexpr int kXStage = MT * kBK * 2;
+  static constexpr int kStage = kWStage + kXStage;
+  static constexpr int kStages = kSmemCap / kStage < 8 ? kSmemCap / kStage : 8;
+  static constexpr int kRing = kStages * kStage;
+  static constexpr int kRed = MT * kRedStride * 4;  // the partial tile, over the ring
+  static_assert(kRed <= kRing, "the partial tile fits in the ring");
+  static constexpr int kBars = 2 * kStages * 8;
+  // Dynamic shared memory: 1024 bytes of alignment slack (128-byte swizzle), the ring, the
+  // barriers (then the fused call's scratch).
+  static constexpr int kSmem = 1024 + kRing + ((kBars + 127) / 128) * 128;
+};
+
+struct Maps {
+  CUtensorMap w;  // W [n, k], box [kBN, kBK]
+  CUtensorMap x;  // x [m, k], box [MT, kBK]
+};
+
+#if defined(WEFT_PTX_SM90A)
+template <class T, int MT>
+__device__ __forceinline__ void mma(float* d, uint64_t da, uint64_t db) {
+  constexpr bool kBF16 = std::is_same_v<T, dev::bf16_t>;
+  if constexpr (MT == 32) {
+    if constexpr (kBF16)
+      ptx::wgmma_m64n32k16_bf16<0>(d, da, db, 1u);
+    else
+      ptx::wgmma_m64n32k16_f16<0>(d, da, db, 1u);
+  } else if constexpr (MT == 64) {
+    if constexpr (kBF16)
+      ptx::wgmma_m64n64k16_bf16<0>(d, da, db, 1u);
+    else
+      ptx::wgmma_m64n64k16_f16<0>(d, da, db, 1u);
+  } else {
+    if constexpr (kBF16)
+      ptx::wgmma_m64n128k16_bf16<0>(d, da, db, 1u);
+    else
+      ptx::wgmma_m64n128k16_f16<0>(d, da, db, 1u);
+  }
+}
+
+// The CTA's ring (1024-aligned) and its barriers: full[kStages], then empty[kStages].
+template <int MT>
+__device__ __forceinline__ unsigned char* ring_base(unsigned char* smem) {
+  return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem) + 1023) & ~uintptr_t{1023});
+}
+template <int MT>
+__device__ __forceinline__ uint64_t* bars_of(unsigned char* ring) {
+  return reinterpret_cast<uint64_t*>(ring + Cfg<MT>::kRing);
+}
+template <int MT>
+__device__ __forceinline__ void init_bars(uint64_t* bars, const Maps& maps) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Cfg<MT>::kStages; ++s) {
+      ptx::mbarrier_init(&bars[s], 1);                                         // full: the producer's expect_tx
+      ptx::mbarrier_init(&bars[Cfg<MT>::kStages + s], kConsumerThreads / 32);  // empty: a lane per consumer warp
+    }
+    ptx::fence_mbarrier_init_release_cluster();
+  }
+  if (threadIdx.x == kConsumerThreads) {
+    ptx::prefetch_tensormap(&maps.w);
+    ptx::prefetch_tensormap(&maps.x);
+  }
+  __syncthreads();
+}
+
+// The partial tile of rows [row0, row0 + kBN) over k in [kbeg, kend) (kbeg a multiple of kBK;
+// empty when kbeg >= kend) into red = ring[token][row] (fp32, kRedStride per token, all MT
+// tokens). `it` counts the ring's stages used by this CTA (the same in every thread: each
+// thread runs every tile's k-blocks). Ends with red written by the consumers (not yet synced).
+template <class T, int MT>
+__device__ __forceinline__ void tile(const Maps& maps, int row0, int kbeg, int kend, unsigned char* ring,
+                                     uint64_t* bars, uint32_t& it) {
+  using C = Cfg<MT>;
+  uint64_t* full = bars;
+  uint64_t* empty = bars + C::kStages;
+  const int tid = threadIdx.x;
+  const int kblocks = kend > kbeg ? (kend - kbeg + kBK - 1) / kBK : 0;
+  if (tid >= kConsumerThreads) {  // ---- the producer warp (one lane issues) ----
+    if (tid == kConsumerThreads)
+      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        const int s = static_cast<int>(it % C::kStages);
+        ptx::mbarrier_wait_parity(&empty[s], ((it / C::kStages) & 1u) ^ 1u);  // a fresh slot passes
+        unsigned char* st = ring + s * C::kStage;
+        ptx::mbarrier_arrive_expect_tx(&full[s], C::kStage);
+        ptx::cp_async_bulk_tensor_2d_load(st, &maps.w, &full[s], kbeg + kb * kBK, row0);
+        ptx::cp_async_bulk_tensor_2d_load(st + kWStage, &maps.x, &full[s], kbeg + kb * kBK, 0);
+      }
+    else
+      it += static_cast<uint32_t>(kblocks);
+    return;
+  }
+  // ---- the consumers: warpgroup wg multiplies rows 64 wg .. 64 wg + 63 ----
+  const int wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
+  const uint64_t da0 = ptx::wgmma_desc_sw128(ptx::smem_u32(ring + wg * (64 * 128)), 16, 1024);
+  const uint64_t db0 = ptx::wgmma_desc_sw128(ptx::smem_u32(ring + kWStage), 16, 1024);
+  float d[MT / 2];
+#pragma unroll
+  for (int i = 0; i < MT / 2; ++i) d[i] = 0.f;
+  auto release = [&](uint32_t used) {
+    if (lane == 0) ptx::mbarrier_arrive(&empty[used % C::kStages]);
+  };
+  for (int kb = 0; kb < kblocks; ++kb, ++it) {
+    const int s = static_cast<int>(it % C::kStages);
+    ptx::mbarrier_wait_parity(&full[s], (it / C::kStages) & 1u);
+    // Stage s: the stage-0 descriptors plus byte offsets in 16-byte units; step kk: 32 bytes.
+    const uint64_t off = static_cast<uint64_t>(s) * (C::kStage >> 4);
+    ptx::wgmma_fence();
+    ptx::wgmma_fence_operand<MT / 2>(d);
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) mma<T, MT>(d, da0 + off + 2 * kk, db0 + off + 2 * kk);
+    ptx::wgmma_commit_group();
+    ptx::wgmma_fence_operand<MT / 2>(d);
+    ptx::wgmma_wait_group<1>();  // the previous k-block's MMAs are complete: its stage is free
+    if (kb > 0) release(it - 1);
+  }
+  ptx::wgmma_wait_group<0>();
+  ptx::wgmma_fence_operand<MT / 2>(d);
+  if (kblocks > 0) release(it - 1);
+  ptx::bar_sync(1, kConsumerThreads);  // both warpgroups are done with the ring: red may overwrite it
+  float* red = reinterpret_cast<float*>(ring);
+  const int r = 64 * wg + 16 * warp + lane / 4, c = 2 * (lane % 4);
+#pragma unroll
+  for (int i = 0; i < MT / 2; ++i) red[(8 * (i / 4) + c + (i % 2)) * kRedStride + r + 8 * ((i / 2) % 2)] = d[i];
+}
+#endif
+
+template <class T, int MT>
+__global__ void __launch_bounds__(kThreads, 1)
+    local_kernel(const __grid_constant__ LocalParams p, const __grid_constant__ Maps maps) {
+#if defined(WEFT_PTX_SM90A)
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* ring = ring_base<MT>(smem);
+  uint64_t* bars = bars_of<MT>(ring);
+  init_bars<MT>(bars, maps);
+  const int S = p.S, s = cluster_rank(S);
+  const int row0 = static_cast<int>(blockIdx.x) / S * kBN;
+  const int kbeg = s * p.kchunk, kend = std::min(p.k, kbeg + p.kchunk);
+  uint32_t it = 0;
+  tile<T, MT>(maps, row0, kbeg, kend, ring, bars, it);
+  cluster_sync(S);  // every CTA's partial tile is written
+  const int pw = kBN / S, lpt = pw / 4;
+  T* y = static_cast<T*>(p.y);
+  for (int i = threadIdx.x; i < p.m * lpt; i += kThreads) {
+    const int t = i / lpt, lr = s * pw + 4 * (i % lpt), j = row0 + lr;
+    if (j >= p.n) continue;
+    float v[4];
+    cluster_sum4(ring, t, lr, S, v);
+    *reinterpret_cast<uint64_t*>(y + static_cast<size_t>(t) * p.n + j) = gemv::pack4<T>(v);
+  }
+  cluster_sync(S);  // no CTA leaves while another still reads its shared memory
+#else
+  (void)p;
+  (void)maps;
+#endif
+}
+
+template <class T, int MT>
+__global__ void __launch_bounds__(kThreads, 1)
+    fused_kernel(const __grid_constant__ dev::DeviceCtx c, const __grid_constant__ GemvArgs a,
+                 const __grid_constant__ Maps maps, int S, int kchunk) {
+#if defined(WEFT_PTX_SM90A)
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* ring = ring_base<MT>(smem);
+  uint64_t* bars = bars_of<MT>(ring);
+  float* scratch = reinterpret_cast<float*>(ring + (Cfg<MT>::kSmem - 1024));
+  init_bars<MT>(bars, maps);
+  const int kc = static_cast<int>(blockIdx.x), s = cluster_rank(S);
+  const int cl = kc / S, ncl = static_cast<int>(gridDim.x) / S;
+  const uint64_t e = gemv::epoch_begin(c, a, kc);
+  const int pw = kBN / S;
+  const int slices = (a.n + kBN - 1) / kBN;
+  const int kbeg = s * kchunk, kend = std::min(a.k, kbeg + kchunk);
+  const dev::CoopCta g;
+  uint32_t it = 0;
+  for (int sl = cl; sl < slices; sl += ncl) {
+    const int row0 = sl * kBN;
+    tile<T, MT>(maps, row0, kbeg, kend, ring, bars, it);
+    cluster_sync(S);
+    const int j0 = row0 + s * pw, j1 = std::min(a.n, j0 + pw);
+    if (j0 < j1)
+      gemv::push_part<T>(g, c, a, e, sl * S + s, j0, j1,
+                         [&](int t, int j, float* v) { cluster_sum4(ring, t, j - row0, S, v); });
+    // The next tile's TMA loads overwrite the partial tile: order this thread's accesses to it
+    // (generic proxy) before them (async proxy), then wait for every CTA's readers.
+    ptx::fence_proxy_async_shared_cta();
+    cluster_sync(S);
+  }
+  gemv::finish<T, false>(g, c, a, kc, pw, e, scratch);  // no call in a WGMMA kernel (C7510): no printf
+  gemv::epoch_end(g, c, a, kc, e);
+#else
+  (void)c;
+  (void)a;
+  (void)maps;
+  (void)S;
+  (void)kchunk;
+#endif
+}
+}  // namespace wg
 
 // ---- decode sizes (m <= 16): W streamed straight into registers --------------------------
 // The same swap-AB MMAs, without the shared-memory ring: each lane loads its 16 bytes of rows
@@ -418,14 +648,13 @@ __global__ void __launch_bounds__(32 * kRegWarps, 2)
     const int row0 = p * pw;
     reg_part<T, MT, kRegWarps>(static_cast<const T*>(a.x), static_cast<const T*>(a.w), a.m, a.n, a.k, row0, pw, fsmem);
     const float* part = fsmem + RegCfg<MT, kRegWarps>::kRed;
-    gemv::push_part<T>(g, c, a, e, row0, std::min(a.n, row0 + pw),
-                       [&](int t, int j, float* v) {
-                         const float* src = part + t * pw + (j - row0);
-                         v[0] = src[0];
-                         v[1] = src[1];
-                         v[2] = src[2];
-                         v[3] = src[3];
-                       });
+    gemv::push_part<T>(g, c, a, e, p, row0, std::min(a.n, row0 + pw), [&](int t, int j, float* v) {
+      const float* src = part + t * pw + (j - row0);
+      v[0] = src[0];
+      v[1] = src[1];
+      v[2] = src[2];
+      v[3] = src[3];
+    });
     __syncthreads();  // part is read before the next part overwrites it
   }
   gemv::finish<T>(g, c, a, kc, pw, e, scratch);
@@ -516,19 +745,19 @@ cudaLaunchAttribute cluster_attr(int S) {
   return attr;
 }
 
-// Clusters of S CTAs of Kernel (kThreads threads, smem bytes each) resident at once on this
+// Clusters of S CTAs of Kernel (`threads` threads, smem bytes each) resident at once on this
 // device (S = 1: CTAs); 0 when a query fails.
 template <auto Kernel>
-int resident_clusters(int S, size_t smem, int device) {
+int resident_clusters(int S, size_t smem, int device, int threads = kThreads) {
   if (allow_smem<Kernel>() != cudaSuccess) return 0;
   if (S == 1) {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, kThreads, smem) != cudaSuccess) return 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, threads, smem) != cudaSuccess) return 0;
     return per_sm * device_sms(device);
   }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(S * 32));
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = smem;
   cudaLaunchAttribute attr = cluster_attr(S);
   cfg.attrs = &attr;
@@ -537,27 +766,38 @@ int resident_clusters(int S, size_t smem, int device) {
   return cudaOccupancyMaxActiveClusters(&clusters, Kernel, &cfg) == cudaSuccess ? clusters : 0;
 }
 
-// The K split of n columns (tiles of kBN rows): the cluster size S in {1, 2, 4, 8} with the
-// fewest rounds of resident clusters (tiles / resident, rounded up) per unit of K a CTA streams
-// (1 / S), the smaller S on ties. The residency of clusters is what the hardware reports, not
-// sms / S: clusters are placed within a GPC, so 132 SMs at one CTA each hold 30 clusters of 4,
-// not 33 (a grid of 32 such clusters ran its last two as a second wave, doubling the time).
+// The K split of n columns (tiles of kBN rows): the cluster size S in {1, 2, 4} with the
+// lowest cost rounds * (1 / S + kRoundCost), rounds = tiles / resident clusters rounded up
+// (resident: what the hardware reports, not sms / S -- clusters are placed within a GPC, so
+// 132 SMs at one CTA each hold 30 clusters of 4, not 33), the smaller S on ties. kRoundCost, a
+// round's fixed cost (launch, ring fill, the cluster's sum and stores) against streaming the
+// whole K, and the candidates are measured (docs/gemv_ar.md, "K split"): on 2 x H200 S = 2 won
+// or tied at N = 4096 and 8192 for K / rank 2048 .. 7168, where rounds / S alone chose S = 8
+// (two rounds of 16 clusters of 8), 1.6-2.1x slower; S = 8 was never the fastest.
+constexpr double kRoundCost = 0.25;
 template <auto Kernel>
-int cluster_for(int n, size_t smem, int device) {
+int cluster_for(int n, size_t smem, int device, int threads = kThreads) {
   if (!has_clusters(device)) return 1;
+  static const int64_t forced = tunable_value(tunables::kGemvCluster);  // read once: launches stay cheap
+  if (forced != 0) {
+    WEFT_REQUIRE(forced == 1 || forced == 2 || forced == 4 || forced == 8,
+                 "WEFT_GEMV_CLUSTER must be 0, 1, 2, 4 or 8 (every CTA of a cluster finishes whole lines)");
+    return static_cast<int>(forced);
+  }
   // Once per kernel (its smem is fixed; the GPUs of a process are taken to be alike).
   static const auto resident = [&] {
-    std::array<int, 4> r{};
-    for (int i = 0; i < 4; ++i) r[static_cast<size_t>(i)] = resident_clusters<Kernel>(1 << i, smem, device);
+    std::array<int, 3> r{};
+    for (int i = 0; i < 3; ++i) r[static_cast<size_t>(i)] = resident_clusters<Kernel>(1 << i, smem, device, threads);
     return r;
   }();
   const int tiles = (n + kBN - 1) / kBN;
   int best = 1;
   double best_cost = 0;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 3; ++i) {
     const int S = 1 << i, c = resident[static_cast<size_t>(i)];
     if (c < 1) continue;
-    const double cost = static_cast<double>((tiles + c - 1) / c) / S;
+    const int rounds = (tiles + c - 1) / c;
+    const double cost = rounds * (1.0 / S + kRoundCost);
     if (best_cost == 0 || cost < best_cost) {
       best = S;
       best_cost = cost;
@@ -607,8 +847,36 @@ cudaError_t reg_local(const GemvArgs& a, cudaStream_t s) {
       static_cast<const T*>(a.w), static_cast<T*>(a.y), a.m, a.n, a.k, pw);
 }
 
+// sm_90a machine code (the wgmma path) runs on compute capability 9.0 only.
+bool wg_available(int device) {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;
+}
+
 int fused_cluster(int n, int device) {
+  if (wg_available(device))
+    return cluster_for<wg::local_kernel<dev::bf16_t, 128>>(n, wg::Cfg<128>::kSmem, device, wg::kThreads);
   return cluster_for<gemv_local_kernel<dev::bf16_t, 128>>(n, TileCfg<128>::kSmem, device);
+}
+
+// The tensor maps of a wgmma-path call: W [n, k] in boxes of kBN rows, x [m, k] in boxes of MT
+// tokens, 64 k each. False: TMA refused them (pointers not 16-byte aligned).
+template <class T, int MT>
+bool wg_maps(wg::Maps* maps, const GemvArgs& a) {
+  const CUtensorMapDataType type =
+      std::is_same_v<T, dev::bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return tma::make_map(&maps->w, type, a.w, a.n, a.k, a.k, kBN, wg::kBK) &&
+         tma::make_map(&maps->x, type, a.x, a.m, a.k, a.k, MT, wg::kBK);
+}
+
+template <int MT>
+size_t wg_fused_smem(const GemvArgs& a, int S) {
+  const int per_cta = gemv::max_parts_per_cta(a.n, kBN / S, a.ctas);
+  return wg::Cfg<MT>::kSmem +
+         sizeof(float) * static_cast<size_t>(gemv::scratch_floats(a.m_max, per_cta, kBN / S, wg::kThreads));
 }
 
 template <class T, int MT>
@@ -619,6 +887,16 @@ cudaError_t local_mt(const GemvArgs& a, cudaStream_t s) {
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
+    if (wg_available(device)) {
+      wg::Maps maps{};
+      if (!wg_maps<T, MT>(&maps, a)) return cudaErrorInvalidValue;
+      constexpr size_t smem = wg::Cfg<MT>::kSmem;
+      LocalParams p{a.x, a.w, a.y, a.m, a.n, a.k, cluster_for<wg::local_kernel<T, MT>>(a.n, smem, device, wg::kThreads),
+                    0};
+      p.kchunk = kchunk_for(a.k, p.S);
+      const int grid = (a.n + kBN - 1) / kBN * p.S;
+      return launch_threads<wg::local_kernel<T, MT>>(grid, p.S, wg::kThreads, smem, s, p, maps);
+    }
     LocalParams p{a.x, a.w, a.y, a.m, a.n, a.k, cluster_for<gemv_local_kernel<T, MT>>(a.n, TileCfg<MT>::kSmem, device),
                   0};
     p.kchunk = kchunk_for(a.k, p.S);
@@ -645,6 +923,12 @@ cudaError_t fused_mt(const dev::DeviceCtx& c, const GemvArgs& a, cudaStream_t s)
     if (err != cudaSuccess) return err;
     const int S = fused_cluster(a.n, device);
     if (a.ctas % S != 0) return cudaErrorInvalidValue;  // not gemv_ar_fused_ctas's grid
+    if (wg_available(device)) {
+      wg::Maps maps{};
+      if (!wg_maps<T, MT>(&maps, a)) return cudaErrorInvalidValue;
+      return launch_threads<wg::fused_kernel<T, MT>>(a.ctas, S, wg::kThreads, wg_fused_smem<MT>(a, S), s, c, a, maps, S,
+                                                     kchunk_for(a.k, S));
+    }
     return launch<gemv_ar_fused_kernel<T, MT>>(a.ctas, S, fused_smem<T, MT>(a, S), s, c, a, S, kchunk_for(a.k, S));
   }
 }
@@ -678,6 +962,7 @@ bool shape_ok(const GemvArgs& a) {
 int gemv_ar_fused_ctas(int n, int device) {
   const int S = fused_cluster(n, device);
   const int slices = (n + kBN - 1) / kBN;
+  const bool wgp = wg_available(device);
   // Residency of the largest instantiation (m = 128) bounds every call's grid: the grid is the
   // same for every m (the epochs and the parts' owners are per CTA index). The scratch grows
   // with the parts per CTA, so the grid is checked again with the scratch it will have.
@@ -687,13 +972,13 @@ int gemv_ar_fused_ctas(int n, int device) {
     probe.n = n;
     probe.m_max = 128;
     probe.ctas = ctas;
-    const size_t smem = fused_smem<dev::bf16_t, 128>(probe, S);
+    const size_t smem = wgp ? wg_fused_smem<128>(probe, S) : fused_smem<dev::bf16_t, 128>(probe, S);
     int device_max = 0;
-    if (allow_smem<gemv_ar_fused_kernel<dev::bf16_t, 128>>() != cudaSuccess ||
-        cudaDeviceGetAttribute(&device_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+    if (cudaDeviceGetAttribute(&device_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
         smem > static_cast<size_t>(device_max))
       return 0;
-    const int clusters = resident_clusters<gemv_ar_fused_kernel<dev::bf16_t, 128>>(S, smem, device);
+    const int clusters = wgp ? resident_clusters<wg::fused_kernel<dev::bf16_t, 128>>(S, smem, device, wg::kThreads)
+                             : resident_clusters<gemv_ar_fused_kernel<dev::bf16_t, 128>>(S, smem, device);
     if (clusters < 1) return 0;
     const int fit = std::min(clusters, slices) * S;
     if (fit >= ctas) break;

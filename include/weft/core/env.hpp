@@ -55,7 +55,7 @@ struct TextTunable {
 #define WEFT_INT_TUNABLES(X)                                                                                          \
   X(kTimeoutMs, "WEFT_TIMEOUT_MS", 30000, 1, 86400000, kStable, "deadline of every cross-rank wait, in milliseconds") \
   X(kHostHeapMiB, "WEFT_HOST_HEAP_MIB", 256, 1, 1048576, kStable,                                                     \
-    "symmetric heap per rank on the host backend (MiB; heap x ranks reserved in /dev/shm)")                                                      \
+    "symmetric heap per rank on the host backend (MiB; heap x ranks reserved in /dev/shm)")                           \
   X(kGpuHeapMiB, "WEFT_GPU_HEAP_MIB", 2048, 1, 1048576, kStable, "symmetric heap per rank on the nccl backend (MiB)") \
   X(kHostRanks, "WEFT_HOST_RANKS", 2, 1, 1024, kStable, "ranks that CLI commands launch on the host backend")         \
   X(kPdl, "WEFT_PDL", 1, 0, 1, kExperimental,                                                                         \
@@ -67,6 +67,8 @@ struct TextTunable {
   X(kGemmKBlock, "WEFT_GEMM_BK", 0, 0, 64, kExperimental, "weft's GEMM: 32 for 32-deep k-blocks (0 or 64: 64)")       \
   X(kGemmGroupM, "WEFT_GEMM_GROUP_M", 0, 0, 4096, kExperimental,                                                      \
     "weft's GEMM without an order table: M-blocks per raster group (0: 16)")                                          \
+  X(kGemvCluster, "WEFT_GEMV_CLUSTER", 0, 0, 8, kExperimental,                                                        \
+    "weft's GEMV at M > 16: CTAs per cluster splitting K, 1, 2, 4 or 8 (0: by shape)")                                \
   X(kFusedRsPieces, "WEFT_FUSED_RS_PIECES", 0, 0, 4096, kExperimental,                                                \
     "fused gemm_rs: pieces per peer block (0: by shape)")                                                             \
   X(kBenchSustainMs, "WEFT_BENCH_SUSTAIN_MS", 500, 0, 600000, kStable,                                                \

@@ -353,7 +353,8 @@ WEFT_HD bool ll_try(const uint64_t* line, uint32_t flag, uint64_t& data) {
 }
 
 // Spins until the line carries `flag` (under the deadline; a timeout report names `op`, an
-// op_tag, where given); returns its data.
+// op_tag, where given); returns its data. kPrint: dev::fail_wait's (false in WGMMA kernels).
+template <bool kPrint = true>
 WEFT_HD uint64_t ll_wait(const dev::DeviceCtx& c, const uint64_t* line, uint32_t flag, int from_peer, uint64_t off,
                          uint64_t op = 0) {
   uint64_t data;
@@ -370,7 +371,7 @@ WEFT_HD uint64_t ll_wait(const dev::DeviceCtx& c, const uint64_t* line, uint32_t
 #else
         const uint64_t seen = __atomic_load_n(line, __ATOMIC_RELAXED) >> 32;
 #endif
-        dev::fail_wait(c, dev::WaitKind::kSignal, from_peer, off, flag, seen, waited, op);
+        dev::fail_wait<kPrint>(c, dev::WaitKind::kSignal, from_peer, off, flag, seen, waited, op);
       }
     }
   }

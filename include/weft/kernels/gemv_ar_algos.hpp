@@ -80,6 +80,20 @@ WEFT_HD uint64_t line_off(const GemvArgs& a, int world, uint64_t par, int src, i
          16ull * ((par * static_cast<uint64_t>(world) + static_cast<uint64_t>(src)) * per_src +
                   static_cast<uint64_t>(t) * static_cast<uint64_t>(a.n / 4) + static_cast<uint64_t>(j / 4));
 }
+// Part flags (a.part_flags): block [par][src]'s values (8 bytes: columns j .. j+3 of token t)
+// and the flag of its part `part`.
+WEFT_HD uint64_t block_off(const GemvArgs& a, int world, uint64_t par, int src) {
+  return a.flags_off + kernels::gemv_flag_block_bytes(a.m_max, a.n) *
+                           (par * static_cast<uint64_t>(world) + static_cast<uint64_t>(src));
+}
+WEFT_HD uint64_t value_off(const GemvArgs& a, int world, uint64_t par, int src, int t, int j) {
+  return block_off(a, world, par, src) +
+         2ull * (static_cast<uint64_t>(t) * static_cast<uint64_t>(a.n) + static_cast<uint64_t>(j));
+}
+WEFT_HD uint64_t part_flag_off(const GemvArgs& a, int world, uint64_t par, int src, int part) {
+  return block_off(a, world, par, src) + 2ull * static_cast<uint64_t>(a.m_max) * static_cast<uint64_t>(a.n) +
+         8ull * static_cast<uint64_t>(part);
+}
 WEFT_HD uint64_t norm_sums_off(const GemvArgs& a, uint64_t par, int t, int k) {
   return a.norm_off + 16 +
          4ull * ((par * static_cast<uint64_t>(a.m_max) + static_cast<uint64_t>(t)) * static_cast<uint64_t>(a.ctas) +
@@ -114,14 +128,16 @@ WEFT_HD void unpack4(uint64_t d, float* v) {
   for (int q = 0; q < 4; ++q) v[q] = dev::to_float(r[q]);
 }
 
-// Pushes this rank's partial of columns [j0, j1) (multiples of 4; j1 - j0 <= the part width)
-// for tokens 0 .. m-1 into block [e & 1][rank] of every rank, this one first. value(t, j, v)
-// gives the fp32 partial of columns j .. j+3 of token t in v[0..3].
+// Pushes this rank's partial of part `part`, columns [j0, j1) (multiples of 4; j1 - j0 <= the
+// part width), for tokens 0 .. m-1 into block [e & 1][rank] of every rank, this one first.
+// value(t, j, v) gives the fp32 partial of columns j .. j+3 of token t in v[0..3]. With part
+// flags: the values, a group sync, then the part's flag (= e) on every rank, released by the
+// group's first thread (cumulative: the group's stores, ordered by the sync, come first).
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
 template <class T, class Coop, class Value>
-WEFT_HD void push_part(Coop g, const dev::DeviceCtx& c, const GemvArgs& a, uint64_t e, int j0, int j1,
+WEFT_HD void push_part(Coop g, const dev::DeviceCtx& c, const GemvArgs& a, uint64_t e, int part, int j0, int j1,
                        const Value& value) {
   const int lpt = (j1 - j0) / 4;  // lines per token
   const int items = a.m * lpt;
@@ -132,8 +148,19 @@ WEFT_HD void push_part(Coop g, const dev::DeviceCtx& c, const GemvArgs& a, uint6
     float v[4];
     value(t, j, v);
     const uint64_t d = pack4<T>(v);
-    const uint64_t off = line_off(a, c.world, par, c.rank, t, j);
-    for (int dd = 0; dd < c.world; ++dd) coll::ll_store(c.ptr<uint64_t>((c.rank + dd) % c.world, off), d, flag);
+    if (a.part_flags) {
+      const uint64_t off = value_off(a, c.world, par, c.rank, t, j);
+      for (int dd = 0; dd < c.world; ++dd) dev::store_relaxed(c.ptr<uint64_t>((c.rank + dd) % c.world, off), d);
+    } else {
+      const uint64_t off = line_off(a, c.world, par, c.rank, t, j);
+      for (int dd = 0; dd < c.world; ++dd) coll::ll_store(c.ptr<uint64_t>((c.rank + dd) % c.world, off), d, flag);
+    }
+  }
+  if (!a.part_flags) return;
+  g.sync();
+  if (g.rank() == 0) {
+    const uint64_t off = part_flag_off(a, c.world, par, c.rank, part);
+    for (int dd = 0; dd < c.world; ++dd) dev::store_release(c.ptr<uint64_t>((c.rank + dd) % c.world, off), e);
   }
 }
 
@@ -153,7 +180,7 @@ WEFT_HD bool item_at(const GemvArgs& a, int pw, int k, int items, int i, int& t,
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
-template <class T, class Coop>
+template <class T, bool kPrint = true, class Coop>
 WEFT_HD void finish(Coop g, const dev::DeviceCtx& c, const GemvArgs& a, int k, int pw, uint64_t e, float* scratch) {
   constexpr int U = kLineUnroll;
   const uint64_t par = e & 1;
@@ -164,6 +191,15 @@ WEFT_HD void finish(Coop g, const dev::DeviceCtx& c, const GemvArgs& a, int k, i
   const bool epi = a.residual != nullptr;
   T* y = static_cast<T*>(a.y);
   float* line_sq = scratch;  // [items]: each line's sum of squares of residual_out (epilogue)
+  if (a.part_flags) {
+    // One thread per (part, source) waits for that flag (acquire); the sync orders every
+    // thread's loads of the values after those waits.
+    for (int w = me; w < P * c.world; w += step) {
+      const int part = k + (w / c.world) * a.ctas, p = w % c.world;
+      dev::wait_ge<kPrint>(c, part_flag_off(a, c.world, par, p, part), e, p, dev::WaitKind::kSignal, a.op_tag);
+    }
+    g.sync();
+  }
   for (int i0 = me; i0 < items; i0 += U * step) {
     int t[U], j[U];
     bool live[U];
@@ -175,12 +211,18 @@ WEFT_HD void finish(Coop g, const dev::DeviceCtx& c, const GemvArgs& a, int k, i
     for (int p = 0; p < c.world; ++p) {  // rank order: every rank gets bitwise the same sums
       uint64_t v[U];
       bool ok[U];
-      for (int u = 0; u < U; ++u)
+      for (int u = 0; u < U; ++u) {
+        if (a.part_flags) {
+          ok[u] = true;
+          v[u] = live[u] ? dev::load_relaxed(c.local<const uint64_t>(value_off(a, c.world, par, p, t[u], j[u]))) : 0;
+          continue;
+        }
         ok[u] = !live[u] || coll::ll_try(c.local<const uint64_t>(line_off(a, c.world, par, p, t[u], j[u])), flag, v[u]);
+      }
       for (int u = 0; u < U; ++u)
         if (!ok[u]) {
           const uint64_t off = line_off(a, c.world, par, p, t[u], j[u]);
-          v[u] = coll::ll_wait(c, c.local<const uint64_t>(off), flag, p, off, a.op_tag);
+          v[u] = coll::ll_wait<kPrint>(c, c.local<const uint64_t>(off), flag, p, off, a.op_tag);
         }
       for (int u = 0; u < U; ++u) {
         if (!live[u]) continue;
@@ -239,7 +281,7 @@ WEFT_HD void finish(Coop g, const dev::DeviceCtx& c, const GemvArgs& a, int k, i
   g.sync();
   if (me == 0) {
     dev::add_release_gpu(counter, 1);  // cumulative: the group's sums (ordered by the sync) come first
-    dev::wait_ge(c, a.norm_off, en * ctas, -1, dev::WaitKind::kBarrier, a.op_tag);
+    dev::wait_ge<kPrint>(c, a.norm_off, en * ctas, -1, dev::WaitKind::kBarrier, a.op_tag);
   }
   g.sync();
   // Token t's total over the CTAs: G threads (the largest power of two <= kNormGroup with m G

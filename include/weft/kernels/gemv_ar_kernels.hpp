@@ -13,6 +13,13 @@
 //    norm (16 bytes reserved), then [2 parities][m_max][ctas] floats: each CTA's per-token sum
 //    of squares, summed in CTA order by every CTA (bitwise the same on every rank). The
 //    protocol and its invariants: gemv_ar_algos.hpp.
+//  - value blocks (calls of m > kGemvPartFlagsM, GemvArgs::part_flags): [2 parities][world
+//    sources] blocks of gemv_flag_block_bytes, each the source's values in y's type ([m_max][n]
+//    row-major), then one uint64 per part: the epoch of the call whose values of that part are
+//    there, stored (release) after them. Half the bytes of LL lines on the link and one flag per
+//    part to wait for: faster at large M; LL lines (no flag round trip) win at small M. Both
+//    kinds of call share the epochs and the parities (the invariants do not care which
+//    region a call used), never the bytes.
 // Calls of m <= kGemvSmallM run a different kernel (the register path: 16-column parts, two
 // CTAs per SM) with a grid and owners of its own, so they have a second set of this state
 // (GemvArgs of their own: ctas from gemv_ar_fused_small_ctas, m_max = min(m_max, kGemvSmallM)).
@@ -37,7 +44,9 @@ struct GemvArgs {
   int m = 0, n = 0, k = 0;  // k: this rank's depth (K / world), a multiple of 8; n a multiple of 8
   int m_max = 0;            // the receive lines' capacity in tokens
   int ctas = 0;             // fused: the grid (persistent CTAs; slices of n shared out among them)
+  int part_flags = 0;       // fused: 1 = this call exchanges values + a flag per part at flags_off (see above)
   uint64_t lines_off = 0;   // fused: heap offset of the receive lines (gemv_lines_bytes)
+  uint64_t flags_off = 0;   // fused, part flags: heap offset of the value blocks (gemv_flag_blocks_bytes)
   uint64_t epoch_off = 0;   // fused: heap offset of the per-CTA epochs (gemv_epochs_bytes)
   uint64_t norm_off = 0;    // fused + epilogue: heap offset of the norm state (gemv_norm_bytes)
   // Epilogue (residual == nullptr: none), in fp32 from the dtype's values, each result rounded:
@@ -56,6 +65,14 @@ inline constexpr int kGemvSmallM = 16;
 
 inline uint64_t gemv_lines_bytes(int world, int m_max, int n) {
   return 2ull * static_cast<uint64_t>(world) * static_cast<uint64_t>(m_max) * static_cast<uint64_t>(n) / 4 * 16;
+}
+// Calls of m above this exchange values + part flags (when the op's state has them).
+inline constexpr int kGemvPartFlagsM = 64;
+WEFT_HD uint64_t gemv_flag_block_bytes(int m_max, int n) {
+  return 2ull * static_cast<uint64_t>(n) * (static_cast<uint64_t>(m_max) + 1);  // values, then <= n / 4 flags
+}
+inline uint64_t gemv_flag_blocks_bytes(int world, int m_max, int n) {
+  return 2ull * static_cast<uint64_t>(world) * gemv_flag_block_bytes(m_max, n);
 }
 inline uint64_t gemv_epochs_bytes(int ctas) { return 8ull * static_cast<uint64_t>(ctas); }
 inline uint64_t gemv_norm_bytes(int m_max, int ctas) {

@@ -39,6 +39,9 @@ GemvFused::GemvFused(GemvContext& c, int ctas, int small_ctas) : c_(c) {
   const int m_max = static_cast<int>(c.cfg.m_max);
   small_ = fused_state(c, std::min(m_max, kernels::kGemvSmallM), small_ctas, "small");
   if (m_max > kernels::kGemvSmallM) large_ = fused_state(c, m_max, ctas, "large");
+  if (m_max > kernels::kGemvPartFlagsM)  // values + a flag per part: half LL's bytes on the link
+    large_.flags_off = c.op.workspace(kernels::gemv_flag_blocks_bytes(c.world, m_max, static_cast<int>(c.cfg.n)),
+                                      "fused.large.values");
 }
 
 void GemvFused::run(int64_t m, const void* x, const void* w, void* y, const GemvEpilogue& ep, void* stream) {
@@ -47,6 +50,7 @@ void GemvFused::run(int64_t m, const void* x, const void* w, void* y, const Gemv
   a.w = w;
   a.y = y;
   a.m = static_cast<int>(m);
+  a.part_flags = m > kernels::kGemvPartFlagsM && a.flags_off != 0 ? 1 : 0;
   a.residual = ep.residual;
   a.gamma = ep.gamma;
   a.residual_out = ep.residual_out;
