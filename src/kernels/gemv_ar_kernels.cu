@@ -27,8 +27,7 @@
 // Fused call (gemv_ar_fused), m > kGemvSmallM: the same tile loop in a persistent grid (every
 // CTA resident: the epilogue's grid barrier needs it), cluster c of ncl owning the 128-column
 // slices c, c + ncl, ...; after each slice's cluster sum, CTA s of the cluster pushes its 128/S columns
-// (a "part") to every rank -- LL lines, or above kGemvPartFlagsM values + a flag per part --
-// and goes on to its next slice. Then
+// (a "part") to every rank as LL128 lines and goes on to its next slice. Then
 // gemv_ar_algos.hpp's finish waits for, sums (rank order) and writes its parts, with the
 // residual + RMSNorm epilogue. The exchange protocol and its invariants (epochs, parities, the
 // norm's barrier) are in gemv_ar_algos.hpp; the host backend runs the same code. Calls of
@@ -294,7 +293,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     // Part sl * S + s (owned by CTA kc = cl * S + s: parts_of_cta's k, k + ctas, ...).
     const int j0 = row0 + s * pw, j1 = std::min(a.n, j0 + pw);
     if (j0 < j1)
-      gemv::push_part<T>(g, c, a, e, sl * S + s, j0, j1,
+      gemv::push_part<T>(g, c, a, e, pw, j0, j1,
                          [&](int t, int j, float* v) { cluster_sum4(smem, t, j - row0, S, v); });
     cluster_sync(S);  // the partial tiles are read: the next slice's ring may overwrite them
   }
@@ -502,7 +501,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     cluster_sync(S);
     const int j0 = row0 + s * pw, j1 = std::min(a.n, j0 + pw);
     if (j0 < j1)
-      gemv::push_part<T>(g, c, a, e, sl * S + s, j0, j1,
+      gemv::push_part<T>(g, c, a, e, pw, j0, j1,
                          [&](int t, int j, float* v) { cluster_sum4(ring, t, j - row0, S, v); });
     // The next tile's TMA loads overwrite the partial tile: order this thread's accesses to it
     // (generic proxy) before them (async proxy), then wait for every CTA's readers.
@@ -648,7 +647,7 @@ __global__ void __launch_bounds__(32 * kRegWarps, 2)
     const int row0 = p * pw;
     reg_part<T, MT, kRegWarps>(static_cast<const T*>(a.x), static_cast<const T*>(a.w), a.m, a.n, a.k, row0, pw, fsmem);
     const float* part = fsmem + RegCfg<MT, kRegWarps>::kRed;
-    gemv::push_part<T>(g, c, a, e, p, row0, std::min(a.n, row0 + pw), [&](int t, int j, float* v) {
+    gemv::push_part<T>(g, c, a, e, pw, row0, std::min(a.n, row0 + pw), [&](int t, int j, float* v) {
       const float* src = part + t * pw + (j - row0);
       v[0] = src[0];
       v[1] = src[1];

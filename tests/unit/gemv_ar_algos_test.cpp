@@ -1,8 +1,8 @@
 // The fused GEMV + all-reduce's shared algorithm (gemv_ar_algos.hpp) on the host backend,
 // through kernels::gemv_ar_host_fused: worlds 1-4, every M of 1 ... m_max from one set of
 // receive lines, consecutive calls (epochs, both parities, stale lines of other M), with and
-// without the residual + RMSNorm epilogue, bf16 and f16, LL lines and part flags, exact on
-// integer data; a silent peer times out with its rank and the op named (both protocols).
+// without the residual + RMSNorm epilogue, bf16 and f16, LL and LL128 lines, exact on integer
+// data; a silent peer times out with its rank and the op named (both protocols).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,7 +21,7 @@ namespace {
 
 struct Shape {
   int n, k, m_max, ctas;
-  int part_flags = 0;  // GemvArgs::part_flags: values + a flag per part instead of LL lines
+  int ll128 = 0;  // GemvArgs::ll128: LL128 receive lines (the op's set of M > 16)
 };
 
 uint16_t bits(float f, dev::DType t) { return dev::to_bits16(f, t); }
@@ -43,9 +43,10 @@ void run_case(const Shape& s, dev::DType dt, bool epilogue) {
   a.m_max = s.m_max;
   a.ctas = s.ctas;
   a.op_tag = dev::op_tag("gemv_ar");
-  a.lines_off = b->heap().alloc_bytes(kernels::gemv_lines_bytes(world, s.m_max, s.n), "gemv.lines");
-  if (s.part_flags)
-    a.flags_off = b->heap().alloc_bytes(kernels::gemv_flag_blocks_bytes(world, s.m_max, s.n), "gemv.values");
+  a.ll128 = s.ll128;
+  a.lines_off = b->heap().alloc_bytes(
+      s.ll128 ? kernels::gemv_ll128_lines_bytes(world, s.m_max, s.n) : kernels::gemv_lines_bytes(world, s.m_max, s.n),
+      "gemv.lines");
   a.epoch_off = b->heap().alloc_bytes(kernels::gemv_epochs_bytes(s.ctas), "gemv.epochs");
   a.norm_off = b->heap().alloc_bytes(kernels::gemv_norm_bytes(s.m_max, s.ctas), "gemv.norm");
   std::vector<uint16_t> x(static_cast<size_t>(s.m_max) * s.k), w(static_cast<size_t>(s.n) * s.k);
@@ -66,9 +67,6 @@ void run_case(const Shape& s, dev::DType dt, bool epilogue) {
       for (int j = 0; j < s.n; ++j) res[static_cast<size_t>(t) * s.n + j] = bits(res_at(t, j, call), dt);
     std::fill(y.begin(), y.end(), bits(-99.f, dt));
     a.m = m;
-    // Part flags from m = 3 up (LL lines below), as the op does above kGemvPartFlagsM: the two
-    // kinds of call alternate on one set of epochs.
-    a.part_flags = s.part_flags && m >= 3 ? 1 : 0;
     a.x = x.data();
     a.w = w.data();
     a.y = y.data();
@@ -138,20 +136,21 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, GemvArAlgosHost, ::testing::Values(1, 2, 3,
 class GemvArAlgosHostFaults : public ::testing::TestWithParam<int> {};
 
 TEST_P(GemvArAlgosHostFaults, SilentPeerTimesOutNamingIt) {
-  const int part_flags = GetParam();
+  const int ll128 = GetParam();
   auto res = run_host_ranks(
       2,
-      [part_flags] {
+      [ll128] {
         auto b = make_backend();
         kernels::GemvArgs a;
-        a.part_flags = part_flags;
-        if (part_flags) a.flags_off = b->heap().alloc_bytes(kernels::gemv_flag_blocks_bytes(2, 2, 64), "gemv.values");
+        a.ll128 = ll128;
         a.n = 64;
         a.k = 8;
         a.m = a.m_max = 2;
         a.ctas = 1;
         a.op_tag = dev::op_tag("gemv_ar");
-        a.lines_off = b->heap().alloc_bytes(kernels::gemv_lines_bytes(2, a.m_max, a.n), "gemv.lines");
+        a.lines_off = b->heap().alloc_bytes(
+            ll128 ? kernels::gemv_ll128_lines_bytes(2, a.m_max, a.n) : kernels::gemv_lines_bytes(2, a.m_max, a.n),
+            "gemv.lines");
         a.epoch_off = b->heap().alloc_bytes(kernels::gemv_epochs_bytes(a.ctas), "gemv.epochs");
         if (b->rank() == 1) return;  // never calls
         std::vector<uint16_t> x(static_cast<size_t>(a.m) * a.k), w(static_cast<size_t>(a.n) * a.k),
@@ -169,4 +168,4 @@ TEST_P(GemvArAlgosHostFaults, SilentPeerTimesOutNamingIt) {
       << res[0].message;
 }
 
-INSTANTIATE_TEST_SUITE_P(LinesAndPartFlags, GemvArAlgosHostFaults, ::testing::Values(0, 1));
+INSTANTIATE_TEST_SUITE_P(LLAndLL128, GemvArAlgosHostFaults, ::testing::Values(0, 1));

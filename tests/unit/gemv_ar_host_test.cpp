@@ -454,8 +454,9 @@ TEST(GemvArModel, AutoAndTheAllReduceChoice) {
   EXPECT_EQ(gemv_all_reduce_method(8, 2048), Method::kLowLatency128);
   EXPECT_EQ(gemv_all_reduce_method(1, 1 << 20), Method::kLowLatency128);
   // The shapes on the H200 constants: every prediction is positive; auto is the
-  // fastest prediction; the fused call beats the library sequence at decode sizes and is never
-  // picked above kGemvSmallM (the cluster kernel's measured rate); decomposed beats the baseline
+  // fastest prediction; the fused call beats the library sequence at decode sizes and is not
+  // picked above kGemvSmallM (the tile kernel's fixed cost and all of y after the stream: at best
+  // a tie with decomposed there, measured); decomposed beats the baseline
   // at M = 1.
   const plan::DeviceConstants d = plan::h200_constants();
   for (int world : {2, 4})

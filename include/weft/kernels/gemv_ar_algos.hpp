@@ -80,19 +80,14 @@ WEFT_HD uint64_t line_off(const GemvArgs& a, int world, uint64_t par, int src, i
          16ull * ((par * static_cast<uint64_t>(world) + static_cast<uint64_t>(src)) * per_src +
                   static_cast<uint64_t>(t) * static_cast<uint64_t>(a.n / 4) + static_cast<uint64_t>(j / 4));
 }
-// Part flags (a.part_flags): block [par][src]'s values (8 bytes: columns j .. j+3 of token t)
-// and the flag of its part `part`.
-WEFT_HD uint64_t block_off(const GemvArgs& a, int world, uint64_t par, int src) {
-  return a.flags_off + kernels::gemv_flag_block_bytes(a.m_max, a.n) *
-                           (par * static_cast<uint64_t>(world) + static_cast<uint64_t>(src));
-}
-WEFT_HD uint64_t value_off(const GemvArgs& a, int world, uint64_t par, int src, int t, int j) {
-  return block_off(a, world, par, src) +
-         2ull * (static_cast<uint64_t>(t) * static_cast<uint64_t>(a.n) + static_cast<uint64_t>(j));
-}
-WEFT_HD uint64_t part_flag_off(const GemvArgs& a, int world, uint64_t par, int src, int part) {
-  return block_off(a, world, par, src) + 2ull * static_cast<uint64_t>(a.m_max) * static_cast<uint64_t>(a.n) +
-         8ull * static_cast<uint64_t>(part);
+// LL128 (a.ll128): heap offset of line `line` of part `part` (width pw) from `src`.
+WEFT_HD uint64_t ll128_line_off(const GemvArgs& a, int world, uint64_t par, int src, int pw, int part, uint64_t line) {
+  const uint64_t lpp = kernels::gemv_ll128_lines_per_part(a.m_max, pw);
+  const uint64_t parts = static_cast<uint64_t>(parts_of(a.n, pw));
+  return a.lines_off + 128ull * (((par * static_cast<uint64_t>(world) + static_cast<uint64_t>(src)) * parts +
+                                  static_cast<uint64_t>(part)) *
+                                     lpp +
+                                 line);
 }
 WEFT_HD uint64_t norm_sums_off(const GemvArgs& a, uint64_t par, int t, int k) {
   return a.norm_off + 16 +
@@ -128,39 +123,62 @@ WEFT_HD void unpack4(uint64_t d, float* v) {
   for (int q = 0; q < 4; ++q) v[q] = dev::to_float(r[q]);
 }
 
-// Pushes this rank's partial of part `part`, columns [j0, j1) (multiples of 4; j1 - j0 <= the
-// part width), for tokens 0 .. m-1 into block [e & 1][rank] of every rank, this one first.
-// value(t, j, v) gives the fp32 partial of columns j .. j+3 of token t in v[0..3]. With part
-// flags: the values, a group sync, then the part's flag (= e) on every rank, released by the
-// group's first thread (cumulative: the group's stores, ordered by the sync, come first).
+// Pushes this rank's partial of columns [j0, j1) (multiples of 4) of its part j0 / pw for tokens
+// 0 .. m-1 into block [e & 1][rank] of every rank, this one first. value(t, j, v) gives the
+// fp32 partial of columns j .. j+3 of token t in v[0..3]. LL lines, or with a.ll128 LL128
+// lines of the part's words (those past j1 zero): on the GPU 8 lanes of a warp own a line (the
+// group's size a multiple of 32, every lane calling), on the host a worker owns whole lines.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
 template <class T, class Coop, class Value>
-WEFT_HD void push_part(Coop g, const dev::DeviceCtx& c, const GemvArgs& a, uint64_t e, int part, int j0, int j1,
+WEFT_HD void push_part(Coop g, const dev::DeviceCtx& c, const GemvArgs& a, uint64_t e, int pw, int j0, int j1,
                        const Value& value) {
+  const uint64_t par = e & 1;
+  if (a.ll128) {
+    const int lpp = pw / 4, words = a.m * lpp, lines = (words + 14) / 15, part = j0 / pw;
+    auto word = [&](int w) -> uint64_t {
+      const int t = w / lpp, j = j0 + 4 * (w % lpp);
+      if (w >= words || j >= j1) return 0;
+      float v[4];
+      value(t, j, v);
+      return pack4<T>(v);
+    };
+#if defined(__CUDA_ARCH__)
+    // Warp w owns lines 4w + lane / 8, stepping by 4 x warps; lane t = lane % 8 holds words
+    // 15 L + 2t and 15 L + 2t + 1 (lane 7: word 15 L + 14 and the flag).
+    const int lane = g.rank() & 31, t = lane & 7, warp = g.rank() >> 5, warps = g.size() >> 5;
+    for (int l0 = 4 * warp; l0 < lines; l0 += 4 * warps) {
+      const int line = l0 + (lane >> 3);
+      if (line >= lines) continue;
+      const int w0 = 15 * line + 2 * t;
+      const uint64_t v0 = word(w0), v1 = t < 7 ? word(w0 + 1) : e;
+      const uint64_t off = ll128_line_off(a, c.world, par, c.rank, pw, part, static_cast<uint64_t>(line));
+      for (int dd = 0; dd < c.world; ++dd)
+        coll::ll128_store(c.ptr<uint64_t>((c.rank + dd) % c.world, off) + 2 * t, v0, v1);
+    }
+#else
+    for (int line = g.rank(); line < lines; line += g.size()) {
+      const uint64_t off = ll128_line_off(a, c.world, par, c.rank, pw, part, static_cast<uint64_t>(line));
+      for (int dd = 0; dd < c.world; ++dd) {
+        uint64_t* dst = c.ptr<uint64_t>((c.rank + dd) % c.world, off);
+        for (int q = 0; q < 15; ++q) __atomic_store_n(dst + q, word(15 * line + q), __ATOMIC_RELAXED);
+        __atomic_store_n(dst + 15, e, __ATOMIC_RELEASE);
+      }
+    }
+#endif
+    return;
+  }
   const int lpt = (j1 - j0) / 4;  // lines per token
   const int items = a.m * lpt;
-  const uint64_t par = e & 1;
   const uint32_t flag = static_cast<uint32_t>(e);
   for (int i = g.rank(); i < items; i += g.size()) {
     const int t = i / lpt, j = j0 + 4 * (i % lpt);
     float v[4];
     value(t, j, v);
     const uint64_t d = pack4<T>(v);
-    if (a.part_flags) {
-      const uint64_t off = value_off(a, c.world, par, c.rank, t, j);
-      for (int dd = 0; dd < c.world; ++dd) dev::store_relaxed(c.ptr<uint64_t>((c.rank + dd) % c.world, off), d);
-    } else {
-      const uint64_t off = line_off(a, c.world, par, c.rank, t, j);
-      for (int dd = 0; dd < c.world; ++dd) coll::ll_store(c.ptr<uint64_t>((c.rank + dd) % c.world, off), d, flag);
-    }
-  }
-  if (!a.part_flags) return;
-  g.sync();
-  if (g.rank() == 0) {
-    const uint64_t off = part_flag_off(a, c.world, par, c.rank, part);
-    for (int dd = 0; dd < c.world; ++dd) dev::store_release(c.ptr<uint64_t>((c.rank + dd) % c.world, off), e);
+    const uint64_t off = line_off(a, c.world, par, c.rank, t, j);
+    for (int dd = 0; dd < c.world; ++dd) coll::ll_store(c.ptr<uint64_t>((c.rank + dd) % c.world, off), d, flag);
   }
 }
 
@@ -191,65 +209,114 @@ WEFT_HD void finish(Coop g, const dev::DeviceCtx& c, const GemvArgs& a, int k, i
   const bool epi = a.residual != nullptr;
   T* y = static_cast<T*>(a.y);
   float* line_sq = scratch;  // [items]: each line's sum of squares of residual_out (epilogue)
-  if (a.part_flags) {
-    // One thread per (part, source) waits for that flag (acquire); the sync orders every
-    // thread's loads of the values after those waits.
-    for (int w = me; w < P * c.world; w += step) {
-      const int part = k + (w / c.world) * a.ctas, p = w % c.world;
-      dev::wait_ge<kPrint>(c, part_flag_off(a, c.world, par, p, part), e, p, dev::WaitKind::kSignal, a.op_tag);
+  // Item i's sum over the sources (acc, fp32): y, or residual_out and its sum of squares.
+  auto emit = [&](int i, const float* acc) {
+    int t, j;
+    if (!item_at(a, pw, k, items, i, t, j)) {
+      if (epi && i < items) line_sq[i] = 0.f;  // a line past n (the last part's)
+      return;
     }
-    g.sync();
-  }
-  for (int i0 = me; i0 < items; i0 += U * step) {
-    int t[U], j[U];
-    bool live[U];
-    float acc[U][4];
-    for (int u = 0; u < U; ++u) {
-      live[u] = item_at(a, pw, k, items, i0 + u * step, t[u], j[u]);
-      for (int q = 0; q < 4; ++q) acc[u][q] = 0.f;
+    const uint64_t at = static_cast<uint64_t>(t) * static_cast<uint64_t>(a.n) + static_cast<uint64_t>(j);
+    if (!epi) {
+      *reinterpret_cast<uint64_t*>(y + at) = pack4<T>(acc);
+      return;
     }
-    for (int p = 0; p < c.world; ++p) {  // rank order: every rank gets bitwise the same sums
-      uint64_t v[U];
-      bool ok[U];
-      for (int u = 0; u < U; ++u) {
-        if (a.part_flags) {
-          ok[u] = true;
-          v[u] = live[u] ? dev::load_relaxed(c.local<const uint64_t>(value_off(a, c.world, par, p, t[u], j[u]))) : 0;
-          continue;
+    float s[4], r[4];
+    unpack4<T>(pack4<T>(acc), s);  // y rounded to the dtype, as the unfused sequence has it
+    unpack4<T>(*reinterpret_cast<const uint64_t*>(static_cast<const T*>(a.residual) + at), r);
+    for (int q = 0; q < 4; ++q) s[q] += r[q];
+    const uint64_t ro = pack4<T>(s);
+    *reinterpret_cast<uint64_t*>(static_cast<T*>(a.residual_out) + at) = ro;
+    unpack4<T>(ro, s);  // the rounded values, as the norm reads them
+    line_sq[i] = s[0] * s[0] + s[1] * s[1] + s[2] * s[2] + s[3] * s[3];
+  };
+  if (a.ll128) {
+    // The CTA's parts' LL128 lines of this call's m tokens (item i = part index * per_part + word).
+    const int lpp = pw / 4, per_part = a.m * lpp, lines = (per_part + 14) / 15, all = P * lines;
+#if defined(__CUDA_ARCH__)
+    const int lane = me & 31, t8 = lane & 7, warp = me >> 5, warps = step >> 5;
+    for (int l0 = 4 * warp; l0 < all; l0 += 4 * warps) {  // uniform per warp: the votes see every lane
+      const int gl = l0 + (lane >> 3), pi = gl / lines, line = gl % lines;
+      const bool act = gl < all;
+      const int w0 = 15 * line + 2 * t8;
+      float acc0[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int p = 0; p < c.world; ++p) {  // rank order: every rank gets bitwise the same sums
+        const uint64_t off =
+            act ? ll128_line_off(a, c.world, par, p, pw, k + pi * a.ctas, static_cast<uint64_t>(line)) : 0;
+        const uint64_t* src = c.local<const uint64_t>(off) + 2 * t8;
+        uint64_t v0 = 0, v1 = 0, t_start = 0;
+        for (uint32_t spins = 0;;) {
+          if (act) coll::ll128_load(src, v0, v1);
+          const bool here = !act || t8 != 7 || v1 == e;
+          if (__all_sync(0xffffffffu, __shfl_sync(0xffffffffu, here, lane | 7))) break;
+          if (spins == 0) t_start = dev::now_ns();
+          dev::spin_pause(++spins);
+          if ((spins & 63u) == 0u && t8 == 7 && !here && dev::now_ns() - t_start > c.timeout_ns)
+            dev::fail_wait<kPrint>(c, dev::WaitKind::kSignal, p, off + 120, e, v1, dev::now_ns() - t_start, a.op_tag);
         }
-        ok[u] = !live[u] || coll::ll_try(c.local<const uint64_t>(line_off(a, c.world, par, p, t[u], j[u])), flag, v[u]);
+        if (t8 == 7) v1 = 0;
+        float f[4];
+        unpack4<T>(v0, f);
+        for (int q = 0; q < 4; ++q) acc0[q] += f[q];
+        unpack4<T>(v1, f);
+        for (int q = 0; q < 4; ++q) acc1[q] += f[q];
+      }
+      if (act && w0 < per_part) emit(pi * per_part + w0, acc0);
+      if (act && t8 < 7 && w0 + 1 < per_part) emit(pi * per_part + w0 + 1, acc1);
+    }
+#else
+    for (int gl = me; gl < all; gl += step) {
+      const int pi = gl / lines, line = gl % lines;
+      float acc[15][4] = {};
+      for (int p = 0; p < c.world; ++p) {
+        const uint64_t off = ll128_line_off(a, c.world, par, p, pw, k + pi * a.ctas, static_cast<uint64_t>(line));
+        const uint64_t* src = c.local<const uint64_t>(off);
+        const uint64_t t_start = dev::now_ns();
+        for (uint32_t spins = 0; __atomic_load_n(src + 15, __ATOMIC_ACQUIRE) != e;) {
+          dev::spin_pause(++spins);
+          const uint64_t waited = dev::now_ns() - t_start;
+          if ((spins & 63u) == 0u && waited > c.timeout_ns)
+            dev::fail_wait<kPrint>(c, dev::WaitKind::kSignal, p, off + 120, e,
+                                   __atomic_load_n(src + 15, __ATOMIC_RELAXED), waited, a.op_tag);
+        }
+        for (int q = 0; q < 15; ++q) {
+          float f[4];
+          unpack4<T>(__atomic_load_n(src + q, __ATOMIC_RELAXED), f);
+          for (int qq = 0; qq < 4; ++qq) acc[q][qq] += f[qq];
+        }
+      }
+      for (int q = 0; q < 15 && 15 * line + q < per_part; ++q) emit(pi * per_part + 15 * line + q, acc[q]);
+    }
+#endif
+  } else {
+    for (int i0 = me; i0 < items; i0 += U * step) {
+      int t[U], j[U];
+      bool live[U];
+      float acc[U][4];
+      for (int u = 0; u < U; ++u) {
+        live[u] = item_at(a, pw, k, items, i0 + u * step, t[u], j[u]);
+        for (int q = 0; q < 4; ++q) acc[u][q] = 0.f;
+      }
+      for (int p = 0; p < c.world; ++p) {  // rank order: every rank gets bitwise the same sums
+        uint64_t v[U];
+        bool ok[U];
+        for (int u = 0; u < U; ++u)
+          ok[u] =
+              !live[u] || coll::ll_try(c.local<const uint64_t>(line_off(a, c.world, par, p, t[u], j[u])), flag, v[u]);
+        for (int u = 0; u < U; ++u)
+          if (!ok[u]) {
+            const uint64_t off = line_off(a, c.world, par, p, t[u], j[u]);
+            v[u] = coll::ll_wait<kPrint>(c, c.local<const uint64_t>(off), flag, p, off, a.op_tag);
+          }
+        for (int u = 0; u < U; ++u) {
+          if (!live[u]) continue;
+          float f[4];
+          unpack4<T>(v[u], f);
+          for (int q = 0; q < 4; ++q) acc[u][q] += f[q];
+        }
       }
       for (int u = 0; u < U; ++u)
-        if (!ok[u]) {
-          const uint64_t off = line_off(a, c.world, par, p, t[u], j[u]);
-          v[u] = coll::ll_wait<kPrint>(c, c.local<const uint64_t>(off), flag, p, off, a.op_tag);
-        }
-      for (int u = 0; u < U; ++u) {
-        if (!live[u]) continue;
-        float f[4];
-        unpack4<T>(v[u], f);
-        for (int q = 0; q < 4; ++q) acc[u][q] += f[q];
-      }
-    }
-    for (int u = 0; u < U; ++u) {
-      const int i = i0 + u * step;
-      if (!live[u]) {
-        if (epi && i < items) line_sq[i] = 0.f;  // a line past n (the last part's)
-        continue;
-      }
-      const uint64_t at = static_cast<uint64_t>(t[u]) * static_cast<uint64_t>(a.n) + static_cast<uint64_t>(j[u]);
-      if (!epi) {
-        *reinterpret_cast<uint64_t*>(y + at) = pack4<T>(acc[u]);
-        continue;
-      }
-      float s[4], r[4];
-      unpack4<T>(pack4<T>(acc[u]), s);  // y rounded to the dtype, as the unfused sequence has it
-      unpack4<T>(*reinterpret_cast<const uint64_t*>(static_cast<const T*>(a.residual) + at), r);
-      for (int q = 0; q < 4; ++q) s[q] += r[q];
-      const uint64_t ro = pack4<T>(s);
-      *reinterpret_cast<uint64_t*>(static_cast<T*>(a.residual_out) + at) = ro;
-      unpack4<T>(ro, s);  // the rounded values, as the norm reads them
-      line_sq[i] = s[0] * s[0] + s[1] * s[1] + s[2] * s[2] + s[3] * s[3];
+        if (i0 + u * step < items) emit(i0 + u * step, acc[u]);
     }
   }
   if (!epi) return;

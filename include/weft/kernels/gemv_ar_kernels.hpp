@@ -13,13 +13,12 @@
 //    norm (16 bytes reserved), then [2 parities][m_max][ctas] floats: each CTA's per-token sum
 //    of squares, summed in CTA order by every CTA (bitwise the same on every rank). The
 //    protocol and its invariants: gemv_ar_algos.hpp.
-//  - value blocks (calls of m > kGemvPartFlagsM, GemvArgs::part_flags): [2 parities][world
-//    sources] blocks of gemv_flag_block_bytes, each the source's values in y's type ([m_max][n]
-//    row-major), then one uint64 per part: the epoch of the call whose values of that part are
-//    there, stored (release) after them. Half the bytes of LL lines on the link and one flag per
-//    part to wait for: faster at large M; LL lines (no flag round trip) win at small M. Both
-//    kinds of call share the epochs and the parities (the invariants do not care which
-//    region a call used), never the bytes.
+//  - LL128 lines (the set of m > kGemvSmallM, GemvArgs::ll128): per [parity][source], per
+//    part, the part's words (8 bytes: 4 values of token t, columns j .. j+3; word w = t * pw/4
+//    + (j - part start) / 4) packed 15 to a 128-byte line with the epoch as its 16th word
+//    (collective_algos.hpp's LL128), gemv_ll128_lines_bytes for the largest layout. 15/16 of
+//    the bytes on the link are data, against 1/2 for LL lines; small calls keep LL's 8-byte
+//    granularity (a part of 16 columns at m <= 16 is a few lines).
 // Calls of m <= kGemvSmallM run a different kernel (the register path: 16-column parts, two
 // CTAs per SM) with a grid and owners of its own, so they have a second set of this state
 // (GemvArgs of their own: ctas from gemv_ar_fused_small_ctas, m_max = min(m_max, kGemvSmallM)).
@@ -44,9 +43,8 @@ struct GemvArgs {
   int m = 0, n = 0, k = 0;  // k: this rank's depth (K / world), a multiple of 8; n a multiple of 8
   int m_max = 0;            // the receive lines' capacity in tokens
   int ctas = 0;             // fused: the grid (persistent CTAs; slices of n shared out among them)
-  int part_flags = 0;       // fused: 1 = this call exchanges values + a flag per part at flags_off (see above)
+  int ll128 = 0;            // fused: the receive lines are LL128 lines (the large set; see above)
   uint64_t lines_off = 0;   // fused: heap offset of the receive lines (gemv_lines_bytes)
-  uint64_t flags_off = 0;   // fused, part flags: heap offset of the value blocks (gemv_flag_blocks_bytes)
   uint64_t epoch_off = 0;   // fused: heap offset of the per-CTA epochs (gemv_epochs_bytes)
   uint64_t norm_off = 0;    // fused + epilogue: heap offset of the norm state (gemv_norm_bytes)
   // Epilogue (residual == nullptr: none), in fp32 from the dtype's values, each result rounded:
@@ -66,13 +64,19 @@ inline constexpr int kGemvSmallM = 16;
 inline uint64_t gemv_lines_bytes(int world, int m_max, int n) {
   return 2ull * static_cast<uint64_t>(world) * static_cast<uint64_t>(m_max) * static_cast<uint64_t>(n) / 4 * 16;
 }
-// Calls of m above this exchange values + part flags (when the op's state has them).
-inline constexpr int kGemvPartFlagsM = 64;
-WEFT_HD uint64_t gemv_flag_block_bytes(int m_max, int n) {
-  return 2ull * static_cast<uint64_t>(n) * (static_cast<uint64_t>(m_max) + 1);  // values, then <= n / 4 flags
+// LL128 lines of one part of pw columns for m_max tokens.
+WEFT_HD uint64_t gemv_ll128_lines_per_part(int m_max, int pw) {
+  return (static_cast<uint64_t>(m_max) * static_cast<uint64_t>(pw / 4) + 14) / 15;
 }
-inline uint64_t gemv_flag_blocks_bytes(int world, int m_max, int n) {
-  return 2ull * static_cast<uint64_t>(world) * gemv_flag_block_bytes(m_max, n);
+// LL128 receive lines: the largest layout over the part widths the kernels use (16 .. 128).
+inline uint64_t gemv_ll128_lines_bytes(int world, int m_max, int n) {
+  uint64_t most = 0;
+  for (int pw = 16; pw <= 128; pw *= 2) {
+    const uint64_t parts = (static_cast<uint64_t>(n) + static_cast<uint64_t>(pw) - 1) / static_cast<uint64_t>(pw);
+    const uint64_t b = 2ull * static_cast<uint64_t>(world) * parts * gemv_ll128_lines_per_part(m_max, pw) * 128;
+    most = b > most ? b : most;
+  }
+  return most;
 }
 inline uint64_t gemv_epochs_bytes(int ctas) { return 8ull * static_cast<uint64_t>(ctas); }
 inline uint64_t gemv_norm_bytes(int m_max, int ctas) {

@@ -18,7 +18,8 @@
 namespace weft::ops::detail {
 
 namespace {
-kernels::GemvArgs fused_state(GemvContext& c, int m_max, int ctas, const char* name) {
+// ll128: the set's receive lines are LL128 lines (the set of M > kGemvSmallM).
+kernels::GemvArgs fused_state(GemvContext& c, int m_max, int ctas, const char* name, bool ll128) {
   const int world = c.world, n = static_cast<int>(c.cfg.n);
   kernels::GemvArgs a;
   a.n = n;
@@ -27,7 +28,10 @@ kernels::GemvArgs fused_state(GemvContext& c, int m_max, int ctas, const char* n
   a.ctas = ctas;
   a.eps = c.cfg.eps;
   a.op_tag = dev::op_tag("gemv_ar");
-  a.lines_off = c.op.workspace(kernels::gemv_lines_bytes(world, m_max, n), fmt::format("fused.{}.lines", name));
+  a.ll128 = ll128 ? 1 : 0;
+  a.lines_off = c.op.workspace(
+      ll128 ? kernels::gemv_ll128_lines_bytes(world, m_max, n) : kernels::gemv_lines_bytes(world, m_max, n),
+      fmt::format("fused.{}.lines", name));
   a.epoch_off = c.op.workspace(kernels::gemv_epochs_bytes(ctas), fmt::format("fused.{}.epochs", name));
   if (c.cfg.epilogue)
     a.norm_off = c.op.workspace(kernels::gemv_norm_bytes(m_max, ctas), fmt::format("fused.{}.norm", name));
@@ -37,11 +41,8 @@ kernels::GemvArgs fused_state(GemvContext& c, int m_max, int ctas, const char* n
 
 GemvFused::GemvFused(GemvContext& c, int ctas, int small_ctas) : c_(c) {
   const int m_max = static_cast<int>(c.cfg.m_max);
-  small_ = fused_state(c, std::min(m_max, kernels::kGemvSmallM), small_ctas, "small");
-  if (m_max > kernels::kGemvSmallM) large_ = fused_state(c, m_max, ctas, "large");
-  if (m_max > kernels::kGemvPartFlagsM)  // values + a flag per part: half LL's bytes on the link
-    large_.flags_off = c.op.workspace(kernels::gemv_flag_blocks_bytes(c.world, m_max, static_cast<int>(c.cfg.n)),
-                                      "fused.large.values");
+  small_ = fused_state(c, std::min(m_max, kernels::kGemvSmallM), small_ctas, "small", false);
+  if (m_max > kernels::kGemvSmallM) large_ = fused_state(c, m_max, ctas, "large", true);
 }
 
 void GemvFused::run(int64_t m, const void* x, const void* w, void* y, const GemvEpilogue& ep, void* stream) {
@@ -50,7 +51,6 @@ void GemvFused::run(int64_t m, const void* x, const void* w, void* y, const Gemv
   a.w = w;
   a.y = y;
   a.m = static_cast<int>(m);
-  a.part_flags = m > kernels::kGemvPartFlagsM && a.flags_off != 0 ? 1 : 0;
   a.residual = ep.residual;
   a.gamma = ep.gamma;
   a.residual_out = ep.residual_out;

@@ -163,11 +163,13 @@ struct GemvModelInput {
 // weft's all-reduce of decomposed for `bytes` of y per rank: ll (16-byte lines, 8 of data)
 // while every rank sends less than kGemvLLMaxBytes, ll128 from there.
 inline constexpr uint64_t kGemvLLMaxBytes = 8ull << 10;
-// Measured fractions of the model's rates (docs/gemv_ar.md, "Measured"; model.cpp):
-// weft's GEMV streams W at this fraction of HBM bandwidth -- the register path (M <= 16) and
-// the cluster kernel (larger M) ...
+// Measured (docs/gemv_ar.md, "Measured"; model.cpp): weft's GEMV streams W at this fraction
+// of HBM bandwidth on the register path (M <= 16); the tile kernel (larger M) at the full rate
+// plus kGemvTileUs + M * kGemvTileUsPerToken (its ring fill, cluster sum and stores, and x's
+// share of shared memory; fitted to 2 x H200 at M = 32 .. 128, within 8%) ...
 inline constexpr double kGemvRegHbmEfficiency = 0.87;
-inline constexpr double kGemvClusterHbmEfficiency = 0.45;
+inline constexpr double kGemvTileUs = 4.0;
+inline constexpr double kGemvTileUsPerToken = 0.045;
 // ... and LL128 moves its lines at this fraction of the SM link rate.
 inline constexpr double kGemvLL128LinkEfficiency = 0.65;
 Method gemv_all_reduce_method(int world, uint64_t bytes);

@@ -35,7 +35,7 @@ void run_team(CoopHostTeam g, const dev::DeviceCtx& c, const GemvArgs& a, int k,
       part[t * pw + (j - j0)] = s;
     }
     g.sync();
-    gemv::push_part<T>(g, c, a, e, p, j0, j1, [&](int t, int j, float* v) {
+    gemv::push_part<T>(g, c, a, e, pw, j0, j1, [&](int t, int j, float* v) {
       for (int q = 0; q < 4; ++q) v[q] = part[t * pw + (j - j0) + q];
     });
     g.sync();  // the part buffer is reused by the next part

@@ -49,14 +49,16 @@ GemvAutoChoice predict_gemv(const GemvModelInput& in, const plan::DeviceConstant
       cublas_us + plan::collective_us(d, plan::Collective::kAllReduce, in.world, y_bytes) + epilogue_us;
   a.predicted_decomposed_us = in.decomposed_available ? cublas_us + ll_us + epilogue_us : 0;
   if (in.fused_available) {
-    // One launch; W streamed at weft's measured GEMV rate (the register path up to
-    // kGemvSmallM, the cluster kernel above); each part's LL lines leave as it is done, so only
-    // the last part's push and one flag latency follow the stream; the epilogue's grid-wide
-    // barrier adds a flag round on the device.
-    const double eff = in.m <= kernels::kGemvSmallM ? kGemvRegHbmEfficiency : kGemvClusterHbmEfficiency;
-    const double weft_stream_us = plan::hbm_us(d, w_bytes + x_bytes + y_bytes) / eff;
-    const double push_us =
-        in.world > 1 ? d.signal_latency_us + plan::transfer_us(d, plan::Engine::kSm, peers * y_bytes * 2.0) : 0;
+    // One launch; W streamed at weft's measured GEMV rate. Up to kGemvSmallM each part's LL
+    // lines leave as it is done, so only the last part's push and one flag latency follow the
+    // stream (bounded here by the whole push); above, every tile finishes in the same wave and
+    // all of y follows as LL128 lines. The epilogue's grid-wide barrier adds a flag round.
+    const double io_us = plan::hbm_us(d, w_bytes + x_bytes + y_bytes);
+    const bool small = in.m <= kernels::kGemvSmallM;
+    const double weft_stream_us =
+        small ? io_us / kGemvRegHbmEfficiency : io_us + kGemvTileUs + static_cast<double>(in.m) * kGemvTileUsPerToken;
+    const double on_link = peers * y_bytes * (small ? 2.0 : 16.0 / 15.0 / kGemvLL128LinkEfficiency);
+    const double push_us = in.world > 1 ? d.signal_latency_us + plan::transfer_us(d, plan::Engine::kSm, on_link) : 0;
     a.predicted_fused_us = d.launch_us + weft_stream_us + push_us + (in.epilogue ? d.signal_latency_us : 0);
   }
   // The fastest prediction; ties keep the earlier (baseline, decomposed, fused).
