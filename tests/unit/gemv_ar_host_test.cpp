@@ -6,8 +6,11 @@
 // ranks that disagree; the pieces alone (GEMV, all-reduce, add + RMSNorm); `auto` and the model.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -484,4 +487,71 @@ TEST(GemvArModel, AutoAndTheAllReduceChoice) {
       in.epilogue = true;
       EXPECT_GT(detail::predict_gemv(in, d).predicted_baseline_us, a.predicted_baseline_us);
     }
+}
+
+// The tuning cache: a recorded choice is `auto`'s for its M's token tile in the ops made after
+// it, on every rank (rank 0 reads, then tells the others), and runs exactly; the other tiles
+// keep the default; "-" reads none; an entry naming no method of the op is ignored.
+TEST(GemvArTuning, RecordedChoiceIsAutosForItsTokenTile) {
+  char dir[] = "/tmp/weft-gemv-tune-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/gemv_ar.json";
+  expect_all_ok(run_ranks_with_heap(2, [path] {
+    auto b = make_backend();
+    const int rank = b->rank(), world = b->size();
+    const dev::DType t = dev::DType::kBF16;
+    GemvArConfig cfg = config(64, 16 * world, 64, t, false);
+    cfg.tune_cache = path;
+    {
+      GemvAllReduce op(*b, cfg);
+      WEFT_CHECK(op.auto_choice(5).method == GemvMethod::kFused && op.auto_choice(5).source == "host backend default",
+                 "before any record: the host default");
+      op.record_tuned(5, GemvMethod::kBaseline, 12.5);     // M 1 .. 8
+      op.record_tuned(40, GemvMethod::kDecomposed, 20.0);  // M 33 .. 64
+      expect_message([&] { op.record_tuned(5, GemvMethod::kAuto, 1.0); }, "record_tuned takes a method, not auto");
+      WEFT_CHECK(op.auto_choice(5).method == GemvMethod::kFused, "an op's own choices do not change");
+    }
+    b->barrier();  // rank 0's store is done before any rank's next op
+    GemvAllReduce op(*b, cfg);
+    for (int64_t m : {1, 8, 9, 16, 17, 33, 64}) {
+      const GemvAutoChoice a = op.auto_choice(m);
+      const GemvMethod want = m <= 8 ? GemvMethod::kBaseline : m >= 33 ? GemvMethod::kDecomposed : GemvMethod::kFused;
+      WEFT_CHECK(a.method == want, fmt::format("M {}: auto is {}, want {}", m, to_string(a.method), to_string(want)));
+      WEFT_CHECK((a.source == "tuning cache " + path) == (want != GemvMethod::kFused),
+                 fmt::format("M {}: source '{}'", m, a.source));
+      Call c(m, 64, op.k_local());
+      fill(c, t, rank, world, m, false);
+      op.run(c.x.p(), c.w.p(), c.y.p(), options(GemvMethod::kAuto, m, c, false));
+      check(c, t, m, false, fmt::format("auto from the tuning cache, M {}", m));
+    }
+    cfg.tune_cache = "-";
+    GemvAllReduce none(*b, cfg);
+    WEFT_CHECK(none.auto_choice(5).method == GemvMethod::kFused, "tune_cache '-' reads no cache");
+    // Another epilogue setting is another key: not tuned.
+    cfg.tune_cache = path;
+    cfg.epilogue = true;
+    GemvAllReduce epi(*b, cfg);
+    WEFT_CHECK(epi.auto_choice(5).method == GemvMethod::kFused, "the epilogue op has entries of its own");
+  }));
+  // An entry naming an unknown method is ignored (the default decides); its neighbour, well
+  // formed, is read (the key's format is the op's).
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(
+        "{\"gemv_ar|host (1 ranks, shared memory)|w1|64x16|bf16|plain|m<=8\": {\"method\": \"warp-drive\"},\n"
+        " \"gemv_ar|host (1 ranks, shared memory)|w1|64x16|bf16|plain|m<=16\": {\"method\": \"baseline\"}}\n",
+        f);
+    std::fclose(f);
+  }
+  expect_all_ok(run_ranks_with_heap(1, [path] {
+    auto b = make_backend();
+    GemvArConfig cfg = config(64, 16, 64, dev::DType::kBF16, false);
+    cfg.tune_cache = path;
+    GemvAllReduce op(*b, cfg);
+    WEFT_CHECK(op.auto_choice(5).method == GemvMethod::kFused, "an unknown method in the cache is ignored");
+    WEFT_CHECK(op.auto_choice(12).method == GemvMethod::kBaseline, "the well-formed entry beside it is read");
+  }));
+  std::remove(path.c_str());
+  rmdir(dir);
 }

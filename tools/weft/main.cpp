@@ -177,13 +177,14 @@ int cmd_bench_overlap(const std::string& what, bool quick, const std::string& ou
 // `weft bench gemv_ar` (docs/gemv_ar.md, "Benchmark"): runs as ranks. A checked column whose
 // output disagrees with its reference fails the command (status 1, after the table).
 int cmd_bench_gemv(bool quick, const std::string& out_dir, const std::vector<std::string>& shapes,
-                   const std::vector<int64_t>& ms) {
+                   const std::vector<int64_t>& ms, bool tune) {
   if (!env_var(tunables::kGpuHeapMiB.env)) setenv(tunables::kGpuHeapMiB.env, "8192", 1);
   auto b = make_backend();
   bench::GemvBenchOptions opt;
   opt.quick = quick;
   opt.shapes = shapes;
   opt.ms = ms;
+  opt.tune = tune;
   const auto t0 = std::chrono::steady_clock::now();
   if (b->rank() == 0)
     opt.progress = [t0](const std::string& s) {
@@ -404,7 +405,7 @@ int main(int argc, char** argv) {
   bench->add_option("--trace-dir", trace_dir, "ag_gemm/gemm_rs/gemm_ar: write one traced call per method here");
   bench->add_flag("--tune", tune,
                   "ag_gemm/gemm_rs/gemm_ar: time decomposed at 1, 2, 3, 4 and 6 chunks too; store the fastest method "
-                  "(and chunk count) in the tuning cache");
+                  "(and chunk count) in the tuning cache; gemv_ar: store each (shape, M)'s fastest method there");
   std::string data = "random";
   bench
       ->add_option("--data", data,
@@ -467,7 +468,7 @@ int main(int argc, char** argv) {
     if (*trace) return cmd_trace(trace_file, trace_png);
     if (*bench && what == "gemv_ar") {
       int rc = relaunch_as_ranks(argc, argv);
-      return rc >= 0 ? rc : cmd_bench_gemv(quick, out_dir, shapes, ms);
+      return rc >= 0 ? rc : cmd_bench_gemv(quick, out_dir, shapes, ms, tune);
     }
     if (*bench && is_overlap_bench(what)) {
       int rc = relaunch_as_ranks(argc, argv);

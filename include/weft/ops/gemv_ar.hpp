@@ -55,6 +55,10 @@ struct GemvArConfig {
   // The residual add + RMSNorm epilogue (run options: residual, gamma, residual_out, out).
   bool epilogue = false;
   float eps = 1e-6f;
+  // The tuning cache `auto` reads (one choice per token tile: M of 1-8, 9-16, 17-32, 33-64,
+  // 65-128) and record_tuned writes: "" = WEFT_TUNE_CACHE, else $XDG_CACHE_HOME/weft/gemv_ar.json
+  // or ~/.cache/weft/gemv_ar.json; "-" = none.
+  std::string tune_cache;
 };
 
 struct GemvRunOptions {
@@ -72,7 +76,7 @@ struct GemvRunOptions {
 // What `auto` picks for M tokens, and the model's predictions (us; 0: not predicted).
 struct GemvAutoChoice {
   GemvMethod method = GemvMethod::kBaseline;
-  std::string source;  // "cost model", "host backend default"
+  std::string source;  // "cost model", "host backend default", "tuning cache <path>"
   double predicted_baseline_us = 0, predicted_decomposed_us = 0, predicted_fused_us = 0;
 };
 
@@ -108,6 +112,10 @@ class GemvAllReduce {
 
   std::vector<GemvMethod> available_methods() const;
   GemvAutoChoice auto_choice(int64_t m) const;
+  // Records `method` as the fastest measured at M = m (us per call) for this op's shape in the
+  // tuning cache, for M's token tile (`weft bench gemv_ar --tune`); rank 0 writes, the others
+  // return. Ops made after it read it; this one's choices do not change.
+  void record_tuned(int64_t m, GemvMethod method, double us) const;
   const GemvArConfig& config() const;
   int64_t k_local() const;
 

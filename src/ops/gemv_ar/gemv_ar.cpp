@@ -12,6 +12,7 @@
 #include <set>
 #include <utility>
 
+#include "../common/tuning_cache.hpp"
 #include "gemv_ar_impl.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device/dtype.hpp"
@@ -161,6 +162,18 @@ void GemvContext::init_gpu() {
 
 }  // namespace detail
 
+namespace {
+// The token tiles `auto`'s tuned choices are kept by: the kernels' (M rounded up to these).
+constexpr int64_t kGemvTileMs[] = {8, 16, 32, 64, 128};
+constexpr size_t kGemvTiles = sizeof kGemvTileMs / sizeof kGemvTileMs[0];
+size_t tile_of(int64_t m) {
+  size_t t = 0;
+  while (kGemvTileMs[t] < m) ++t;
+  return t;
+}
+
+}  // namespace
+
 // ---- the op ----------------------------------------------------------------------------------
 
 struct GemvAllReduce::Impl : detail::GemvContext {
@@ -170,6 +183,7 @@ struct GemvAllReduce::Impl : detail::GemvContext {
   std::unique_ptr<detail::GemvDecomposed> decomposed;
   std::unique_ptr<detail::GemvFused> fused;  // null where the GPU has no fused kernel
   std::vector<GemvAutoChoice> autoc;         // [m - 1], every M of 1 .. m_max
+  std::string cache;                         // the tuning cache's path ("": none)
   std::set<std::pair<int64_t, int>> agreed;  // (M, method) whose first call the ranks agreed on
 
   std::vector<GemvMethod> available() const {
@@ -183,6 +197,13 @@ struct GemvAllReduce::Impl : detail::GemvContext {
     WEFT_REQUIRE(m >= 1 && m <= cfg.m_max,
                  fmt::format("gemv_ar: {} M = {} is outside 1 .. {} (config.m_max: the most tokens a call may have)",
                              what, m, cfg.m_max));
+  }
+
+  // The tuning-cache key of this shape's token tile t (kGemvTileMs[t]):
+  // gemv_ar|device|world|NxK|dtype|epilogue|m<=tile.
+  std::string tuning_key(size_t t) const {
+    return fmt::format("gemv_ar|{}|w{}|{}x{}|{}|{}|m<={}", b.device_name(), world, cfg.n, cfg.k,
+                       dev::dtype_name(cfg.dtype), cfg.epilogue ? "norm" : "plain", kGemvTileMs[t]);
   }
 
   detail::GemvMethodImpl* method_of(GemvMethod m) const {
@@ -267,6 +288,24 @@ GemvAllReduce::GemvAllReduce(Backend& backend, const GemvArConfig& config) {
   if (ctas > 0) I.fused = std::make_unique<detail::GemvFused>(I, ctas, small_ctas);
   if (!I.decomposed->ready() && I.rank == 0)
     std::fprintf(stderr, "weft: gemv_ar: the decomposed method is not available: %s\n", I.decomposed->why().c_str());
+  // Tuning cache: rank 0 reads each token tile's entry and tells everyone, so every rank
+  // decides alike; an entry naming a method this op does not have is ignored.
+  I.cache = detail::tuning_cache_path(config.tune_cache, "gemv_ar.json");
+  int32_t tuned[kGemvTiles];
+  for (size_t t = 0; t < kGemvTiles; ++t) {
+    tuned[t] = -1;
+    if (I.rank != 0) continue;
+    if (auto c = detail::read_tuned_choice(I.cache, I.tuning_key(t))) {
+      try {
+        const GemvMethod meth = parse_gemv_method(c->method);
+        const auto avail = I.available();
+        if (meth != GemvMethod::kAuto && std::find(avail.begin(), avail.end(), meth) != avail.end())
+          tuned[t] = static_cast<int32_t>(meth);
+      } catch (const InvalidArgument&) {  // an unknown method: the entry is ignored
+      }
+    }
+  }
+  I.b.bootstrap().broadcast(tuned, sizeof tuned, 0);
   const plan::DeviceConstants d = detail::gemv_device_constants();
   for (int64_t m = 1; m <= config.m_max; ++m) {
     detail::GemvModelInput in{
@@ -277,6 +316,10 @@ GemvAllReduce::GemvAllReduce(Backend& backend, const GemvArConfig& config) {
       a.source = "host backend default";
     } else {
       a = detail::predict_gemv(in, d);
+    }
+    if (const int32_t t = tuned[tile_of(m)]; t >= 0) {
+      a.method = static_cast<GemvMethod>(t);
+      a.source = "tuning cache " + I.cache;
     }
     I.autoc.push_back(a);
   }
@@ -376,6 +419,14 @@ std::vector<GemvMethod> GemvAllReduce::available_methods() const { return impl_-
 GemvAutoChoice GemvAllReduce::auto_choice(int64_t m) const {
   impl_->check_m(m, "auto_choice:");
   return impl_->autoc[static_cast<size_t>(m - 1)];
+}
+
+void GemvAllReduce::record_tuned(int64_t m, GemvMethod method, double us) const {
+  const Impl& I = *impl_;
+  I.check_m(m, "record_tuned:");
+  WEFT_REQUIRE(method != GemvMethod::kAuto, "gemv_ar: record_tuned takes a method, not auto");
+  if (I.rank != 0 || I.cache.empty()) return;
+  detail::store_tuned_choice(I.cache, I.tuning_key(tile_of(m)), {to_string(method), 0}, us);
 }
 
 const GemvArConfig& GemvAllReduce::config() const { return impl_->cfg; }

@@ -375,6 +375,31 @@ GemvBenchResult bench_gemv_ar(Backend& b, const GemvBenchOptions& opt) {
                                    us > 0 ? fmt::format("{:.1f} us", us) : "did not run (" + p.note + ")"));
         res.points.push_back(std::move(p));
       }
+      if (opt.tune) {
+        // The fastest checked method of each op (every rank has the same slowest-rank medians).
+        auto fastest = [&](std::initializer_list<std::pair<const char*, GemvMethod>> cands,
+                           const ops::GemvAllReduce& o) {
+          const GemvPoint* best = nullptr;
+          GemvMethod meth = GemvMethod::kBaseline;
+          for (const auto& [name, mm] : cands)
+            for (const GemvPoint& p : res.points)
+              if (p.k == d.k && p.n == d.n && p.m == m && p.method == name && p.median_us > 0 &&
+                  p.rel_err <= p.tolerance && (!best || p.median_us < best->median_us)) {
+                best = &p;
+                meth = mm;
+              }
+          if (!best) return;
+          o.record_tuned(m, meth, best->median_us);
+          if (opt.progress)
+            opt.progress(fmt::format("gemv_ar {}{}: tuned {} ({:.1f} us)", tag, o.config().epilogue ? " + norm" : "",
+                                     ops::to_string(meth), best->median_us));
+        };
+        fastest({{"baseline", GemvMethod::kBaseline},
+                 {"decomposed", GemvMethod::kDecomposed},
+                 {"fused", GemvMethod::kFused}},
+                op);
+        fastest({{"unfused_rmsnorm", GemvMethod::kBaseline}, {"fused_rmsnorm", GemvMethod::kFused}}, epi);
+      }
       res.points.push_back({d.k, d.n, m, "roofline", roofline_us,
                             fmt::format("W's {:.1f} MiB per rank / {:.0f} GB/s (not timed)", w_bytes / (1 << 20),
                                         res.hbm_gbps)});

@@ -48,6 +48,9 @@ struct GemvBenchOptions {
   bool quick = false;
   std::vector<std::string> shapes;  // "K:N"; empty: the four (GPU) or small ones (host)
   std::vector<int64_t> ms;          // tokens; empty: 1, 8, 16, 64, 128 (GPU) or small ones (host)
+  // Store each (shape, M)'s fastest method (baseline, decomposed, fused; with the epilogue:
+  // the unfused sequence or fused) in the tuning cache that `auto` reads (later ops).
+  bool tune = false;
   std::function<void(const std::string&)> progress;
 };
 
