@@ -9,7 +9,9 @@
 # torch.matmul + NCCL all_reduce in CUDA graphs, weft's fused op beside). Logs, JSON, PNGs in
 # $OUT (copy them to bench/results/); a short table last.
 # Environment: BENCH_ARGS (e.g. "--ms 1,16 --shapes 8192:8192"), PEER_ARGS, SKIP_PYTEST=1, SKIP_PEER=1,
-# WORLDS (e.g. "2 4": the first 2 GPUs, then 4), BENCH_LIMIT / PEER_LIMIT (seconds per run).
+# WORLDS (e.g. "2 4": the first 2 GPUs, then 4), BENCH_LIMIT / PEER_LIMIT (seconds per run),
+# TUNE=1 (per world a `weft bench gemv_ar --tune` first, into $OUT/gemv_ar-tune.json, which the
+# timed run's `auto` then reads).
 set -uo pipefail
 BIN=${1:-.gpu}
 ONLY=${2:-all}
@@ -46,6 +48,12 @@ if [ "$ONLY" != tests ]; then
     export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1)))
     step "weft bench gemv_ar on $n GPUs"
     mkdir -p "$OUT/results"
+    if [ "${TUNE:-0}" = 1 ]; then
+      export WEFT_TUNE_CACHE="$OUT/gemv_ar-tune.json"
+      timeout -s KILL "${BENCH_LIMIT:-480}" "$d/weft" bench gemv_ar --tune --out "$OUT/tune-results" ${BENCH_ARGS:-} \
+        2>"$OUT/bench_gemv_ar_tune_${n}.log" > /dev/null || status=1
+      grep -c "tuned" "$OUT/bench_gemv_ar_tune_${n}.log" | sed 's/^/tuned entries: /'
+    fi
     # weft bench launches one rank per visible GPU itself; its exit status is 1 when a column disagrees.
     timeout -s KILL "${BENCH_LIMIT:-480}" "$d/weft" bench gemv_ar --out "$OUT/results" ${BENCH_ARGS:-} \
       2>"$OUT/bench_gemv_ar_progress_${n}.log" > "$OUT/bench_gemv_ar_${n}.log" || status=1

@@ -55,7 +55,7 @@ using kernels::GemvArgs;
 inline constexpr int kLineUnroll = 4;
 // The norm's per-CTA sums each thread loads per batch (in flight together), and at most this
 // many threads per token (each round of the tree over them is a group-wide sync).
-inline constexpr int kNormUnroll = 8;
+inline constexpr int kNormUnroll = 32;
 inline constexpr int kNormGroup = 64;
 
 WEFT_HD int parts_of(int n, int pw) { return (n + pw - 1) / pw; }
@@ -359,13 +359,14 @@ WEFT_HD void finish(Coop g, const dev::DeviceCtx& c, const GemvArgs& a, int k, i
   for (int i = me; i < a.m * G; i += step) {
     const int t = i / G, gi = i % G;
     float s = 0.f;
-    int kk = gi;
-    for (; kk + (kNormUnroll - 1) * G < a.ctas; kk += kNormUnroll * G) {
+    // Batches of kNormUnroll loads in flight together; past the last CTA a batch adds exact
+    // zeros (the sums are >= 0: s + 0 == s), so the order is that of a plain loop over kk.
+    for (int kk = gi; kk < a.ctas; kk += kNormUnroll * G) {
       float v[kNormUnroll];
-      for (int u = 0; u < kNormUnroll; ++u) v[u] = *c.local<const float>(norm_sums_off(a, q, t, kk + u * G));
-      for (int u = 0; u < kNormUnroll; ++u) s += v[u];  // the order of the plain loop below
+      for (int u = 0; u < kNormUnroll; ++u)
+        v[u] = kk + u * G < a.ctas ? *c.local<const float>(norm_sums_off(a, q, t, kk + u * G)) : 0.f;
+      for (int u = 0; u < kNormUnroll; ++u) s += v[u];
     }
-    for (; kk < a.ctas; kk += G) s += *c.local<const float>(norm_sums_off(a, q, t, kk));
     group_sq[i] = s;
   }
   g.sync();
