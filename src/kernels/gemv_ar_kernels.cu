@@ -253,6 +253,22 @@ struct LocalParams {
   int kchunk;  // k per cluster rank, a multiple of kKC
 };
 
+// The local kernels' output: CTA s of the cluster writes its 128/S columns of the tile at row0,
+// the cluster's sum (rank order) of the partial tiles at red.
+template <class T>
+__device__ __forceinline__ void store_cluster_sum(const LocalParams& p, const unsigned char* red, int row0, int s,
+                                                  int S) {
+  const int pw = kBN / S, lpt = pw / 4;
+  T* y = static_cast<T*>(p.y);
+  for (int i = static_cast<int>(threadIdx.x); i < p.m * lpt; i += static_cast<int>(blockDim.x)) {
+    const int t = i / lpt, lr = s * pw + 4 * (i % lpt), j = row0 + lr;
+    if (j >= p.n) continue;
+    float v[4];
+    cluster_sum4(red, t, lr, S, v);
+    *reinterpret_cast<uint64_t*>(y + static_cast<size_t>(t) * p.n + j) = gemv::pack4<T>(v);
+  }
+}
+
 template <class T, int MT>
 __global__ void __launch_bounds__(kThreads, 2) gemv_local_kernel(const __grid_constant__ LocalParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -261,15 +277,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_local_kernel(const __grid_co
   const int kbeg = s * p.kchunk, kend = std::min(p.k, kbeg + p.kchunk);
   gemv_tile<T, MT>(static_cast<const T*>(p.x), static_cast<const T*>(p.w), p.m, p.n, p.k, row0, kbeg, kend, smem);
   cluster_sync(S);  // every CTA's partial tile is written
-  const int pw = kBN / S, lpt = pw / 4;
-  T* y = static_cast<T*>(p.y);
-  for (int i = threadIdx.x; i < p.m * lpt; i += kThreads) {
-    const int t = i / lpt, lr = s * pw + 4 * (i % lpt), j = row0 + lr;
-    if (j >= p.n) continue;
-    float v[4];
-    cluster_sum4(smem, t, lr, S, v);
-    *reinterpret_cast<uint64_t*>(y + static_cast<size_t>(t) * p.n + j) = gemv::pack4<T>(v);
-  }
+  store_cluster_sum<T>(p, smem, row0, s, S);
   cluster_sync(S);  // no CTA leaves while another still reads its shared memory
 }
 
@@ -461,15 +469,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t it = 0;
   tile<T, MT>(maps, row0, kbeg, kend, ring, bars, it);
   cluster_sync(S);  // every CTA's partial tile is written
-  const int pw = kBN / S, lpt = pw / 4;
-  T* y = static_cast<T*>(p.y);
-  for (int i = threadIdx.x; i < p.m * lpt; i += kThreads) {
-    const int t = i / lpt, lr = s * pw + 4 * (i % lpt), j = row0 + lr;
-    if (j >= p.n) continue;
-    float v[4];
-    cluster_sum4(ring, t, lr, S, v);
-    *reinterpret_cast<uint64_t*>(y + static_cast<size_t>(t) * p.n + j) = gemv::pack4<T>(v);
-  }
+  store_cluster_sum<T>(p, ring, row0, s, S);
   cluster_sync(S);  // no CTA leaves while another still reads its shared memory
 #else
   (void)p;
