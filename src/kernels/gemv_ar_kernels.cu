@@ -253,12 +253,12 @@ struct LocalParams {
   int kchunk;  // k per cluster rank, a multiple of kKC
 };
 
-// The local kernels' output: CTA s of the cluster writes its 128/S columns of the tile at row0,
-// the cluster's sum (rank order) of the partial tiles at red.
+// The local kernels' output: CTA s of the cluster writes its bm/S columns of the tile of bm
+// rows at row0, the cluster's sum (rank order) of the partial tiles at red.
 template <class T>
-__device__ __forceinline__ void store_cluster_sum(const LocalParams& p, const unsigned char* red, int row0, int s,
-                                                  int S) {
-  const int pw = kBN / S, lpt = pw / 4;
+__device__ __forceinline__ void store_cluster_sum(const LocalParams& p, const unsigned char* red, int row0, int bm,
+                                                  int s, int S) {
+  const int pw = bm / S, lpt = pw / 4;
   T* y = static_cast<T*>(p.y);
   for (int i = static_cast<int>(threadIdx.x); i < p.m * lpt; i += static_cast<int>(blockDim.x)) {
     const int t = i / lpt, lr = s * pw + 4 * (i % lpt), j = row0 + lr;
@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_local_kernel(const __grid_co
   const int kbeg = s * p.kchunk, kend = std::min(p.k, kbeg + p.kchunk);
   gemv_tile<T, MT>(static_cast<const T*>(p.x), static_cast<const T*>(p.w), p.m, p.n, p.k, row0, kbeg, kend, smem);
   cluster_sync(S);  // every CTA's partial tile is written
-  store_cluster_sum<T>(p, smem, row0, s, S);
+  store_cluster_sum<T>(p, smem, row0, kBN, s, S);
   cluster_sync(S);  // no CTA leaves while another still reads its shared memory
 }
 
@@ -320,16 +320,19 @@ __global__ void __launch_bounds__(kThreads, 2)
 // once a tile's k-blocks are consumed; the ring restarts per tile (a persistent CTA mostly owns
 // one tile). x is read from L2 once per tile, as on the other path.
 namespace wg {
-constexpr int kBK = 64;                          // k per stage: one 128-byte swizzle span
-constexpr int kConsumerThreads = 256;            // two warpgroups of 64 rows
-constexpr int kThreads = kConsumerThreads + 32;  // + the producer warp
-constexpr int kSmemCap = 176 * 1024;             // the ring: one CTA per SM, >= 50 KiB left for the fused scratch
-constexpr int kWStage = kBN * kBK * 2;           // 16 KiB
-static_assert(kBN == 128 && kBK * 2 == 128, "two warpgroups of 64 rows; a stage row is one swizzle span");
+constexpr int kBK = 64;               // k per stage: one 128-byte swizzle span
+constexpr int kSmemCap = 176 * 1024;  // the ring: one CTA per SM, >= 50 KiB left for the fused scratch
+static_assert(kBN == 128 && kBK * 2 == 128, "tiles of at most 128 rows; a stage row is one swizzle span");
 
-template <int MT>
+// BM rows of W per tile (BM / 64 consumer warpgroups: 128 where n gives enough tiles, 64 where
+// half as many CTAs would leave SMs idle: wg_shape), MT tokens.
+template <int BM, int MT>
 struct Cfg {
+  static_assert(BM == 64 || BM == 128, "one or two consumer warpgroups");
   static_assert(MT == 32 || MT == 64 || MT == 128, "the wgmma N of a token tile");
+  static constexpr int kConsumerThreads = 2 * BM;         // a warpgroup per 64 rows
+  static constexpr int kThreads = kConsumerThreads + 32;  // + the producer warp
+  static constexpr int kWStage = BM * kBK * 2;
   static constexpr int kXStage = MT * kBK * 2;
   static constexpr int kStage = kWStage + kXStage;
   static constexpr int kStages = kSmemCap / kStage < 8 ? kSmemCap / kStage : 8;
@@ -343,7 +346,7 @@ struct Cfg {
 };
 
 struct Maps {
-  CUtensorMap w;  // W [n, k], box [kBN, kBK]
+  CUtensorMap w;  // W [n, k], box [BM, kBK]
   CUtensorMap x;  // x [m, k], box [MT, kBK]
 };
 
@@ -370,38 +373,39 @@ __device__ __forceinline__ void mma(float* d, uint64_t da, uint64_t db) {
 }
 
 // The CTA's ring (1024-aligned) and its barriers: full[kStages], then empty[kStages].
-template <int MT>
 __device__ __forceinline__ unsigned char* ring_base(unsigned char* smem) {
   return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem) + 1023) & ~uintptr_t{1023});
 }
-template <int MT>
+template <int BM, int MT>
 __device__ __forceinline__ uint64_t* bars_of(unsigned char* ring) {
-  return reinterpret_cast<uint64_t*>(ring + Cfg<MT>::kRing);
+  return reinterpret_cast<uint64_t*>(ring + Cfg<BM, MT>::kRing);
 }
-template <int MT>
+template <int BM, int MT>
 __device__ __forceinline__ void init_bars(uint64_t* bars, const Maps& maps) {
+  using C = Cfg<BM, MT>;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < Cfg<MT>::kStages; ++s) {
-      ptx::mbarrier_init(&bars[s], 1);                                         // full: the producer's expect_tx
-      ptx::mbarrier_init(&bars[Cfg<MT>::kStages + s], kConsumerThreads / 32);  // empty: a lane per consumer warp
+    for (int s = 0; s < C::kStages; ++s) {
+      ptx::mbarrier_init(&bars[s], 1);                                      // full: the producer's expect_tx
+      ptx::mbarrier_init(&bars[C::kStages + s], C::kConsumerThreads / 32);  // empty: a lane per consumer warp
     }
     ptx::fence_mbarrier_init_release_cluster();
   }
-  if (threadIdx.x == kConsumerThreads) {
+  if (threadIdx.x == C::kConsumerThreads) {
     ptx::prefetch_tensormap(&maps.w);
     ptx::prefetch_tensormap(&maps.x);
   }
   __syncthreads();
 }
 
-// The partial tile of rows [row0, row0 + kBN) over k in [kbeg, kend) (kbeg a multiple of kBK;
+// The partial tile of rows [row0, row0 + BM) over k in [kbeg, kend) (kbeg a multiple of kBK;
 // empty when kbeg >= kend) into red = ring[token][row] (fp32, kRedStride per token, all MT
 // tokens). `it` counts the ring's stages used by this CTA (the same in every thread: each
 // thread runs every tile's k-blocks). Ends with red written by the consumers (not yet synced).
-template <class T, int MT>
+template <class T, int BM, int MT>
 __device__ __forceinline__ void tile(const Maps& maps, int row0, int kbeg, int kend, unsigned char* ring,
                                      uint64_t* bars, uint32_t& it) {
-  using C = Cfg<MT>;
+  using C = Cfg<BM, MT>;
+  constexpr int kConsumerThreads = C::kConsumerThreads;
   uint64_t* full = bars;
   uint64_t* empty = bars + C::kStages;
   const int tid = threadIdx.x;
@@ -414,7 +418,7 @@ __device__ __forceinline__ void tile(const Maps& maps, int row0, int kbeg, int k
         unsigned char* st = ring + s * C::kStage;
         ptx::mbarrier_arrive_expect_tx(&full[s], C::kStage);
         ptx::cp_async_bulk_tensor_2d_load(st, &maps.w, &full[s], kbeg + kb * kBK, row0);
-        ptx::cp_async_bulk_tensor_2d_load(st + kWStage, &maps.x, &full[s], kbeg + kb * kBK, 0);
+        ptx::cp_async_bulk_tensor_2d_load(st + C::kWStage, &maps.x, &full[s], kbeg + kb * kBK, 0);
       }
     else
       it += static_cast<uint32_t>(kblocks);
@@ -423,7 +427,7 @@ __device__ __forceinline__ void tile(const Maps& maps, int row0, int kbeg, int k
   // ---- the consumers: warpgroup wg multiplies rows 64 wg .. 64 wg + 63 ----
   const int wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
   const uint64_t da0 = ptx::wgmma_desc_sw128(ptx::smem_u32(ring + wg * (64 * 128)), 16, 1024);
-  const uint64_t db0 = ptx::wgmma_desc_sw128(ptx::smem_u32(ring + kWStage), 16, 1024);
+  const uint64_t db0 = ptx::wgmma_desc_sw128(ptx::smem_u32(ring + C::kWStage), 16, 1024);
   float d[MT / 2];
 #pragma unroll
   for (int i = 0; i < MT / 2; ++i) d[i] = 0.f;
@@ -447,7 +451,7 @@ __device__ __forceinline__ void tile(const Maps& maps, int row0, int kbeg, int k
   ptx::wgmma_wait_group<0>();
   ptx::wgmma_fence_operand<MT / 2>(d);
   if (kblocks > 0) release(it - 1);
-  ptx::bar_sync(1, kConsumerThreads);  // both warpgroups are done with the ring: red may overwrite it
+  ptx::bar_sync(1, kConsumerThreads);  // every warpgroup is done with the ring: red may overwrite it
   float* red = reinterpret_cast<float*>(ring);
   const int r = 64 * wg + 16 * warp + lane / 4, c = 2 * (lane % 4);
 #pragma unroll
@@ -455,21 +459,21 @@ __device__ __forceinline__ void tile(const Maps& maps, int row0, int kbeg, int k
 }
 #endif
 
-template <class T, int MT>
-__global__ void __launch_bounds__(kThreads, 1)
+template <class T, int BM, int MT>
+__global__ void __launch_bounds__(Cfg<BM, MT>::kThreads, 1)
     local_kernel(const __grid_constant__ LocalParams p, const __grid_constant__ Maps maps) {
 #if defined(WEFT_PTX_SM90A)
   extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* ring = ring_base<MT>(smem);
-  uint64_t* bars = bars_of<MT>(ring);
-  init_bars<MT>(bars, maps);
+  unsigned char* ring = ring_base(smem);
+  uint64_t* bars = bars_of<BM, MT>(ring);
+  init_bars<BM, MT>(bars, maps);
   const int S = p.S, s = cluster_rank(S);
-  const int row0 = static_cast<int>(blockIdx.x) / S * kBN;
+  const int row0 = static_cast<int>(blockIdx.x) / S * BM;
   const int kbeg = s * p.kchunk, kend = std::min(p.k, kbeg + p.kchunk);
   uint32_t it = 0;
-  tile<T, MT>(maps, row0, kbeg, kend, ring, bars, it);
+  tile<T, BM, MT>(maps, row0, kbeg, kend, ring, bars, it);
   cluster_sync(S);  // every CTA's partial tile is written
-  store_cluster_sum<T>(p, ring, row0, s, S);
+  store_cluster_sum<T>(p, ring, row0, BM, s, S);
   cluster_sync(S);  // no CTA leaves while another still reads its shared memory
 #else
   (void)p;
@@ -477,27 +481,27 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <class T, int MT>
-__global__ void __launch_bounds__(kThreads, 1)
+template <class T, int BM, int MT>
+__global__ void __launch_bounds__(Cfg<BM, MT>::kThreads, 1)
     fused_kernel(const __grid_constant__ dev::DeviceCtx c, const __grid_constant__ GemvArgs a,
                  const __grid_constant__ Maps maps, int S, int kchunk) {
 #if defined(WEFT_PTX_SM90A)
   extern __shared__ __align__(128) unsigned char smem[];
-  unsigned char* ring = ring_base<MT>(smem);
-  uint64_t* bars = bars_of<MT>(ring);
-  float* scratch = reinterpret_cast<float*>(ring + (Cfg<MT>::kSmem - 1024));
-  init_bars<MT>(bars, maps);
+  unsigned char* ring = ring_base(smem);
+  uint64_t* bars = bars_of<BM, MT>(ring);
+  float* scratch = reinterpret_cast<float*>(ring + (Cfg<BM, MT>::kSmem - 1024));
+  init_bars<BM, MT>(bars, maps);
   const int kc = static_cast<int>(blockIdx.x), s = cluster_rank(S);
   const int cl = kc / S, ncl = static_cast<int>(gridDim.x) / S;
   const uint64_t e = gemv::epoch_begin(c, a, kc);
-  const int pw = kBN / S;
-  const int slices = (a.n + kBN - 1) / kBN;
+  const int pw = BM / S;
+  const int slices = (a.n + BM - 1) / BM;
   const int kbeg = s * kchunk, kend = std::min(a.k, kbeg + kchunk);
   const dev::CoopCta g;
   uint32_t it = 0;
   for (int sl = cl; sl < slices; sl += ncl) {
-    const int row0 = sl * kBN;
-    tile<T, MT>(maps, row0, kbeg, kend, ring, bars, it);
+    const int row0 = sl * BM;
+    tile<T, BM, MT>(maps, row0, kbeg, kend, ring, bars, it);
     cluster_sync(S);
     const int j0 = row0 + s * pw, j1 = std::min(a.n, j0 + pw);
     if (j0 < j1)
@@ -765,7 +769,7 @@ int resident_clusters(int S, size_t smem, int device, int threads = kThreads) {
   return cudaOccupancyMaxActiveClusters(&clusters, Kernel, &cfg) == cudaSuccess ? clusters : 0;
 }
 
-// The K split of n columns (tiles of kBN rows): the cluster size S in {1, 2, 4} with the
+// The K split of n columns (tiles of bm rows): the cluster size S in {1, 2, 4} with the
 // lowest cost rounds * (1 / S + kRoundCost), rounds = tiles / resident clusters rounded up
 // (resident: what the hardware reports, not sms / S -- clusters are placed within a GPC, so
 // 132 SMs at one CTA each hold 30 clusters of 4, not 33), the smaller S on ties. kRoundCost, a
@@ -775,7 +779,7 @@ int resident_clusters(int S, size_t smem, int device, int threads = kThreads) {
 // (two rounds of 16 clusters of 8), 1.6-2.1x slower; S = 8 was never the fastest.
 constexpr double kRoundCost = 0.25;
 template <auto Kernel>
-int cluster_for(int n, size_t smem, int device, int threads = kThreads) {
+int cluster_for(int n, size_t smem, int device, int threads = kThreads, int bm = kBN) {
   if (!has_clusters(device)) return 1;
   static const int64_t forced = tunable_value(tunables::kGemvCluster);  // read once: launches stay cheap
   if (forced != 0) {
@@ -789,7 +793,7 @@ int cluster_for(int n, size_t smem, int device, int threads = kThreads) {
     for (int i = 0; i < 3; ++i) r[static_cast<size_t>(i)] = resident_clusters<Kernel>(1 << i, smem, device, threads);
     return r;
   }();
-  const int tiles = (n + kBN - 1) / kBN;
+  const int tiles = (n + bm - 1) / bm;
   int best = 1;
   double best_cost = 0;
   for (int i = 0; i < 3; ++i) {
@@ -804,9 +808,14 @@ int cluster_for(int n, size_t smem, int device, int threads = kThreads) {
   }
   return best;
 }
-// The fused call's K split: the same for every m (its grid and parts are), from the residency
-// of the largest token tile's local kernel (the fused kernel adds a little scratch).
-int fused_cluster(int n, int device);
+// Rows per tile and the K split of a call.
+struct TileShape {
+  int bm;  // rows of W per tile (the wgmma path: 128 or 64; the mma.sync path: kBN)
+  int S;   // CTAs per cluster splitting K
+};
+// The fused call's tile shape: the same for every m (its grid and parts are), from the
+// residency of the largest token tile's local kernel (the fused kernel adds a little scratch).
+TileShape fused_shape(int n, int device);
 
 template <auto Kernel, class... Args>
 cudaError_t launch_threads(int grid, int S, int threads, size_t smem, cudaStream_t s, Args... args) {
@@ -855,27 +864,56 @@ bool wg_available(int device) {
   return major == 9 && minor == 0;
 }
 
-int fused_cluster(int n, int device) {
-  if (wg_available(device))
-    return cluster_for<wg::local_kernel<dev::bf16_t, 128>>(n, wg::Cfg<128>::kSmem, device, wg::kThreads);
-  return cluster_for<gemv_local_kernel<dev::bf16_t, 128>>(n, TileCfg<128>::kSmem, device);
+// The wgmma path's tile shape for n columns: tiles of 128 rows with cluster_for's K split,
+// unless that grid has fewer CTAs than 3/4 of the SMs -- then tiles of 64 rows (one consumer
+// warpgroup, twice the tiles): at N = 4096, 32 tiles in clusters of 2 left half the SMs idle.
+template <class T, int MT>
+TileShape wg_shape(int n, int device) {
+  using C128 = wg::Cfg<128, MT>;
+  using C64 = wg::Cfg<64, MT>;
+  const int s128 = cluster_for<wg::local_kernel<T, 128, MT>>(n, C128::kSmem, device, C128::kThreads, 128);
+  if (4 * ((n + 127) / 128) * s128 >= 3 * device_sms(device)) return {128, s128};
+  return {64, cluster_for<wg::local_kernel<T, 64, MT>>(n, C64::kSmem, device, C64::kThreads, 64)};
 }
 
-// The tensor maps of a wgmma-path call: W [n, k] in boxes of kBN rows, x [m, k] in boxes of MT
+TileShape fused_shape(int n, int device) {
+  if (wg_available(device)) return wg_shape<dev::bf16_t, 128>(n, device);
+  return {kBN, cluster_for<gemv_local_kernel<dev::bf16_t, 128>>(n, TileCfg<128>::kSmem, device)};
+}
+
+// The tensor maps of a wgmma-path call: W [n, k] in boxes of bm rows, x [m, k] in boxes of MT
 // tokens, 64 k each. False: TMA refused them (pointers not 16-byte aligned).
 template <class T, int MT>
-bool wg_maps(wg::Maps* maps, const GemvArgs& a) {
+bool wg_maps(wg::Maps* maps, const GemvArgs& a, int bm) {
   const CUtensorMapDataType type =
       std::is_same_v<T, dev::bf16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  return tma::make_map(&maps->w, type, a.w, a.n, a.k, a.k, kBN, wg::kBK) &&
+  return tma::make_map(&maps->w, type, a.w, a.n, a.k, a.k, bm, wg::kBK) &&
          tma::make_map(&maps->x, type, a.x, a.m, a.k, a.k, MT, wg::kBK);
 }
 
-template <int MT>
+template <int BM, int MT>
 size_t wg_fused_smem(const GemvArgs& a, int S) {
-  const int per_cta = gemv::max_parts_per_cta(a.n, kBN / S, a.ctas);
-  return wg::Cfg<MT>::kSmem +
-         sizeof(float) * static_cast<size_t>(gemv::scratch_floats(a.m_max, per_cta, kBN / S, wg::kThreads));
+  const int per_cta = gemv::max_parts_per_cta(a.n, BM / S, a.ctas);
+  return wg::Cfg<BM, MT>::kSmem +
+         sizeof(float) * static_cast<size_t>(gemv::scratch_floats(a.m_max, per_cta, BM / S, wg::Cfg<BM, MT>::kThreads));
+}
+
+template <class T, int BM, int MT>
+cudaError_t wg_local(const GemvArgs& a, int S, cudaStream_t s) {
+  using C = wg::Cfg<BM, MT>;
+  wg::Maps maps{};
+  if (!wg_maps<T, MT>(&maps, a, BM)) return cudaErrorInvalidValue;
+  LocalParams p{a.x, a.w, a.y, a.m, a.n, a.k, S, kchunk_for(a.k, S)};
+  const int grid = (a.n + BM - 1) / BM * S;
+  return launch_threads<wg::local_kernel<T, BM, MT>>(grid, S, C::kThreads, C::kSmem, s, p, maps);
+}
+
+template <class T, int BM, int MT>
+cudaError_t wg_fused(const dev::DeviceCtx& c, const GemvArgs& a, int S, cudaStream_t s) {
+  wg::Maps maps{};
+  if (!wg_maps<T, MT>(&maps, a, BM)) return cudaErrorInvalidValue;
+  return launch_threads<wg::fused_kernel<T, BM, MT>>(a.ctas, S, wg::Cfg<BM, MT>::kThreads, wg_fused_smem<BM, MT>(a, S),
+                                                     s, c, a, maps, S, kchunk_for(a.k, S));
 }
 
 template <class T, int MT>
@@ -887,14 +925,8 @@ cudaError_t local_mt(const GemvArgs& a, cudaStream_t s) {
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
     if (wg_available(device)) {
-      wg::Maps maps{};
-      if (!wg_maps<T, MT>(&maps, a)) return cudaErrorInvalidValue;
-      constexpr size_t smem = wg::Cfg<MT>::kSmem;
-      LocalParams p{a.x, a.w, a.y, a.m, a.n, a.k, cluster_for<wg::local_kernel<T, MT>>(a.n, smem, device, wg::kThreads),
-                    0};
-      p.kchunk = kchunk_for(a.k, p.S);
-      const int grid = (a.n + kBN - 1) / kBN * p.S;
-      return launch_threads<wg::local_kernel<T, MT>>(grid, p.S, wg::kThreads, smem, s, p, maps);
+      const TileShape sh = wg_shape<T, MT>(a.n, device);
+      return sh.bm == 128 ? wg_local<T, 128, MT>(a, sh.S, s) : wg_local<T, 64, MT>(a, sh.S, s);
     }
     LocalParams p{a.x, a.w, a.y, a.m, a.n, a.k, cluster_for<gemv_local_kernel<T, MT>>(a.n, TileCfg<MT>::kSmem, device),
                   0};
@@ -920,14 +952,10 @@ cudaError_t fused_mt(const dev::DeviceCtx& c, const GemvArgs& a, cudaStream_t s)
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
-    const int S = fused_cluster(a.n, device);
+    const TileShape sh = fused_shape(a.n, device);
+    const int S = sh.S;
     if (a.ctas % S != 0) return cudaErrorInvalidValue;  // not gemv_ar_fused_ctas's grid
-    if (wg_available(device)) {
-      wg::Maps maps{};
-      if (!wg_maps<T, MT>(&maps, a)) return cudaErrorInvalidValue;
-      return launch_threads<wg::fused_kernel<T, MT>>(a.ctas, S, wg::kThreads, wg_fused_smem<MT>(a, S), s, c, a, maps, S,
-                                                     kchunk_for(a.k, S));
-    }
+    if (wg_available(device)) return sh.bm == 128 ? wg_fused<T, 128, MT>(c, a, S, s) : wg_fused<T, 64, MT>(c, a, S, s);
     return launch<gemv_ar_fused_kernel<T, MT>>(a.ctas, S, fused_smem<T, MT>(a, S), s, c, a, S, kchunk_for(a.k, S));
   }
 }
@@ -959,8 +987,9 @@ bool shape_ok(const GemvArgs& a) {
 }  // namespace
 
 int gemv_ar_fused_ctas(int n, int device) {
-  const int S = fused_cluster(n, device);
-  const int slices = (n + kBN - 1) / kBN;
+  const TileShape sh = fused_shape(n, device);
+  const int S = sh.S;
+  const int slices = (n + sh.bm - 1) / sh.bm;
   const bool wgp = wg_available(device);
   // Residency of the largest instantiation (m = 128) bounds every call's grid: the grid is the
   // same for every m (the epochs and the parts' owners are per CTA index). The scratch grows
@@ -971,13 +1000,18 @@ int gemv_ar_fused_ctas(int n, int device) {
     probe.n = n;
     probe.m_max = 128;
     probe.ctas = ctas;
-    const size_t smem = wgp ? wg_fused_smem<128>(probe, S) : fused_smem<dev::bf16_t, 128>(probe, S);
+    const size_t smem = !wgp           ? fused_smem<dev::bf16_t, 128>(probe, S)
+                        : sh.bm == 128 ? wg_fused_smem<128, 128>(probe, S)
+                                       : wg_fused_smem<64, 128>(probe, S);
     int device_max = 0;
     if (cudaDeviceGetAttribute(&device_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
         smem > static_cast<size_t>(device_max))
       return 0;
-    const int clusters = wgp ? resident_clusters<wg::fused_kernel<dev::bf16_t, 128>>(S, smem, device, wg::kThreads)
-                             : resident_clusters<gemv_ar_fused_kernel<dev::bf16_t, 128>>(S, smem, device);
+    const int clusters =
+        !wgp ? resident_clusters<gemv_ar_fused_kernel<dev::bf16_t, 128>>(S, smem, device)
+        : sh.bm == 128
+            ? resident_clusters<wg::fused_kernel<dev::bf16_t, 128, 128>>(S, smem, device, wg::Cfg<128, 128>::kThreads)
+            : resident_clusters<wg::fused_kernel<dev::bf16_t, 64, 128>>(S, smem, device, wg::Cfg<64, 128>::kThreads);
     if (clusters < 1) return 0;
     const int fit = std::min(clusters, slices) * S;
     if (fit >= ctas) break;

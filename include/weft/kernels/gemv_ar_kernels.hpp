@@ -68,10 +68,11 @@ inline uint64_t gemv_lines_bytes(int world, int m_max, int n) {
 WEFT_HD uint64_t gemv_ll128_lines_per_part(int m_max, int pw) {
   return (static_cast<uint64_t>(m_max) * static_cast<uint64_t>(pw / 4) + 14) / 15;
 }
-// LL128 receive lines: the largest layout over the part widths the kernels use (16 .. 128).
+// LL128 receive lines: the largest layout over the part widths the kernels use (8 .. 128:
+// tiles of 128 or 64 rows over clusters of 1 .. 8).
 inline uint64_t gemv_ll128_lines_bytes(int world, int m_max, int n) {
   uint64_t most = 0;
-  for (int pw = 16; pw <= 128; pw *= 2) {
+  for (int pw = 8; pw <= 128; pw *= 2) {
     const uint64_t parts = (static_cast<uint64_t>(n) + static_cast<uint64_t>(pw) - 1) / static_cast<uint64_t>(pw);
     const uint64_t b = 2ull * static_cast<uint64_t>(world) * parts * gemv_ll128_lines_per_part(m_max, pw) * 128;
     most = b > most ? b : most;
