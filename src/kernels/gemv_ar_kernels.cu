@@ -7,10 +7,11 @@
 //    over k does not care which k a slot holds as long as A and B agree, so lane (g, q) holds
 //    k = 8q .. 8q+7 of its row in 4 registers and feeds k 8q..8q+3 to one MMA and 8q+4..8q+7 to
 //    the next (the ISA's slots 2q, 2q+1, 2q+8, 2q+9 of each): no ldmatrix, no shuffles.
-//  - m > 16 on sm_90a (wg::): a CTA (two consumer warpgroups + a producer warp, one per SM)
-//    owns a tile of kBN = 128 rows of W; W's and x's 64-k boxes come by TMA into a ring of
-//    stages, wgmma m64nMTk16 multiplies them (swap AB as above, both operands K-major in shared
-//    memory). W is read once whatever m is; x from L2 once per tile.
+//  - m > 16 on sm_90a (wg::): a CTA (BM / 64 consumer warpgroups + a producer warp, one per
+//    SM) owns a tile of BM = 128 rows of W (64 where 128 would leave SMs idle: wg_shape); W's
+//    and x's 64-k boxes come by TMA into a ring of stages, wgmma m64nMTk16 multiplies them
+//    (swap AB as above, both operands K-major in shared memory). W is read once whatever m is;
+//    x from L2 once per tile.
 //  - m > 16 elsewhere (gemv_tile, the compute_80 PTX): a CTA (8 warps, two per SM) owns a tile
 //    of 128 rows, warp w the rows 16w .. 16w+15, for all token groups of 8; each lane streams
 //    its 16 bytes of rows g and g+8 of each 32-k step from global memory straight into
