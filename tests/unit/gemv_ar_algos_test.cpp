@@ -2,9 +2,13 @@
 // through kernels::gemv_ar_host_fused: worlds 1-4, every M of 1 ... m_max from one set of
 // receive lines, consecutive calls (epochs, both parities, stale lines of other M), with and
 // without the residual + RMSNorm epilogue, bf16 and f16, LL and LL128 lines, exact on integer
-// data; a silent peer times out with its rank and the op named (both protocols).
+// data; parts pushed by other teams than their readers; a silent peer times out with its rank
+// and the op named (both protocols).
+#include "weft/kernels/gemv_ar_algos.hpp"
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -13,6 +17,7 @@
 #include "weft/core/error.hpp"
 #include "weft/kernels/gemv_ar_kernels.hpp"
 #include "weft/runtime/backend.hpp"
+#include "weft/runtime/host_exec.hpp"
 
 using namespace weft;
 using namespace weft::testing;
@@ -128,6 +133,98 @@ TEST_P(GemvArAlgosHost, ExactForEveryMWithAndWithoutEpilogue) {
     run_case({200, 24, 9, 3, 1}, dev::DType::kBF16, false);
     run_case({200, 24, 9, 3, 1}, dev::DType::kBF16, true);
     run_case({136, 8, 4, 1, 1}, dev::DType::kF16, true);
+  }));
+}
+
+// Any team may push a part (docs/gemv_ar.md, "Next: overlap at m > 16"): the receive lines'
+// invariant rests on the order of whole calls, not on the pusher being the part's reader. Here
+// the pusher of part P in call c is team (P + c) mod ctas -- another team than its reader in
+// most calls, a different one call to call -- over consecutive calls of both parities, LL and
+// LL128 lines, with and without the epilogue; every result exact.
+TEST_P(GemvArAlgosHost, AnyTeamMayPushAPart) {
+  expect_all_ok(run_host_ranks(GetParam(), [] {
+    auto b = make_backend();
+    const int world = b->size(), rank = b->rank();
+    const dev::DType dt = dev::DType::kBF16;
+    constexpr int n = 200, k = 16, m_max = 6, ctas = 3, pw = 64, threads = 2;
+    const int parts = gemv::parts_of(n, pw);
+    for (int ll128 : {0, 1}) {
+      kernels::GemvArgs a;
+      a.n = n;
+      a.k = k;
+      a.m_max = m_max;
+      a.ctas = ctas;
+      a.ll128 = ll128;
+      a.op_tag = dev::op_tag("gemv_ar");
+      a.lines_off = b->heap().alloc_bytes(
+          ll128 ? kernels::gemv_ll128_lines_bytes(world, m_max, n) : kernels::gemv_lines_bytes(world, m_max, n),
+          "gemv.lines");
+      a.epoch_off = b->heap().alloc_bytes(kernels::gemv_epochs_bytes(ctas), "gemv.epochs");
+      a.norm_off = b->heap().alloc_bytes(kernels::gemv_norm_bytes(m_max, ctas), "gemv.norm");
+      std::vector<uint16_t> x(static_cast<size_t>(m_max) * k), w(static_cast<size_t>(n) * k);
+      std::vector<uint16_t> y(static_cast<size_t>(m_max) * n), res(y.size()), ro(y.size()), gamma(n);
+      for (int j = 0; j < n; ++j)
+        for (int kk = 0; kk < k; ++kk) w[static_cast<size_t>(j) * k + kk] = bits(w_at(rank, j, kk), dt);
+      for (int j = 0; j < n; ++j) gamma[j] = bits(gamma_at(j), dt);
+      std::vector<std::vector<float>> scratch(ctas, std::vector<float>(static_cast<size_t>(gemv::scratch_floats(
+                                                        m_max, gemv::max_parts_per_cta(n, pw, ctas), pw, threads))));
+      for (int call = 1; call <= 8; ++call) {
+        const int m = 1 + (call * 5) % m_max;
+        const bool epilogue = call % 3 == 0;
+        for (int t = 0; t < m; ++t)
+          for (int kk = 0; kk < k; ++kk) x[static_cast<size_t>(t) * k + kk] = bits(x_at(rank, t, kk, call), dt);
+        for (int t = 0; t < m; ++t)
+          for (int j = 0; j < n; ++j) res[static_cast<size_t>(t) * n + j] = bits(res_at(t, j, call), dt);
+        a.m = m;
+        a.y = y.data();
+        a.residual = epilogue ? res.data() : nullptr;
+        a.residual_out = epilogue ? ro.data() : nullptr;
+        a.gamma = epilogue ? gamma.data() : nullptr;
+        const dev::DeviceCtx& c = b->ctx();
+        host_launch(ctas, threads, [&](CoopHostTeam g, int team) {
+          const uint64_t e = gemv::epoch_begin(c, a, team);
+          for (int P = 0; P < parts; ++P) {
+            if ((P + call) % ctas != team) continue;
+            const int j0 = P * pw, j1 = std::min(n, j0 + pw);
+            gemv::push_part<dev::bf16_t>(g, c, a, e, pw, j0, j1, [&](int t, int j, float* v) {
+              for (int q = 0; q < 4; ++q) {
+                float s = 0.f;
+                for (int kk = 0; kk < k; ++kk)
+                  s += val(x[static_cast<size_t>(t) * k + kk], dt) * val(w[static_cast<size_t>(j + q) * k + kk], dt);
+                v[q] = s;
+              }
+            });
+          }
+          gemv::finish<dev::bf16_t>(g, c, a, team, pw, e, scratch[static_cast<size_t>(team)].data());
+          gemv::epoch_end(g, c, a, team, e);
+        });
+        for (int t = 0; t < m; ++t) {
+          float sq = 0.f;
+          std::vector<float> ref_ro(n);
+          for (int j = 0; j < n; ++j) {
+            float sum = 0.f;
+            for (int r = 0; r < world; ++r) {
+              float p = 0.f;
+              for (int kk = 0; kk < k; ++kk) p += x_at(r, t, kk, call) * w_at(r, j, kk);
+              sum += val(bits(p, dt), dt);
+            }
+            const float yv = val(bits(sum, dt), dt);
+            ref_ro[j] = val(bits(yv + res_at(t, j, call), dt), dt);
+            sq += ref_ro[j] * ref_ro[j];
+            if (!epilogue)
+              WEFT_CHECK(y[static_cast<size_t>(t) * n + j] == bits(yv, dt),
+                         "ll128 " + std::to_string(ll128) + " call " + std::to_string(call) + " token " +
+                             std::to_string(t) + " column " + std::to_string(j) + ": y wrong");
+          }
+          if (!epilogue) continue;
+          const float inv = 1.0f / std::sqrt(sq / static_cast<float>(n) + a.eps);
+          for (int j = 0; j < n; ++j)
+            WEFT_CHECK(y[static_cast<size_t>(t) * n + j] == bits(ref_ro[j] * inv * gamma_at(j), dt),
+                       "ll128 " + std::to_string(ll128) + " call " + std::to_string(call) + " token " +
+                           std::to_string(t) + " column " + std::to_string(j) + ": normalised y wrong");
+        }
+      }
+    }
   }));
 }
 
