@@ -39,33 +39,44 @@ float w_at(int rank, int j, int kk) { return static_cast<float>((rank * 5 + j * 
 float res_at(int t, int j, int call) { return static_cast<float>((t * 13 + j * 7 + call) % 9 - 4); }
 float gamma_at(int j) { return static_cast<float>(j % 4 + 1) * 0.5f; }
 
-void run_case(const Shape& s, dev::DType dt, bool epilogue) {
-  auto b = make_backend();
-  const int world = b->size(), rank = b->rank();
+// One rank's state and buffers for a series of fused calls of one shape: the symmetric state,
+// W and gamma (fixed), x, the residual and the outputs (per call).
+struct Case {
+  Shape s;
+  dev::DType dt;
+  int world, rank;
   kernels::GemvArgs a;
-  a.n = s.n;
-  a.k = s.k;
-  a.m_max = s.m_max;
-  a.ctas = s.ctas;
-  a.op_tag = dev::op_tag("gemv_ar");
-  a.ll128 = s.ll128;
-  a.lines_off = b->heap().alloc_bytes(
-      s.ll128 ? kernels::gemv_ll128_lines_bytes(world, s.m_max, s.n) : kernels::gemv_lines_bytes(world, s.m_max, s.n),
-      "gemv.lines");
-  a.epoch_off = b->heap().alloc_bytes(kernels::gemv_epochs_bytes(s.ctas), "gemv.epochs");
-  a.norm_off = b->heap().alloc_bytes(kernels::gemv_norm_bytes(s.m_max, s.ctas), "gemv.norm");
-  std::vector<uint16_t> x(static_cast<size_t>(s.m_max) * s.k), w(static_cast<size_t>(s.n) * s.k);
-  std::vector<uint16_t> y(static_cast<size_t>(s.m_max) * s.n), res(y.size()), ro(y.size()), gamma(s.n);
-  for (int j = 0; j < s.n; ++j)
-    for (int kk = 0; kk < s.k; ++kk) w[static_cast<size_t>(j) * s.k + kk] = bits(w_at(rank, j, kk), dt);
-  for (int j = 0; j < s.n; ++j) gamma[j] = bits(gamma_at(j), dt);
-  int call = 0;
-  // Every M up, then back down: each call of a parity sees lines the other M left there.
-  std::vector<int> ms;
-  for (int m = 1; m <= s.m_max; ++m) ms.push_back(m);
-  for (int m = s.m_max; m >= 1; m -= 3) ms.push_back(m);
-  for (int m : ms) {
-    ++call;
+  std::vector<uint16_t> x, w, y, res, ro, gamma;
+
+  Case(Backend& b, const Shape& shape, dev::DType t)
+      : s(shape),
+        dt(t),
+        world(b.size()),
+        rank(b.rank()),
+        x(static_cast<size_t>(s.m_max) * s.k),
+        w(static_cast<size_t>(s.n) * s.k),
+        y(static_cast<size_t>(s.m_max) * s.n),
+        res(y.size()),
+        ro(y.size()),
+        gamma(static_cast<size_t>(s.n)) {
+    a.n = s.n;
+    a.k = s.k;
+    a.m_max = s.m_max;
+    a.ctas = s.ctas;
+    a.op_tag = dev::op_tag("gemv_ar");
+    a.ll128 = s.ll128;
+    a.lines_off = b.heap().alloc_bytes(
+        s.ll128 ? kernels::gemv_ll128_lines_bytes(world, s.m_max, s.n) : kernels::gemv_lines_bytes(world, s.m_max, s.n),
+        "gemv.lines");
+    a.epoch_off = b.heap().alloc_bytes(kernels::gemv_epochs_bytes(s.ctas), "gemv.epochs");
+    a.norm_off = b.heap().alloc_bytes(kernels::gemv_norm_bytes(s.m_max, s.ctas), "gemv.norm");
+    for (int j = 0; j < s.n; ++j)
+      for (int kk = 0; kk < s.k; ++kk) w[static_cast<size_t>(j) * s.k + kk] = bits(w_at(rank, j, kk), dt);
+    for (int j = 0; j < s.n; ++j) gamma[static_cast<size_t>(j)] = bits(gamma_at(j), dt);
+  }
+
+  // Call `call`'s inputs for m tokens (y poisoned), and the args that point at them.
+  void set_call(int m, int call, bool epilogue) {
     for (int t = 0; t < m; ++t)
       for (int kk = 0; kk < s.k; ++kk) x[static_cast<size_t>(t) * s.k + kk] = bits(x_at(rank, t, kk, call), dt);
     for (int t = 0; t < m; ++t)
@@ -78,9 +89,24 @@ void run_case(const Shape& s, dev::DType dt, bool epilogue) {
     a.residual = epilogue ? res.data() : nullptr;
     a.residual_out = epilogue ? ro.data() : nullptr;
     a.gamma = epilogue ? gamma.data() : nullptr;
-    kernels::gemv_ar_host_fused(b->ctx(), a, dt);
+  }
+
+  // This rank's fp32 partial of columns j .. j+3 of token t (the GEMV a team runs).
+  void partial(int t, int j, float* v) const {
+    for (int q = 0; q < 4; ++q) {
+      float sum = 0.f;
+      for (int kk = 0; kk < s.k; ++kk)
+        sum += val(x[static_cast<size_t>(t) * s.k + kk], dt) * val(w[static_cast<size_t>(j + q) * s.k + kk], dt);
+      v[q] = sum;
+    }
+  }
+
+  // Checks call `call` exactly against the reference (every rank's rounded partials summed in
+  // rank order, then the epilogue), and that nothing past its m rows was written.
+  void check(int call, bool epilogue, const std::string& what) const {
+    const int m = a.m;
     for (int t = 0; t < m; ++t) {
-      std::vector<float> ref_ro(s.n);
+      std::vector<float> ref_ro(static_cast<size_t>(s.n));
       float sq = 0.f;
       for (int j = 0; j < s.n; ++j) {
         float sum = 0.f;
@@ -92,30 +118,47 @@ void run_case(const Shape& s, dev::DType dt, bool epilogue) {
         const float yv = val(bits(sum, dt), dt);
         if (!epilogue) {
           const uint16_t got = y[static_cast<size_t>(t) * s.n + j];
-          WEFT_CHECK(got == bits(yv, dt), "world " + std::to_string(world) + " m " + std::to_string(m) + " token " +
-                                              std::to_string(t) + " column " + std::to_string(j) +
+          WEFT_CHECK(got == bits(yv, dt), what + ": world " + std::to_string(world) + " m " + std::to_string(m) +
+                                              " token " + std::to_string(t) + " column " + std::to_string(j) +
                                               ": y = " + std::to_string(val(got, dt)) + ", want " + std::to_string(yv));
           continue;
         }
-        ref_ro[j] = val(bits(yv + res_at(t, j, call), dt), dt);
-        sq += ref_ro[j] * ref_ro[j];
+        ref_ro[static_cast<size_t>(j)] = val(bits(yv + res_at(t, j, call), dt), dt);
+        sq += ref_ro[static_cast<size_t>(j)] * ref_ro[static_cast<size_t>(j)];
       }
       if (!epilogue) continue;
       const float inv = 1.0f / std::sqrt(sq / static_cast<float>(s.n) + a.eps);
       for (int j = 0; j < s.n; ++j) {
         const size_t at = static_cast<size_t>(t) * s.n + j;
-        WEFT_CHECK(ro[at] == bits(ref_ro[j], dt),
-                   "m " + std::to_string(m) + " token " + std::to_string(t) + " column " + std::to_string(j) +
-                       ": residual_out " + std::to_string(val(ro[at], dt)) + ", want " + std::to_string(ref_ro[j]));
-        const float want = ref_ro[j] * inv * gamma_at(j);
-        WEFT_CHECK(y[at] == bits(want, dt), "m " + std::to_string(m) + " token " + std::to_string(t) + " column " +
-                                                std::to_string(j) + ": out " + std::to_string(val(y[at], dt)) +
-                                                ", want " + std::to_string(want));
+        const float want_ro = ref_ro[static_cast<size_t>(j)];
+        WEFT_CHECK(ro[at] == bits(want_ro, dt),
+                   what + ": m " + std::to_string(m) + " token " + std::to_string(t) + " column " + std::to_string(j) +
+                       ": residual_out " + std::to_string(val(ro[at], dt)) + ", want " + std::to_string(want_ro));
+        const float want = want_ro * inv * gamma_at(j);
+        WEFT_CHECK(y[at] == bits(want, dt), what + ": m " + std::to_string(m) + " token " + std::to_string(t) +
+                                                " column " + std::to_string(j) + ": out " +
+                                                std::to_string(val(y[at], dt)) + ", want " + std::to_string(want));
       }
     }
     // Rows past m are not written.
     for (size_t i = static_cast<size_t>(m) * s.n; i < y.size(); ++i)
-      WEFT_CHECK(y[i] == bits(-99.f, dt), "y written past token m = " + std::to_string(m));
+      WEFT_CHECK(y[i] == bits(-99.f, dt), what + ": y written past token m = " + std::to_string(m));
+  }
+};
+
+void run_case(const Shape& s, dev::DType dt, bool epilogue) {
+  auto b = make_backend();
+  Case c(*b, s, dt);
+  int call = 0;
+  // Every M up, then back down: each call of a parity sees lines the other M left there.
+  std::vector<int> ms;
+  for (int m = 1; m <= s.m_max; ++m) ms.push_back(m);
+  for (int m = s.m_max; m >= 1; m -= 3) ms.push_back(m);
+  for (int m : ms) {
+    ++call;
+    c.set_call(m, call, epilogue);
+    kernels::gemv_ar_host_fused(b->ctx(), c.a, dt);
+    c.check(call, epilogue, "host fused");
   }
 }
 
@@ -144,85 +187,28 @@ TEST_P(GemvArAlgosHost, ExactForEveryMWithAndWithoutEpilogue) {
 TEST_P(GemvArAlgosHost, AnyTeamMayPushAPart) {
   expect_all_ok(run_host_ranks(GetParam(), [] {
     auto b = make_backend();
-    const int world = b->size(), rank = b->rank();
-    const dev::DType dt = dev::DType::kBF16;
     constexpr int n = 200, k = 16, m_max = 6, ctas = 3, pw = 64, threads = 2;
     const int parts = gemv::parts_of(n, pw);
     for (int ll128 : {0, 1}) {
-      kernels::GemvArgs a;
-      a.n = n;
-      a.k = k;
-      a.m_max = m_max;
-      a.ctas = ctas;
-      a.ll128 = ll128;
-      a.op_tag = dev::op_tag("gemv_ar");
-      a.lines_off = b->heap().alloc_bytes(
-          ll128 ? kernels::gemv_ll128_lines_bytes(world, m_max, n) : kernels::gemv_lines_bytes(world, m_max, n),
-          "gemv.lines");
-      a.epoch_off = b->heap().alloc_bytes(kernels::gemv_epochs_bytes(ctas), "gemv.epochs");
-      a.norm_off = b->heap().alloc_bytes(kernels::gemv_norm_bytes(m_max, ctas), "gemv.norm");
-      std::vector<uint16_t> x(static_cast<size_t>(m_max) * k), w(static_cast<size_t>(n) * k);
-      std::vector<uint16_t> y(static_cast<size_t>(m_max) * n), res(y.size()), ro(y.size()), gamma(n);
-      for (int j = 0; j < n; ++j)
-        for (int kk = 0; kk < k; ++kk) w[static_cast<size_t>(j) * k + kk] = bits(w_at(rank, j, kk), dt);
-      for (int j = 0; j < n; ++j) gamma[j] = bits(gamma_at(j), dt);
+      Case cs(*b, {n, k, m_max, ctas, ll128}, dev::DType::kBF16);
       std::vector<std::vector<float>> scratch(ctas, std::vector<float>(static_cast<size_t>(gemv::scratch_floats(
                                                         m_max, gemv::max_parts_per_cta(n, pw, ctas), pw, threads))));
       for (int call = 1; call <= 8; ++call) {
-        const int m = 1 + (call * 5) % m_max;
         const bool epilogue = call % 3 == 0;
-        for (int t = 0; t < m; ++t)
-          for (int kk = 0; kk < k; ++kk) x[static_cast<size_t>(t) * k + kk] = bits(x_at(rank, t, kk, call), dt);
-        for (int t = 0; t < m; ++t)
-          for (int j = 0; j < n; ++j) res[static_cast<size_t>(t) * n + j] = bits(res_at(t, j, call), dt);
-        a.m = m;
-        a.y = y.data();
-        a.residual = epilogue ? res.data() : nullptr;
-        a.residual_out = epilogue ? ro.data() : nullptr;
-        a.gamma = epilogue ? gamma.data() : nullptr;
+        cs.set_call(1 + (call * 5) % m_max, call, epilogue);
         const dev::DeviceCtx& c = b->ctx();
+        const kernels::GemvArgs& a = cs.a;
         host_launch(ctas, threads, [&](CoopHostTeam g, int team) {
           const uint64_t e = gemv::epoch_begin(c, a, team);
           for (int P = 0; P < parts; ++P) {
             if ((P + call) % ctas != team) continue;
             const int j0 = P * pw, j1 = std::min(n, j0 + pw);
-            gemv::push_part<dev::bf16_t>(g, c, a, e, pw, j0, j1, [&](int t, int j, float* v) {
-              for (int q = 0; q < 4; ++q) {
-                float s = 0.f;
-                for (int kk = 0; kk < k; ++kk)
-                  s += val(x[static_cast<size_t>(t) * k + kk], dt) * val(w[static_cast<size_t>(j + q) * k + kk], dt);
-                v[q] = s;
-              }
-            });
+            gemv::push_part<dev::bf16_t>(g, c, a, e, pw, j0, j1, [&](int t, int j, float* v) { cs.partial(t, j, v); });
           }
           gemv::finish<dev::bf16_t>(g, c, a, team, pw, e, scratch[static_cast<size_t>(team)].data());
           gemv::epoch_end(g, c, a, team, e);
         });
-        for (int t = 0; t < m; ++t) {
-          float sq = 0.f;
-          std::vector<float> ref_ro(n);
-          for (int j = 0; j < n; ++j) {
-            float sum = 0.f;
-            for (int r = 0; r < world; ++r) {
-              float p = 0.f;
-              for (int kk = 0; kk < k; ++kk) p += x_at(r, t, kk, call) * w_at(r, j, kk);
-              sum += val(bits(p, dt), dt);
-            }
-            const float yv = val(bits(sum, dt), dt);
-            ref_ro[j] = val(bits(yv + res_at(t, j, call), dt), dt);
-            sq += ref_ro[j] * ref_ro[j];
-            if (!epilogue)
-              WEFT_CHECK(y[static_cast<size_t>(t) * n + j] == bits(yv, dt),
-                         "ll128 " + std::to_string(ll128) + " call " + std::to_string(call) + " token " +
-                             std::to_string(t) + " column " + std::to_string(j) + ": y wrong");
-          }
-          if (!epilogue) continue;
-          const float inv = 1.0f / std::sqrt(sq / static_cast<float>(n) + a.eps);
-          for (int j = 0; j < n; ++j)
-            WEFT_CHECK(y[static_cast<size_t>(t) * n + j] == bits(ref_ro[j] * inv * gamma_at(j), dt),
-                       "ll128 " + std::to_string(ll128) + " call " + std::to_string(call) + " token " +
-                           std::to_string(t) + " column " + std::to_string(j) + ": normalised y wrong");
-        }
+        cs.check(call, epilogue, "ll128 " + std::to_string(ll128) + " call " + std::to_string(call));
       }
     }
   }));

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <set>
 #include <utility>
 
@@ -165,7 +166,7 @@ void GemvContext::init_gpu() {
 namespace {
 // The token tiles `auto`'s tuned choices are kept by: the kernels' (M rounded up to these).
 constexpr int64_t kGemvTileMs[] = {8, 16, 32, 64, 128};
-constexpr size_t kGemvTiles = sizeof kGemvTileMs / sizeof kGemvTileMs[0];
+constexpr size_t kGemvTiles = std::size(kGemvTileMs);
 size_t tile_of(int64_t m) {
   size_t t = 0;
   while (kGemvTileMs[t] < m) ++t;
@@ -292,13 +293,13 @@ GemvAllReduce::GemvAllReduce(Backend& backend, const GemvArConfig& config) {
   // decides alike; an entry naming a method this op does not have is ignored.
   I.cache = detail::tuning_cache_path(config.tune_cache, "gemv_ar.json");
   int32_t tuned[kGemvTiles];
+  const auto avail = I.available();
   for (size_t t = 0; t < kGemvTiles; ++t) {
     tuned[t] = -1;
     if (I.rank != 0) continue;
     if (auto c = detail::read_tuned_choice(I.cache, I.tuning_key(t))) {
       try {
         const GemvMethod meth = parse_gemv_method(c->method);
-        const auto avail = I.available();
         if (meth != GemvMethod::kAuto && std::find(avail.begin(), avail.end(), meth) != avail.end())
           tuned[t] = static_cast<int32_t>(meth);
       } catch (const InvalidArgument&) {  // an unknown method: the entry is ignored
