@@ -61,6 +61,7 @@
 #include "weft/device/ptx/mma.cuh"
 #include "weft/device/ptx/tma.cuh"
 #include "weft/device/ptx/wgmma.cuh"
+#include "weft/kernels/gemm.hpp"
 #include "weft/kernels/gemv_ar_algos.hpp"
 #include "weft/kernels/gemv_ar_kernels.hpp"
 
@@ -856,15 +857,6 @@ cudaError_t reg_local(const GemvArgs& a, cudaStream_t s) {
       static_cast<const T*>(a.w), static_cast<T*>(a.y), a.m, a.n, a.k, pw);
 }
 
-// sm_90a machine code (the wgmma path) runs on compute capability 9.0 only.
-bool wg_available(int device) {
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-    return false;
-  return major == 9 && minor == 0;
-}
-
 // The wgmma path's tile shape for n columns: tiles of 128 rows with cluster_for's K split,
 // unless that grid has fewer CTAs than 3/4 of the SMs -- then tiles of 64 rows (one consumer
 // warpgroup, twice the tiles): at N = 4096, 32 tiles in clusters of 2 left half the SMs idle.
@@ -878,7 +870,7 @@ TileShape wg_shape(int n, int device) {
 }
 
 TileShape fused_shape(int n, int device) {
-  if (wg_available(device)) return wg_shape<dev::bf16_t, 128>(n, device);
+  if (gemm_sm90_available()) return wg_shape<dev::bf16_t, 128>(n, device);
   return {kBN, cluster_for<gemv_local_kernel<dev::bf16_t, 128>>(n, TileCfg<128>::kSmem, device)};
 }
 
@@ -925,7 +917,7 @@ cudaError_t local_mt(const GemvArgs& a, cudaStream_t s) {
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
-    if (wg_available(device)) {
+    if (gemm_sm90_available()) {
       const TileShape sh = wg_shape<T, MT>(a.n, device);
       return sh.bm == 128 ? wg_local<T, 128, MT>(a, sh.S, s) : wg_local<T, 64, MT>(a, sh.S, s);
     }
@@ -956,7 +948,7 @@ cudaError_t fused_mt(const dev::DeviceCtx& c, const GemvArgs& a, cudaStream_t s)
     const TileShape sh = fused_shape(a.n, device);
     const int S = sh.S;
     if (a.ctas % S != 0) return cudaErrorInvalidValue;  // not gemv_ar_fused_ctas's grid
-    if (wg_available(device)) return sh.bm == 128 ? wg_fused<T, 128, MT>(c, a, S, s) : wg_fused<T, 64, MT>(c, a, S, s);
+    if (gemm_sm90_available()) return sh.bm == 128 ? wg_fused<T, 128, MT>(c, a, S, s) : wg_fused<T, 64, MT>(c, a, S, s);
     return launch<gemv_ar_fused_kernel<T, MT>>(a.ctas, S, fused_smem<T, MT>(a, S), s, c, a, S, kchunk_for(a.k, S));
   }
 }
@@ -991,7 +983,7 @@ int gemv_ar_fused_ctas(int n, int device) {
   const TileShape sh = fused_shape(n, device);
   const int S = sh.S;
   const int slices = (n + sh.bm - 1) / sh.bm;
-  const bool wgp = wg_available(device);
+  const bool wgp = gemm_sm90_available();
   // Residency of the largest instantiation (m = 128) bounds every call's grid: the grid is the
   // same for every m (the epochs and the parts' owners are per CTA index). The scratch grows
   // with the parts per CTA, so the grid is checked again with the scratch it will have.
