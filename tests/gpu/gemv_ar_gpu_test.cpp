@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -178,12 +179,16 @@ std::vector<GemvMethod> methods_of(const GemvAllReduce& op) {
   return v;
 }
 
-// One op per (dtype, epilogue): every method at every M, integer then random data.
-int run_every_method(Backend& b, int64_t n, int64_t k, cudaStream_t s) {
+// One op per (dtype, epilogue): every method (or only `only`) at every M of ms, integer then
+// random data.
+int run_every_method(Backend& b, int64_t n, int64_t k, cudaStream_t s,
+                     const std::vector<int64_t>& ms = {1, 7, 16, 64, 128, 3, 17},  // small set, large, back
+                     const std::vector<dev::DType>& dtypes = {dev::DType::kBF16, dev::DType::kF16},
+                     std::optional<GemvMethod> only = std::nullopt) {
   const int rank = b.rank(), world = b.size();
   int checks = 0;
   int64_t e = 0;
-  for (dev::DType t : {dev::DType::kBF16, dev::DType::kF16})
+  for (dev::DType t : dtypes)
     for (bool epilogue : {false, true}) {
       GemvArConfig cfg;
       cfg.n = n;
@@ -196,8 +201,9 @@ int run_every_method(Backend& b, int64_t n, int64_t k, cudaStream_t s) {
       DevBuf x(static_cast<size_t>(kGemvMaxM * kl) * 2), w(static_cast<size_t>(n * kl) * 2),
           y(static_cast<size_t>(kGemvMaxM * n) * 2), res(static_cast<size_t>(kGemvMaxM * n) * 2),
           gamma(static_cast<size_t>(n) * 2), r_out(static_cast<size_t>(kGemvMaxM * n) * 2);
-      for (int64_t m : {1, 7, 16, 64, 128, 3, 17})  // back to the small state set, then the large
-        for (GemvMethod method : methods_of(op))
+      const std::vector<GemvMethod> methods = only ? std::vector<GemvMethod>{*only} : methods_of(op);
+      for (int64_t m : ms)
+        for (GemvMethod method : methods)
           for (bool integer : {true, false}) {
             ++e;
             const Case c = make_case(rank, world, m, n, kl, t, integer, epilogue, e);
@@ -248,6 +254,22 @@ TEST_P(GemvArGpu, EveryMethodEveryMIsRight) {
     int checks = run_every_method(*b, 256, 16 * w, s);
     checks += run_every_method(*b, 1024, 512 * w, s);
     if (b->rank() == 0) std::printf("[gpu] gemv_ar: %d ranks, %d checks passed\n", w, checks);
+    WEFT_CUDA_CHECK(cudaStreamDestroy(s));
+  }));
+}
+
+// The fused call on a decode-sized weight: N = 8192 is 64 tiles of 128 rows (every CTA of the
+// grid busy, several parts each in finish), K = 1024 per rank, M from both token-tile ends.
+TEST_P(GemvArGpu, FusedCallOnALargeWeight) {
+  const int n = GetParam() == 0 ? gpus() : GetParam();
+  if (gpus() < 1 || n > gpus()) GTEST_SKIP() << "needs " << n << " GPU(s)";
+  expect_all_ok(run_gpu(n, [] {
+    auto b = make_backend();
+    cudaStream_t s;
+    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const int checks =
+        run_every_method(*b, 8192, 1024 * b->size(), s, {17, 128, 40}, {dev::DType::kBF16}, GemvMethod::kFused);
+    if (b->rank() == 0) std::printf("[gpu] gemv_ar large weight: %d ranks, %d checks passed\n", b->size(), checks);
     WEFT_CUDA_CHECK(cudaStreamDestroy(s));
   }));
 }
