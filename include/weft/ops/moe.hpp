@@ -1,0 +1,101 @@
+// Mixture-of-experts token exchange (issue 25): dispatch sends each token's row to the ranks of
+// its top-k experts, combine brings the experts' output rows back and sums them per token with
+// the router's weights. Expert parallelism: E experts, E / world on each rank (rank p holds
+// experts p * E/world ... (p + 1) * E/world - 1).
+//
+//   dispatch: x [T, H] and ids [T, top_k] (int32 global expert ids) on every rank ->
+//             recv [rows, H] on every rank: rank-major, expert-grouped -- the rows from source
+//             rank 0 for local expert 0, then for local expert 1, ..., then those from source 1,
+//             ...; within one (source, expert) chunk in the source's (token, slot) order.
+//             recv_counts [world][E / world]: the rows of each chunk.
+//   combine:  expert_out [rows, H] in recv's layout (the experts' outputs, row for row) and
+//             weights [T, top_k] (fp32) -> y [T, H], y[t] = sum over slots j of
+//             weights[t][j] * expert_out[row of (t, j)], in slot order, in fp32, rounded once.
+//
+// T may differ between ranks and calls (0 ... max_tokens); dispatch and combine of one call
+// use the routing of that dispatch. A routing that would give any rank more than
+// recv_capacity rows is refused on every rank (InvalidArgument naming the rank and the rows),
+// before any row moves. Methods: `baseline` (the exchange by the library's all-to-all: NCCL
+// send/recv on GPUs; on the host backend the collectives' reference), `decomposed` (weft's
+// all-to-all by counts, the counts exchanged through the symmetric heap), `auto`.
+//
+// Status: the host backend only (exact; docs/moe.md says what the GPU path needs and what
+// is not built yet); on the nccl backend the constructor refuses with InvalidArgument.
+//
+// Construction, dispatch and combine are collective: every rank makes the same calls in the
+// same order with the same configuration and method.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "weft/device/dtype.hpp"
+#include "weft/ops/names.hpp"
+#include "weft/runtime/backend.hpp"
+
+namespace weft::ops {
+
+enum class MoeMethod { kAuto, kBaseline, kDecomposed };
+inline constexpr Named<MoeMethod> kMoeMethodNames[] = {
+    {MoeMethod::kAuto, "auto"}, {MoeMethod::kBaseline, "baseline"}, {MoeMethod::kDecomposed, "decomposed"}};
+inline const char* to_string(MoeMethod m) { return name_in(kMoeMethodNames, m); }
+inline MoeMethod parse_moe_method(const std::string& s) { return parse_in(kMoeMethodNames, s, "method"); }
+
+// The most experts one token may go to.
+inline constexpr int64_t kMoeMaxTopK = 8;
+
+struct MoeConfig {
+  int64_t hidden = 0;      // H: elements per row, a multiple of 8
+  int64_t experts = 0;     // E: global experts, a multiple of the world size
+  int64_t top_k = 1;       // experts per token: 1 ... min(kMoeMaxTopK, E)
+  int64_t max_tokens = 0;  // T per rank per call, at most (>= 0)
+  // Rows one rank may receive in one call; 0: every token of every rank to this rank's experts,
+  // world * max_tokens * min(top_k, E / world) (no routing can overflow it).
+  int64_t recv_capacity = 0;
+  dev::DType dtype = dev::DType::kBF16;  // x, recv, expert_out, y: bf16, f16 or f32
+};
+
+struct MoeRunOptions {
+  MoeMethod method = MoeMethod::kAuto;
+  int64_t tokens = -1;     // T of this call, 0 ... max_tokens (-1: max_tokens)
+  void* stream = nullptr;  // cudaStream_t on the nccl backend
+};
+
+class MoeDispatchCombine {
+ public:
+  // Collective. Throws InvalidArgument naming the value: hidden < 8 or not a multiple of 8,
+  // experts < 1 or not a multiple of the world size, top_k outside 1 ... min(8, experts),
+  // max_tokens < 0, recv_capacity < 0, a dtype it does not move, ranks that disagree, the
+  // nccl backend (not built yet).
+  MoeDispatchCombine(Backend& backend, const MoeConfig& config);
+  ~MoeDispatchCombine();
+  MoeDispatchCombine(const MoeDispatchCombine&) = delete;
+  MoeDispatchCombine& operator=(const MoeDispatchCombine&) = delete;
+
+  // x [T, H], ids [T, top_k] (this rank's; T = opt.tokens), 16-byte aligned x. Throws
+  // InvalidArgument for T outside 0 ... max_tokens, null or misaligned pointers (with T > 0),
+  // an id outside 0 ... E - 1 (naming the token and slot), ranks calling with different methods,
+  // and -- on every rank -- a routing that overflows some rank's recv_capacity.
+  void dispatch(const void* x, const int32_t* ids, const MoeRunOptions& opt = {});
+  // After a dispatch: this rank's received rows ([recv_capacity, H], the first recv_rows()
+  // written), and the chunk counts [world][E / world] (rows from source s for local expert e at
+  // s * E/world + e), in the backend's memory.
+  const void* recv() const;
+  const int64_t* recv_counts() const;
+  int64_t recv_rows() const;
+  // expert_out [recv_rows(), H] in recv()'s layout (may be recv() itself), weights [T, top_k],
+  // y [T, H] (T: the last dispatch's). Throws InvalidArgument without a dispatch before it, for
+  // another T or method than that dispatch's, null or misaligned pointers, y overlapping
+  // expert_out.
+  void combine(const void* expert_out, const float* weights, void* y, const MoeRunOptions& opt = {});
+
+  const MoeConfig& config() const;
+  int64_t local_experts() const;
+  int64_t recv_capacity() const;
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace weft::ops

@@ -1,0 +1,316 @@
+// The MoE token exchange (include/weft/ops/moe.hpp; docs/moe.md): the op skeleton's checks and
+// agreement, the routing (a stable counting sort of the (token, slot) pairs by expert), the
+// per-chunk counts exchanged through the symmetric heap and checked against every rank's
+// capacity, the rows moved by Collectives::all_to_all_v (baseline: the library's; decomposed:
+// weft's), and combine's return trip and weighted sum. The host backend only, for now: the
+// permutations and the weighted sum are CPU loops (docs/moe.md, "Status").
+#include "weft/ops/moe.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "../common/op_base.hpp"
+#include "weft/core/error.hpp"
+#include "weft/device/dtype.hpp"
+#include "weft/ops/collectives.hpp"
+
+namespace weft::ops {
+
+namespace {
+
+std::string describe(const MoeConfig& c) {
+  return fmt::format("hidden {} experts {} top_k {} max_tokens {} recv_capacity {} {}", c.hidden, c.experts, c.top_k,
+                     c.max_tokens, c.recv_capacity, dev::dtype_name(c.dtype));
+}
+
+void validate(const MoeConfig& c, int world) {
+  WEFT_REQUIRE(c.hidden >= 8 && c.hidden % 8 == 0,
+               fmt::format("moe: hidden must be a positive multiple of 8, got {}", c.hidden));
+  WEFT_REQUIRE(c.experts >= 1 && c.experts % world == 0,
+               fmt::format("moe: experts must be a positive multiple of the world size {}, got {}", world, c.experts));
+  WEFT_REQUIRE(c.top_k >= 1 && c.top_k <= std::min(kMoeMaxTopK, c.experts),
+               fmt::format("moe: top_k must be in 1 ... {}, got {}", std::min(kMoeMaxTopK, c.experts), c.top_k));
+  WEFT_REQUIRE(c.max_tokens >= 0, fmt::format("moe: max_tokens must be >= 0, got {}", c.max_tokens));
+  WEFT_REQUIRE(c.recv_capacity >= 0, fmt::format("moe: recv_capacity must be >= 0, got {}", c.recv_capacity));
+  WEFT_REQUIRE(c.dtype == dev::DType::kBF16 || c.dtype == dev::DType::kF16 || c.dtype == dev::DType::kF32,
+               "moe: dtype must be bf16, f16 or f32");
+}
+
+float load(const unsigned char* row, int64_t i, dev::DType t) {
+  if (t == dev::DType::kF32) {
+    float f;
+    std::memcpy(&f, row + 4 * i, 4);
+    return f;
+  }
+  uint16_t b;
+  std::memcpy(&b, row + 2 * i, 2);
+  return t == dev::DType::kF16 ? dev::to_float(dev::f16_t{b}) : dev::to_float(dev::bf16_t{b});
+}
+void store(unsigned char* row, int64_t i, float f, dev::DType t) {
+  if (t == dev::DType::kF32) {
+    std::memcpy(row + 4 * i, &f, 4);
+    return;
+  }
+  const uint16_t b = t == dev::DType::kF16 ? dev::from_float<dev::f16_t>(f).bits : dev::from_float<dev::bf16_t>(f).bits;
+  std::memcpy(row + 2 * i, &b, 2);
+}
+
+}  // namespace
+
+struct MoeDispatchCombine::Impl {
+  Impl(Backend& backend, const MoeConfig& c)
+      : b(backend),
+        cfg(c),
+        share(backend, "moe"),
+        op(backend, "moe"),
+        coll(backend),
+        world(backend.size()),
+        rank(backend.rank()) {}
+
+  Backend& b;
+  MoeConfig cfg;
+  detail::HeapShare share;  // before op: the symmetric state goes back after everything else
+  detail::OpBase op;
+  Collectives coll;
+  int world, rank;
+  int64_t local = 0;     // experts per rank
+  int64_t capacity = 0;  // rows a rank may receive
+  size_t eb = 2;
+  uint64_t recv_off = 0;    // [capacity, H]: dispatch's output
+  uint64_t back_off = 0;    // [max_tokens * top_k, H]: combine's return rows, in send order
+  uint64_t counts_off = 0;  // [2 parities][world src][world dst][local] uint64 rows, every rank's
+  uint64_t calls = 0;       // dispatches made (the same on every rank): the counts' parity
+  // The last dispatch: its T, method, this rank's send order (pos[t * top_k + j]: row of (t, j)
+  // in the rows sent, dest-major, expert-grouped), rows sent to and received from each rank.
+  bool routed = false;
+  int64_t tokens = 0;
+  MoeMethod method = MoeMethod::kAuto;
+  std::vector<int64_t> pos;
+  std::vector<uint64_t> sent_rows, got_rows;
+  std::vector<int64_t> counts;  // [world][local]: recv_counts()
+  int64_t rows = 0;
+  std::vector<unsigned char> send;  // [T * top_k, H]: dispatch's rows in send order
+  std::vector<std::string> agreed;  // "dispatch <method>" / "combine <method>" once checked
+
+  // The all-to-alls' output capacities in elements (at least a row: a state of 0 elements is none).
+  uint64_t recv_elems() const {
+    return static_cast<uint64_t>(std::max<int64_t>(1, capacity)) * static_cast<uint64_t>(cfg.hidden);
+  }
+  uint64_t back_elems() const {
+    return static_cast<uint64_t>(std::max<int64_t>(1, cfg.max_tokens * cfg.top_k)) * static_cast<uint64_t>(cfg.hidden);
+  }
+  Method coll_method(MoeMethod m) const { return m == MoeMethod::kDecomposed ? Method::kDirect : Method::kBaseline; }
+  MoeMethod resolve(MoeMethod m) const { return m == MoeMethod::kAuto ? MoeMethod::kDecomposed : m; }
+  int64_t tokens_of(const MoeRunOptions& o) const {
+    const int64_t t = o.tokens < 0 ? cfg.max_tokens : o.tokens;
+    WEFT_REQUIRE(t <= cfg.max_tokens, fmt::format("moe: tokens must be in 0 ... {}, got {}", cfg.max_tokens, o.tokens));
+    return t;
+  }
+  // The method of a call kind, checked across ranks the first time (later calls check nothing:
+  // every rank makes the same calls).
+  void agree_method(const char* kind, MoeMethod m) {
+    const std::string what = fmt::format("{} {}", kind, to_string(m));
+    if (std::find(agreed.begin(), agreed.end(), what) != agreed.end()) return;
+    op.agree(fmt::format("the {} method", kind), what);
+    agreed.push_back(what);
+  }
+  // Runs a call's local checks and refuses on every rank when any rank's failed: the ranks'
+  // verdicts are agreed first (a rank that threw alone would leave the others waiting for it).
+  template <class F>
+  void checked_everywhere(const char* kind, F&& checks) {
+    std::string bad;
+    std::exception_ptr error;
+    try {
+      checks();
+    } catch (const InvalidArgument& e) {
+      bad = e.message();
+      error = std::current_exception();
+    }
+    op.agree(fmt::format("whether the {} call is valid", kind), bad.empty() ? std::string("valid") : bad);
+    if (error) std::rethrow_exception(error);
+  }
+  uint64_t* counts_at(int q, uint64_t par, int src, int dst) {
+    return b.ctx().ptr<uint64_t>(
+        q,
+        counts_off + 8ull * static_cast<uint64_t>(((static_cast<int64_t>(par) * world + src) * world + dst) * local));
+  }
+};
+
+MoeDispatchCombine::MoeDispatchCombine(Backend& backend, const MoeConfig& config) {
+  validate(config, backend.size());
+  WEFT_REQUIRE(backend.kind() == BackendKind::kHost,
+               "moe: only the host backend runs the MoE exchange so far (the GPU path is not built: docs/moe.md)");
+  impl_ = std::make_unique<Impl>(backend, config);
+  Impl& I = *impl_;
+  I.op.set_share(&I.share);
+  I.op.agree("the configuration", describe(config));
+  const SymmetricHeap::Scope mine = I.share.scope();
+  I.local = config.experts / I.world;
+  I.eb = dev::dtype_size(config.dtype);
+  I.capacity = config.recv_capacity > 0
+                   ? config.recv_capacity
+                   : static_cast<int64_t>(I.world) * config.max_tokens * std::min(config.top_k, I.local);
+  I.recv_off = I.op.workspace(I.recv_elems() * I.eb, "recv");
+  I.back_off = I.op.workspace(I.back_elems() * I.eb, "back");
+  I.counts_off = I.op.workspace(2ull * static_cast<uint64_t>(I.world * I.world * I.local) * 8, "counts");
+  // decomposed's all-to-all states, both directions (made here: a call makes nothing).
+  I.coll.prepare_all_to_all_v(I.recv_elems(), config.dtype, Method::kDirect);
+  I.coll.prepare_all_to_all_v(I.back_elems(), config.dtype, Method::kDirect);
+  I.counts.assign(static_cast<size_t>(I.world * I.local), 0);
+}
+
+MoeDispatchCombine::~MoeDispatchCombine() = default;
+
+void MoeDispatchCombine::dispatch(const void* x, const int32_t* ids, const MoeRunOptions& opt) {
+  Impl& I = *impl_;
+  I.op.guarded([&] {
+    const MoeConfig& c = I.cfg;
+    const int64_t k = c.top_k, H = c.hidden, L = I.local;
+    int64_t T = 0;
+    const MoeMethod m = I.resolve(opt.method);
+    // Every check first, refused on every rank alike: nothing moves for a bad call.
+    I.checked_everywhere("dispatch", [&] {
+      T = I.tokens_of(opt);
+      if (T > 0) {
+        I.op.check_ptr(x, 16, "x");
+        I.op.check_ptr(ids, 4, "ids");
+      }
+      for (int64_t i = 0; i < T * k; ++i) {
+        WEFT_REQUIRE(ids[i] >= 0 && ids[i] < c.experts, fmt::format("moe: ids[{}][{}] = {} is not an expert (0 ... {})",
+                                                                    i / k, i % k, ids[i], c.experts - 1));
+        for (int64_t j = i - i % k; j < i; ++j)  // (recv_capacity's default counts on it)
+          WEFT_REQUIRE(ids[j] != ids[i], fmt::format("moe: ids[{}][{}] = {} names expert {} again (each token's "
+                                                     "experts must differ)",
+                                                     i / k, i % k, ids[i], ids[i]));
+      }
+    });
+    I.agree_method("dispatch", m);
+    // Routing: a stable counting sort of the (token, slot) pairs by global expert, i.e. by
+    // (destination, local expert).
+    std::vector<int64_t> per_expert(static_cast<size_t>(c.experts) + 1, 0);
+    for (int64_t i = 0; i < T * k; ++i) ++per_expert[static_cast<size_t>(ids[i]) + 1];
+    for (int64_t e = 0; e < c.experts; ++e)
+      per_expert[static_cast<size_t>(e) + 1] += per_expert[static_cast<size_t>(e)];
+    std::vector<int64_t> next(per_expert.begin(), per_expert.end() - 1);
+    I.pos.assign(static_cast<size_t>(T * k), 0);
+    const size_t row = static_cast<size_t>(H) * I.eb;
+    I.send.assign(static_cast<size_t>(T * k) * row, 0);
+    const unsigned char* xb = static_cast<const unsigned char*>(x);
+    for (int64_t i = 0; i < T * k; ++i) {
+      const int64_t p = next[static_cast<size_t>(ids[i])]++;
+      I.pos[static_cast<size_t>(i)] = p;
+      std::memcpy(I.send.data() + static_cast<size_t>(p) * row, xb + static_cast<size_t>(i / k) * row, row);
+    }
+    // The chunk counts: this rank's [dst][local] row into every rank's matrix, so that every
+    // rank sees every destination's total and refuses an overflow alike.
+    const uint64_t par = I.calls & 1;
+    for (int q = 0; q < I.world; ++q)
+      for (int d = 0; d < I.world; ++d) {
+        uint64_t* dst = I.counts_at(q, par, I.rank, d);
+        for (int64_t e = 0; e < L; ++e)
+          dst[e] = static_cast<uint64_t>(per_expert[static_cast<size_t>(d * L + e) + 1] -
+                                         per_expert[static_cast<size_t>(d * L + e)]);
+      }
+    I.b.barrier();  // every rank's counts are in (parity par is rewritten two dispatches on)
+    ++I.calls;
+    I.sent_rows.assign(static_cast<size_t>(I.world), 0);
+    I.got_rows.assign(static_cast<size_t>(I.world), 0);
+    for (int d = 0; d < I.world; ++d) {
+      uint64_t total = 0;
+      for (int s = 0; s < I.world; ++s)
+        for (int64_t e = 0; e < L; ++e) {
+          const uint64_t n = I.counts_at(I.rank, par, s, d)[e];
+          total += n;
+          if (s == I.rank) I.sent_rows[static_cast<size_t>(d)] += n;
+          if (d == I.rank) {
+            I.got_rows[static_cast<size_t>(s)] += n;
+            I.counts[static_cast<size_t>(s * L + e)] = static_cast<int64_t>(n);
+          }
+        }
+      if (total > static_cast<uint64_t>(I.capacity)) {
+        I.routed = false;
+        throw_invalid(
+            __FILE__, __LINE__,
+            fmt::format("moe: dispatch refused: rank {} would receive {} rows, more than its recv_capacity {} (raise "
+                        "MoeConfig::recv_capacity; 0 sizes it for any routing)",
+                        d, total, I.capacity));
+      }
+    }
+    // The rows, packed by destination, into every rank's recv (packed by source).
+    std::vector<uint64_t> send_counts(static_cast<size_t>(I.world)), recv_counts(static_cast<size_t>(I.world));
+    for (int d = 0; d < I.world; ++d)
+      send_counts[static_cast<size_t>(d)] = I.sent_rows[static_cast<size_t>(d)] * static_cast<uint64_t>(H);
+    I.coll.all_to_all_v(I.send.data(), send_counts.data(), I.recv_off, I.recv_elems(), recv_counts.data(), c.dtype,
+                        I.coll_method(m), opt.stream);
+    I.rows = 0;
+    for (int s = 0; s < I.world; ++s) {
+      WEFT_CHECK(recv_counts[static_cast<size_t>(s)] == I.got_rows[static_cast<size_t>(s)] * static_cast<uint64_t>(H),
+                 "moe: the all-to-all's counts disagree with the exchanged chunk counts");
+      I.rows += static_cast<int64_t>(I.got_rows[static_cast<size_t>(s)]);
+    }
+    I.tokens = T;
+    I.method = m;
+    I.routed = true;
+  });
+}
+
+const void* MoeDispatchCombine::recv() const { return impl_->b.ctx().local<const unsigned char>(impl_->recv_off); }
+const int64_t* MoeDispatchCombine::recv_counts() const { return impl_->counts.data(); }
+int64_t MoeDispatchCombine::recv_rows() const { return impl_->rows; }
+
+void MoeDispatchCombine::combine(const void* expert_out, const float* weights, void* y, const MoeRunOptions& opt) {
+  Impl& I = *impl_;
+  I.op.guarded([&] {
+    const MoeConfig& c = I.cfg;
+    const int64_t k = c.top_k, H = c.hidden;
+    const MoeMethod m = I.resolve(opt.method);
+    const size_t row = static_cast<size_t>(H) * I.eb;
+    int64_t T = 0;
+    I.checked_everywhere("combine", [&] {
+      WEFT_REQUIRE(I.routed, "moe: combine needs a dispatch before it (its routing)");
+      T = I.tokens_of(opt);
+      WEFT_REQUIRE(T == I.tokens, fmt::format("moe: combine of {} tokens after a dispatch of {}", T, I.tokens));
+      WEFT_REQUIRE(m == I.method,
+                   fmt::format("moe: combine by {} after a dispatch by {}", to_string(m), to_string(I.method)));
+      if (I.rows > 0) I.op.check_ptr(expert_out, 16, "expert_out");
+      if (T > 0) {
+        I.op.check_ptr(weights, 4, "weights");
+        I.op.check_ptr(y, 16, "y");
+        WEFT_REQUIRE(
+            !detail::ranges_overlap(y, static_cast<uint64_t>(T) * row, expert_out, static_cast<uint64_t>(I.rows) * row),
+            "moe: y overlaps expert_out");
+      }
+    });
+    I.agree_method("combine", m);
+    // The return trip: recv's layout is packed by source, i.e. by destination for the rows going
+    // back; each rank receives its rows packed by expert rank, which is its send order.
+    std::vector<uint64_t> send_counts(static_cast<size_t>(I.world)), recv_counts(static_cast<size_t>(I.world));
+    for (int s = 0; s < I.world; ++s)
+      send_counts[static_cast<size_t>(s)] = I.got_rows[static_cast<size_t>(s)] * static_cast<uint64_t>(H);
+    I.coll.all_to_all_v(expert_out, send_counts.data(), I.back_off, I.back_elems(), recv_counts.data(), c.dtype,
+                        I.coll_method(m), opt.stream);
+    const unsigned char* back = I.b.ctx().local<const unsigned char>(I.back_off);
+    unsigned char* yb = static_cast<unsigned char*>(y);
+    std::vector<float> acc(static_cast<size_t>(H));
+    for (int64_t t = 0; t < T; ++t) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t j = 0; j < k; ++j) {  // slot order: the same sum on every call
+        const float w = weights[t * k + j];
+        const unsigned char* r = back + static_cast<size_t>(I.pos[static_cast<size_t>(t * k + j)]) * row;
+        for (int64_t h = 0; h < H; ++h) acc[static_cast<size_t>(h)] += w * load(r, h, c.dtype);
+      }
+      for (int64_t h = 0; h < H; ++h) store(yb + static_cast<size_t>(t) * row, h, acc[static_cast<size_t>(h)], c.dtype);
+    }
+  });
+}
+
+const MoeConfig& MoeDispatchCombine::config() const { return impl_->cfg; }
+int64_t MoeDispatchCombine::local_experts() const { return impl_->local; }
+int64_t MoeDispatchCombine::recv_capacity() const { return impl_->capacity; }
+
+}  // namespace weft::ops

@@ -1,0 +1,304 @@
+// The MoE token exchange on the host backend (ops::MoeDispatchCombine; docs/moe.md): exact
+// dispatch layout and counts, exact combine, for worlds 1, 2, 3, 4, 8, both methods, skewed
+// routing (every token to one expert: the others receive nothing), top-k 1, 2 and 8, T = 0 and
+// 1 and changing between calls; overflow and bad calls refused on every rank.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "rank_harness.hpp"
+#include "weft/core/error.hpp"
+#include "weft/device/dtype.hpp"
+#include "weft/ops/moe.hpp"
+#include "weft/runtime/backend.hpp"
+
+using namespace weft;
+using namespace weft::ops;
+using namespace weft::testing;
+
+namespace {
+
+std::vector<RankResult> run_host(int n, const std::function<void()>& fn) {
+  LaunchOptions opt;
+  opt.nranks = n;
+  opt.extra_env = {{"WEFT_BACKEND", "host"}, {"WEFT_HOST_HEAP_MIB", "64"}, {"WEFT_TIMEOUT_MS", "20000"}};
+  opt.grace_ms = 25000;
+  opt.deadline_ms = 240000;
+  opt.quiet = true;
+  return run_ranks(fn, opt);
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.message();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+void expect_message(const std::function<void()>& f, const std::string& want) {
+  const std::string got = message_of(f);
+  WEFT_CHECK(got.find(want) != std::string::npos, fmt::format("expected '{}' in: {}", want, got));
+}
+
+enum class Route { kMixed, kSkewed };
+
+// Every rank's inputs of call e, known to every rank (the test's reference needs the others').
+struct Routing {
+  int world = 1;
+  int64_t E = 1, k = 1, H = 8;
+  Route route = Route::kMixed;
+  int64_t e = 0;
+  // Token t of rank r: slot j's expert (distinct within a token), its row, its weights.
+  int32_t id(int r, int64_t t, int64_t j) const {
+    if (route == Route::kSkewed) return static_cast<int32_t>(j);  // slot 0: expert 0 for every token
+    return static_cast<int32_t>((r * 7 + t * 3 + e + j) % E);     // j consecutive: distinct
+  }
+  float x(int r, int64_t t, int64_t h) const { return static_cast<float>((r * 5 + t * 3 + h + e) % 3) - 1.f; }
+  float w(int r, int64_t t, int64_t j) const { return 0.5f * static_cast<float>(1 + (t + j + r) % 2); }
+  static float factor(int64_t expert) { return static_cast<float>(expert % 3 + 1); }
+  int64_t tokens(int r, int64_t max) const { return (r * 3 + e) % (max + 1); }
+};
+
+struct Rows {  // 16-byte aligned rows of any dtype
+  std::vector<unsigned char> v;
+  size_t eb;
+  int64_t H;
+  Rows(int64_t n, int64_t h, dev::DType t)
+      : v(static_cast<size_t>(std::max<int64_t>(n, 1) * h) * 4 + 16), eb(dev::dtype_size(t)), H(h) {}
+  unsigned char* p() {
+    return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(v.data()) + 15) & ~uintptr_t{15});
+  }
+};
+void put(unsigned char* base, int64_t i, float f, dev::DType t) {
+  if (t == dev::DType::kF32) return std::memcpy(base + 4 * i, &f, 4), void();
+  const uint16_t b = t == dev::DType::kF16 ? dev::from_float<dev::f16_t>(f).bits : dev::from_float<dev::bf16_t>(f).bits;
+  std::memcpy(base + 2 * i, &b, 2);
+}
+float get(const unsigned char* base, int64_t i, dev::DType t) {
+  if (t == dev::DType::kF32) {
+    float f;
+    std::memcpy(&f, base + 4 * i, 4);
+    return f;
+  }
+  uint16_t b;
+  std::memcpy(&b, base + 2 * i, 2);
+  return t == dev::DType::kF16 ? dev::to_float(dev::f16_t{b}) : dev::to_float(dev::bf16_t{b});
+}
+
+// One dispatch + combine of call w.e on this rank, checked exactly: recv's rows and counts
+// against the layout the header promises, y against the weighted sums (small integers and
+// halves: exact in every dtype).
+void run_and_check(Backend& b, MoeDispatchCombine& op, const Routing& w, int64_t max_tokens, MoeMethod m, dev::DType t,
+                   const std::string& what) {
+  const int r = b.rank();
+  const int64_t L = w.E / w.world, H = w.H, k = w.k;
+  const int64_t T = w.tokens(r, max_tokens);
+  Rows x(T, H, t);
+  std::vector<int32_t> ids(static_cast<size_t>(std::max<int64_t>(T * k, 1)));
+  std::vector<float> wt(static_cast<size_t>(std::max<int64_t>(T * k, 1)));
+  for (int64_t i = 0; i < T; ++i) {
+    for (int64_t h = 0; h < H; ++h) put(x.p(), i * H + h, w.x(r, i, h), t);
+    for (int64_t j = 0; j < k; ++j) {
+      ids[static_cast<size_t>(i * k + j)] = w.id(r, i, j);
+      wt[static_cast<size_t>(i * k + j)] = w.w(r, i, j);
+    }
+  }
+  op.dispatch(x.p(), ids.data(), {.method = m, .tokens = T});
+  // The expected receive layout: source-major, local expert, then the source's (token, slot) order.
+  std::vector<int64_t> want_counts(static_cast<size_t>(w.world * L), 0);
+  int64_t row = 0;
+  const unsigned char* recv = static_cast<const unsigned char*>(op.recv());
+  for (int s = 0; s < w.world; ++s)
+    for (int64_t le = 0; le < L; ++le) {
+      const int64_t expert = r * L + le;
+      for (int64_t i = 0; i < w.tokens(s, max_tokens); ++i)
+        for (int64_t j = 0; j < k; ++j) {
+          if (w.id(s, i, j) != expert) continue;
+          ++want_counts[static_cast<size_t>(s * L + le)];
+          for (int64_t h = 0; h < H; ++h)
+            WEFT_CHECK(get(recv, row * H + h, t) == w.x(s, i, h),
+                       fmt::format("{}: recv row {} (source {} token {} slot {}) element {}", what, row, s, i, j, h));
+          ++row;
+        }
+    }
+  WEFT_CHECK(op.recv_rows() == row, fmt::format("{}: {} rows received, expected {}", what, op.recv_rows(), row));
+  for (size_t i = 0; i < want_counts.size(); ++i)
+    WEFT_CHECK(op.recv_counts()[i] == want_counts[i],
+               fmt::format("{}: recv_counts[{}] = {}, expected {}", what, i, op.recv_counts()[i], want_counts[i]));
+  // The experts: row times factor(expert), into a buffer of the test's.
+  Rows out(row, H, t);
+  int64_t at = 0;
+  for (int s = 0; s < w.world; ++s)
+    for (int64_t le = 0; le < L; ++le)
+      for (int64_t q = 0; q < want_counts[static_cast<size_t>(s * L + le)]; ++q, ++at)
+        for (int64_t h = 0; h < H; ++h)
+          put(out.p(), at * H + h, get(recv, at * H + h, t) * Routing::factor(r * L + le), t);
+  Rows y(T, H, t);
+  op.combine(out.p(), wt.data(), y.p(), {.method = m, .tokens = T});
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t h = 0; h < H; ++h) {
+      float want = 0;
+      for (int64_t j = 0; j < k; ++j) want += w.w(r, i, j) * w.x(r, i, h) * Routing::factor(w.id(r, i, j));
+      WEFT_CHECK(get(y.p(), i * H + h, t) == want,
+                 fmt::format("{}: y[{}][{}] = {}, expected {}", what, i, h, get(y.p(), i * H + h, t), want));
+    }
+}
+
+}  // namespace
+
+class MoeHost : public ::testing::TestWithParam<int> {};
+
+// Per (experts per rank, top-k): one op, calls whose T changes (0 and 1 among them), both
+// methods, mixed then skewed routing.
+TEST_P(MoeHost, DispatchAndCombineAreExact) {
+  const int world = GetParam();
+  expect_all_ok(run_host(world, [world] {
+    auto b = make_backend();
+    struct Shape {
+      int64_t L, k;
+    };
+    std::vector<Shape> shapes = {{1, 1}, {2, 2}, {3, 1}};
+    if (2 * world >= 8) shapes.push_back({2, 8});  // top-8 over 2 experts a rank
+    if (world < 4) shapes.push_back({8, 8});
+    for (const Shape& sh : shapes)
+      for (dev::DType t : {dev::DType::kBF16, dev::DType::kF32}) {
+        MoeConfig cfg;
+        cfg.hidden = 16;
+        cfg.experts = sh.L * world;
+        cfg.top_k = sh.k;
+        cfg.max_tokens = 5;
+        cfg.dtype = t;
+        MoeDispatchCombine op(*b, cfg);
+        Routing w;
+        w.world = world;
+        w.E = cfg.experts;
+        w.k = sh.k;
+        w.H = cfg.hidden;
+        for (Route route : {Route::kMixed, Route::kSkewed})
+          for (int64_t e = 0; e < 4; ++e)
+            for (MoeMethod m : {MoeMethod::kBaseline, MoeMethod::kDecomposed}) {
+              w.route = route;
+              w.e = e;
+              run_and_check(
+                  *b, op, w, cfg.max_tokens, m, t,
+                  fmt::format("world {} E {} top-{} {} {} call {} {}", world, w.E, w.k,
+                              route == Route::kSkewed ? "skewed" : "mixed", dev::dtype_name(t), e, to_string(m)));
+            }
+      }
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, MoeHost, ::testing::Values(1, 2, 3, 4, 8));
+
+// A routing that overflows one rank's capacity is refused on every rank, naming that rank, and
+// the op goes on serving calls that fit.
+TEST(MoeHostErrors, OverflowIsRefusedOnEveryRank) {
+  expect_all_ok(run_host(3, [] {
+    auto b = make_backend();
+    MoeConfig cfg;
+    cfg.hidden = 8;
+    cfg.experts = 3;
+    cfg.top_k = 1;
+    cfg.max_tokens = 4;
+    cfg.recv_capacity = 5;
+    MoeDispatchCombine op(*b, cfg);
+    Routing w;
+    w.world = 3;
+    w.E = 3;
+    w.k = 1;
+    w.H = 8;
+    w.route = Route::kSkewed;  // every token to expert 0: rank 0 gets every rank's tokens
+    w.e = 2;                   // tokens (3 r + e) % 5: 2, 0, 3 -- 5 rows, which fit
+    run_and_check(*b, op, w, 4, MoeMethod::kDecomposed, dev::DType::kBF16, "fits");
+    Rows x(4, 8, dev::DType::kBF16);
+    std::vector<int32_t> ids(4, 0);
+    for (MoeMethod m : {MoeMethod::kBaseline, MoeMethod::kDecomposed})
+      expect_message([&] { op.dispatch(x.p(), ids.data(), {.method = m, .tokens = 4}); },
+                     "moe: dispatch refused: rank 0 would receive 12 rows, more than its recv_capacity 5");
+    std::vector<float> wt(4, 1.f);
+    expect_message([&] { op.combine(x.p(), wt.data(), x.p(), {.method = MoeMethod::kDecomposed, .tokens = 4}); },
+                   "moe: combine needs a dispatch before it");
+    w.e = 0;  // 0, 3, 1 tokens: 4 rows
+    run_and_check(*b, op, w, 4, MoeMethod::kBaseline, dev::DType::kBF16, "after the refusals");
+  }));
+}
+
+// Bad calls are refused on every rank, also where one rank alone is wrong (its peers would
+// otherwise wait for it), and the op goes on.
+TEST(MoeHostErrors, BadCallsAreRefusedOnEveryRank) {
+  expect_all_ok(run_host(2, [] {
+    auto b = make_backend();
+    const int r = b->rank();
+    expect_message(
+        [&] {
+          MoeConfig c;
+          c.hidden = 12;
+          c.experts = 2;
+          c.max_tokens = 1;
+          MoeDispatchCombine op(*b, c);
+        },
+        "moe: hidden must be a positive multiple of 8, got 12");
+    MoeConfig cfg;
+    cfg.hidden = 8;
+    cfg.experts = 4;
+    cfg.top_k = 2;
+    cfg.max_tokens = 3;
+    expect_message(
+        [&] {
+          MoeConfig c = cfg;
+          c.experts = 3;
+          MoeDispatchCombine op(*b, c);
+        },
+        "moe: experts must be a positive multiple of the world size 2, got 3");
+    expect_message(
+        [&] {
+          MoeConfig c = cfg;
+          c.top_k = 5;
+          MoeDispatchCombine op(*b, c);
+        },
+        "moe: top_k must be in 1 ... 4, got 5");
+    expect_message(
+        [&] {
+          MoeConfig c = cfg;
+          c.max_tokens = r == 1 ? 4 : 3;
+          MoeDispatchCombine op(*b, c);
+        },
+        "moe: ranks disagree on the configuration");
+    MoeDispatchCombine op(*b, cfg);
+    Rows x(3, 8, dev::DType::kBF16);
+    std::vector<int32_t> ids = {0, 1, 2, 3, 1, 2};
+    if (r == 1) ids[3] = 4;  // token 1, slot 1 of rank 1 names no expert
+    expect_message([&] { op.dispatch(x.p(), ids.data(), {.tokens = 3}); },
+                   r == 1 ? "moe: ids[1][1] = 4 is not an expert (0 ... 3)"
+                          : "moe: ranks disagree on whether the dispatch call is valid");
+    ids[3] = 3;
+    ids[2] = 3;  // token 1 names expert 3 twice
+    expect_message([&] { op.dispatch(x.p(), ids.data(), {.tokens = 3}); },
+                   "moe: ids[1][1] = 3 names expert 3 again (each token's experts must differ)");
+    ids = {0, 1, 2, 3, 1, 2};
+    expect_message(
+        [&] { op.dispatch(x.p(), ids.data(), {.tokens = r == 0 ? 4 : 3}); },
+        r == 0 ? "moe: tokens must be in 0 ... 3, got 4" : "moe: ranks disagree on whether the dispatch call is valid");
+    expect_message([&] { op.dispatch(x.p() + 2, ids.data(), {.tokens = 3}); }, "is not aligned");
+    op.dispatch(x.p(), ids.data(), {.method = MoeMethod::kBaseline, .tokens = 3});
+    std::vector<float> wt(6, 1.f);
+    Rows y(3, 8, dev::DType::kBF16);
+    expect_message([&] { op.combine(op.recv(), wt.data(), y.p(), {.method = MoeMethod::kBaseline, .tokens = 2}); },
+                   "moe: combine of 2 tokens after a dispatch of 3");
+    expect_message([&] { op.combine(op.recv(), wt.data(), y.p(), {.method = MoeMethod::kDecomposed, .tokens = 3}); },
+                   "moe: combine by decomposed after a dispatch by baseline");
+    op.combine(op.recv(), wt.data(), y.p(), {.method = MoeMethod::kBaseline, .tokens = 3});  // recv as expert_out
+    for (int64_t i = 0; i < 3; ++i)
+      for (int64_t h = 0; h < 8; ++h)
+        WEFT_CHECK(get(y.p(), i * 8 + h, dev::DType::kBF16) == 2 * get(x.p(), i * 8 + h, dev::DType::kBF16),
+                   "combine of the dispatched rows themselves: the row times the sum of the weights");
+  }));
+}
