@@ -2,9 +2,12 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <exception>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "weft/core/error.hpp"
 #include "weft/runtime/launch.hpp"
 
 namespace weft::testing {
@@ -27,6 +30,25 @@ inline void expect_all_ok(const std::vector<RankResult>& res) {
   for (const auto& r : res)
     EXPECT_EQ(r.exit_code, 0) << "rank " << r.rank << (r.killed_by_launcher ? " hung and was killed" : "") << ": "
                               << r.message;
+}
+
+// What f throws: an Error's message (without its source location), another exception's what(),
+// or "(no exception)".
+inline std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.message();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+// Fails (WEFT_CHECK, so a rank's exit reports it) unless f throws a message containing `want`.
+inline void expect_message(const std::function<void()>& f, const std::string& want) {
+  const std::string got = message_of(f);
+  WEFT_CHECK(got.find(want) != std::string::npos, "expected '" + want + "' in: " + got);
 }
 
 inline int world_rank() { return std::stoi(std::getenv("WEFT_RANK")); }

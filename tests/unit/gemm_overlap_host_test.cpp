@@ -97,14 +97,6 @@ GemmOverlapConfig config(const Shape& s, dev::DType t = dev::DType::kBF16, BLayo
   return overlap_config(s, t, l, chunks, std::move(algo));
 }
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
 
 }  // namespace
 

@@ -202,22 +202,6 @@ std::vector<int64_t> every_m(int64_t m_max) {
   return v;
 }
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
-
-void expect_message(const std::function<void()>& f, const std::string& want) {
-  const std::string got = message_of(f);
-  WEFT_CHECK(got.find(want) != std::string::npos, fmt::format("expected '{}' in: {}", want, got));
-}
-
 }  // namespace
 
 class GemvArHost : public ::testing::TestWithParam<int> {};

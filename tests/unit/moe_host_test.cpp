@@ -33,20 +33,6 @@ std::vector<RankResult> run_host(int n, const std::function<void()>& fn) {
   return run_ranks(fn, opt);
 }
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no exception)";
-}
-void expect_message(const std::function<void()>& f, const std::string& want) {
-  const std::string got = message_of(f);
-  WEFT_CHECK(got.find(want) != std::string::npos, fmt::format("expected '{}' in: {}", want, got));
-}
 
 enum class Route { kMixed, kSkewed };
 
