@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "moe_check.hpp"
 #include "rank_harness.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device/dtype.hpp"
@@ -20,6 +21,7 @@
 using namespace weft;
 using namespace weft::ops;
 using namespace weft::testing;
+using namespace weft::testing::moe;
 
 namespace {
 
@@ -31,111 +33,6 @@ std::vector<RankResult> run_host(int n, const std::function<void()>& fn) {
   opt.deadline_ms = 240000;
   opt.quiet = true;
   return run_ranks(fn, opt);
-}
-
-
-enum class Route { kMixed, kSkewed };
-
-// Every rank's inputs of call e, known to every rank (the test's reference needs the others').
-struct Routing {
-  int world = 1;
-  int64_t E = 1, k = 1, H = 8;
-  Route route = Route::kMixed;
-  int64_t e = 0;
-  // Token t of rank r: slot j's expert (distinct within a token), its row, its weights.
-  int32_t id(int r, int64_t t, int64_t j) const {
-    if (route == Route::kSkewed) return static_cast<int32_t>(j);  // slot 0: expert 0 for every token
-    return static_cast<int32_t>((r * 7 + t * 3 + e + j) % E);     // j consecutive: distinct
-  }
-  float x(int r, int64_t t, int64_t h) const { return static_cast<float>((r * 5 + t * 3 + h + e) % 3) - 1.f; }
-  float w(int r, int64_t t, int64_t j) const { return 0.5f * static_cast<float>(1 + (t + j + r) % 2); }
-  static float factor(int64_t expert) { return static_cast<float>(expert % 3 + 1); }
-  int64_t tokens(int r, int64_t max) const { return (r * 3 + e) % (max + 1); }
-};
-
-struct Rows {  // 16-byte aligned rows of any dtype
-  std::vector<unsigned char> v;
-  size_t eb;
-  int64_t H;
-  Rows(int64_t n, int64_t h, dev::DType t)
-      : v(static_cast<size_t>(std::max<int64_t>(n, 1) * h) * 4 + 16), eb(dev::dtype_size(t)), H(h) {}
-  unsigned char* p() {
-    return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(v.data()) + 15) & ~uintptr_t{15});
-  }
-};
-void put(unsigned char* base, int64_t i, float f, dev::DType t) {
-  if (t == dev::DType::kF32) return std::memcpy(base + 4 * i, &f, 4), void();
-  const uint16_t b = t == dev::DType::kF16 ? dev::from_float<dev::f16_t>(f).bits : dev::from_float<dev::bf16_t>(f).bits;
-  std::memcpy(base + 2 * i, &b, 2);
-}
-float get(const unsigned char* base, int64_t i, dev::DType t) {
-  if (t == dev::DType::kF32) {
-    float f;
-    std::memcpy(&f, base + 4 * i, 4);
-    return f;
-  }
-  uint16_t b;
-  std::memcpy(&b, base + 2 * i, 2);
-  return t == dev::DType::kF16 ? dev::to_float(dev::f16_t{b}) : dev::to_float(dev::bf16_t{b});
-}
-
-// One dispatch + combine of call w.e on this rank, checked exactly: recv's rows and counts
-// against the layout the header promises, y against the weighted sums (small integers and
-// halves: exact in every dtype).
-void run_and_check(Backend& b, MoeDispatchCombine& op, const Routing& w, int64_t max_tokens, MoeMethod m, dev::DType t,
-                   const std::string& what) {
-  const int r = b.rank();
-  const int64_t L = w.E / w.world, H = w.H, k = w.k;
-  const int64_t T = w.tokens(r, max_tokens);
-  Rows x(T, H, t);
-  std::vector<int32_t> ids(static_cast<size_t>(std::max<int64_t>(T * k, 1)));
-  std::vector<float> wt(static_cast<size_t>(std::max<int64_t>(T * k, 1)));
-  for (int64_t i = 0; i < T; ++i) {
-    for (int64_t h = 0; h < H; ++h) put(x.p(), i * H + h, w.x(r, i, h), t);
-    for (int64_t j = 0; j < k; ++j) {
-      ids[static_cast<size_t>(i * k + j)] = w.id(r, i, j);
-      wt[static_cast<size_t>(i * k + j)] = w.w(r, i, j);
-    }
-  }
-  op.dispatch(x.p(), ids.data(), {.method = m, .tokens = T});
-  // The expected receive layout: source-major, local expert, then the source's (token, slot) order.
-  std::vector<int64_t> want_counts(static_cast<size_t>(w.world * L), 0);
-  int64_t row = 0;
-  const unsigned char* recv = static_cast<const unsigned char*>(op.recv());
-  for (int s = 0; s < w.world; ++s)
-    for (int64_t le = 0; le < L; ++le) {
-      const int64_t expert = r * L + le;
-      for (int64_t i = 0; i < w.tokens(s, max_tokens); ++i)
-        for (int64_t j = 0; j < k; ++j) {
-          if (w.id(s, i, j) != expert) continue;
-          ++want_counts[static_cast<size_t>(s * L + le)];
-          for (int64_t h = 0; h < H; ++h)
-            WEFT_CHECK(get(recv, row * H + h, t) == w.x(s, i, h),
-                       fmt::format("{}: recv row {} (source {} token {} slot {}) element {}", what, row, s, i, j, h));
-          ++row;
-        }
-    }
-  WEFT_CHECK(op.recv_rows() == row, fmt::format("{}: {} rows received, expected {}", what, op.recv_rows(), row));
-  for (size_t i = 0; i < want_counts.size(); ++i)
-    WEFT_CHECK(op.recv_counts()[i] == want_counts[i],
-               fmt::format("{}: recv_counts[{}] = {}, expected {}", what, i, op.recv_counts()[i], want_counts[i]));
-  // The experts: row times factor(expert), into a buffer of the test's.
-  Rows out(row, H, t);
-  int64_t at = 0;
-  for (int s = 0; s < w.world; ++s)
-    for (int64_t le = 0; le < L; ++le)
-      for (int64_t q = 0; q < want_counts[static_cast<size_t>(s * L + le)]; ++q, ++at)
-        for (int64_t h = 0; h < H; ++h)
-          put(out.p(), at * H + h, get(recv, at * H + h, t) * Routing::factor(r * L + le), t);
-  Rows y(T, H, t);
-  op.combine(out.p(), wt.data(), y.p(), {.method = m, .tokens = T});
-  for (int64_t i = 0; i < T; ++i)
-    for (int64_t h = 0; h < H; ++h) {
-      float want = 0;
-      for (int64_t j = 0; j < k; ++j) want += w.w(r, i, j) * w.x(r, i, h) * Routing::factor(w.id(r, i, j));
-      WEFT_CHECK(get(y.p(), i * H + h, t) == want,
-                 fmt::format("{}: y[{}][{}] = {}, expected {}", what, i, h, get(y.p(), i * H + h, t), want));
-    }
 }
 
 }  // namespace
@@ -163,6 +60,7 @@ TEST_P(MoeHost, DispatchAndCombineAreExact) {
         cfg.max_tokens = 5;
         cfg.dtype = t;
         MoeDispatchCombine op(*b, cfg);
+        HostMem mem;
         Routing w;
         w.world = world;
         w.E = cfg.experts;
@@ -176,7 +74,8 @@ TEST_P(MoeHost, DispatchAndCombineAreExact) {
               run_and_check(
                   *b, op, w, cfg.max_tokens, m, t,
                   fmt::format("world {} E {} top-{} {} {} call {} {}", world, w.E, w.k,
-                              route == Route::kSkewed ? "skewed" : "mixed", dev::dtype_name(t), e, to_string(m)));
+                              route == Route::kSkewed ? "skewed" : "mixed", dev::dtype_name(t), e, to_string(m)),
+                  mem);
             }
       }
   }));
@@ -196,6 +95,7 @@ TEST(MoeHostErrors, OverflowIsRefusedOnEveryRank) {
     cfg.max_tokens = 4;
     cfg.recv_capacity = 5;
     MoeDispatchCombine op(*b, cfg);
+    HostMem mem;
     Routing w;
     w.world = 3;
     w.E = 3;
@@ -203,7 +103,7 @@ TEST(MoeHostErrors, OverflowIsRefusedOnEveryRank) {
     w.H = 8;
     w.route = Route::kSkewed;  // every token to expert 0: rank 0 gets every rank's tokens
     w.e = 2;                   // tokens (3 r + e) % 5: 2, 0, 3 -- 5 rows, which fit
-    run_and_check(*b, op, w, 4, MoeMethod::kDecomposed, dev::DType::kBF16, "fits");
+    run_and_check(*b, op, w, 4, MoeMethod::kDecomposed, dev::DType::kBF16, "fits", mem);
     Rows x(4, 8, dev::DType::kBF16);
     std::vector<int32_t> ids(4, 0);
     for (MoeMethod m : {MoeMethod::kBaseline, MoeMethod::kDecomposed})
@@ -213,7 +113,7 @@ TEST(MoeHostErrors, OverflowIsRefusedOnEveryRank) {
     expect_message([&] { op.combine(x.p(), wt.data(), x.p(), {.method = MoeMethod::kDecomposed, .tokens = 4}); },
                    "moe: combine needs a dispatch before it");
     w.e = 0;  // 0, 3, 1 tokens: 4 rows
-    run_and_check(*b, op, w, 4, MoeMethod::kBaseline, dev::DType::kBF16, "after the refusals");
+    run_and_check(*b, op, w, 4, MoeMethod::kBaseline, dev::DType::kBF16, "after the refusals", mem);
   }));
 }
 

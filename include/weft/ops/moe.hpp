@@ -19,8 +19,13 @@
 // send/recv on GPUs; on the host backend the collectives' reference), `decomposed` (weft's
 // all-to-all by counts, the counts exchanged through the symmetric heap), `auto`.
 //
-// Status: the host backend only (exact; docs/moe.md says what the GPU path needs and what
-// is not built yet); on the nccl backend the constructor refuses with InvalidArgument.
+// On the host backend every check is agreed across ranks before anything moves (a call bad on
+// one rank is refused on all). On GPUs (at most kernels::kMoeMaxExperts experts) the routing,
+// the counts' exchange and the weighted sum run on the device, without the host: dispatch and
+// combine can be captured into a CUDA graph (method decomposed); each rank checks its own
+// call's arguments, an invalid id is found on the device (MoeConfig::check_ids), an overflow is
+// refused by the all-to-all's capacity check (the error slot names the rank). The grouped
+// GEMM, moe_layer and the fused method are not built yet (docs/moe.md, "Status").
 //
 // Construction, dispatch and combine are collective: every rank makes the same calls in the
 // same order with the same configuration and method.
@@ -53,6 +58,10 @@ struct MoeConfig {
   // world * max_tokens * min(top_k, E / world) (no routing can overflow it).
   int64_t recv_capacity = 0;
   dev::DType dtype = dev::DType::kBF16;  // x, recv, expert_out, y: bf16, f16 or f32
+  // GPUs: after a dispatch outside a CUDA graph capture, read back at once whether an id was
+  // invalid (synchronizes the stream) and throw naming it. Off, or in a capture, an invalid pair
+  // is left out silently (its row goes nowhere, its weight counts for nothing).
+  bool check_ids = true;
 };
 
 struct MoeRunOptions {
@@ -65,8 +74,8 @@ class MoeDispatchCombine {
  public:
   // Collective. Throws InvalidArgument naming the value: hidden < 8 or not a multiple of 8,
   // experts < 1 or not a multiple of the world size, top_k outside 1 ... min(8, experts),
-  // max_tokens < 0, recv_capacity < 0, a dtype it does not move, ranks that disagree, the
-  // nccl backend (not built yet).
+  // max_tokens < 0, recv_capacity < 0, a dtype it does not move, ranks that disagree, more than
+  // kernels::kMoeMaxExperts experts on GPUs.
   MoeDispatchCombine(Backend& backend, const MoeConfig& config);
   ~MoeDispatchCombine();
   MoeDispatchCombine(const MoeDispatchCombine&) = delete;
@@ -79,7 +88,8 @@ class MoeDispatchCombine {
   void dispatch(const void* x, const int32_t* ids, const MoeRunOptions& opt = {});
   // After a dispatch: this rank's received rows ([recv_capacity, H], the first recv_rows()
   // written), and the chunk counts [world][E / world] (rows from source s for local expert e at
-  // s * E/world + e), in the backend's memory.
+  // s * E/world + e), in the backend's memory. recv_rows() is their sum (GPUs: read back,
+  // synchronizing the device, once per dispatch).
   const void* recv() const;
   const int64_t* recv_counts() const;
   int64_t recv_rows() const;

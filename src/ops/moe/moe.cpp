@@ -2,8 +2,9 @@
 // agreement, the routing (a stable counting sort of the (token, slot) pairs by expert), the
 // per-chunk counts exchanged through the symmetric heap and checked against every rank's
 // capacity, the rows moved by Collectives::all_to_all_v (baseline: the library's; decomposed:
-// weft's), and combine's return trip and weighted sum. The host backend only, for now: the
-// permutations and the weighted sum are CPU loops (docs/moe.md, "Status").
+// weft's), and combine's return trip and weighted sum. Host backend: the routing, the pack and
+// the weighted sum are CPU loops; GPUs: kernels (kernels/moe_kernels.hpp), the counts exchanged
+// on the device (docs/moe.md, "GPU path").
 #include "weft/ops/moe.hpp"
 
 #include <fmt/format.h>
@@ -17,7 +18,14 @@
 #include "../common/op_base.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device/dtype.hpp"
+#include "weft/kernels/moe_kernels.hpp"
 #include "weft/ops/collectives.hpp"
+
+#ifdef WEFT_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "weft/core/cuda_check.hpp"
+#endif
 
 namespace weft::ops {
 
@@ -96,6 +104,24 @@ struct MoeDispatchCombine::Impl {
   int64_t rows = 0;
   std::vector<unsigned char> send;  // [T * top_k, H]: dispatch's rows in send order
   std::vector<std::string> agreed;  // "dispatch <method>" / "combine <method>" once checked
+  // GPUs: the routing's device state (kernels/moe_kernels.hpp) in one allocation, and the
+  // symmetric [world][local] uint32 chunk counts the counts' all-to-all delivers.
+  bool gpu = false;
+  void* dev_mem = nullptr;
+  int32_t* d_pos = nullptr;             // [max_tokens * top_k]
+  unsigned char* d_send = nullptr;      // [max_tokens * top_k, H]
+  uint32_t* d_expert_counts = nullptr;  // [experts]
+  uint64_t* d_send_elems = nullptr;     // [world]
+  uint64_t* d_recv_elems = nullptr;     // [world]: dispatch's all-to-all counts, combine's send counts
+  uint64_t* d_back_elems = nullptr;     // [world]
+  int64_t* d_chunks = nullptr;          // [world * local]: recv_counts()
+  unsigned long long* d_bad = nullptr;  // the first invalid pair (~0: none)
+  uint64_t chunk_off = 0;
+  ~Impl() {
+#ifdef WEFT_HAVE_CUDA
+    if (dev_mem) cudaFree(dev_mem);
+#endif
+  }
 
   // The all-to-alls' output capacities in elements (at least a row: a state of 0 elements is none).
   uint64_t recv_elems() const {
@@ -143,8 +169,11 @@ struct MoeDispatchCombine::Impl {
 
 MoeDispatchCombine::MoeDispatchCombine(Backend& backend, const MoeConfig& config) {
   validate(config, backend.size());
-  WEFT_REQUIRE(backend.kind() == BackendKind::kHost,
-               "moe: only the host backend runs the MoE exchange so far (the GPU path is not built: docs/moe.md)");
+#ifndef WEFT_HAVE_CUDA
+  WEFT_REQUIRE(backend.kind() == BackendKind::kHost, "moe: the nccl backend needs a CUDA build");
+#endif
+  WEFT_REQUIRE(backend.kind() == BackendKind::kHost || config.experts <= kernels::kMoeMaxExperts,
+               fmt::format("moe: at most {} experts on GPUs, got {}", kernels::kMoeMaxExperts, config.experts));
   impl_ = std::make_unique<Impl>(backend, config);
   Impl& I = *impl_;
   I.op.set_share(&I.share);
@@ -162,13 +191,136 @@ MoeDispatchCombine::MoeDispatchCombine(Backend& backend, const MoeConfig& config
   I.coll.prepare_all_to_all_v(I.recv_elems(), config.dtype, Method::kDirect);
   I.coll.prepare_all_to_all_v(I.back_elems(), config.dtype, Method::kDirect);
   I.counts.assign(static_cast<size_t>(I.world * I.local), 0);
+  I.gpu = backend.kind() != BackendKind::kHost;
+#ifdef WEFT_HAVE_CUDA
+  if (I.gpu) {
+    I.chunk_off = I.op.workspace(static_cast<uint64_t>(I.world * I.local) * 4, "chunks");
+    I.coll.prepare_all_to_all(static_cast<uint64_t>(I.local), dev::DType::kF32, Method::kDirect);
+    const uint64_t pairs = static_cast<uint64_t>(std::max<int64_t>(1, config.max_tokens * config.top_k));
+    const uint64_t W = static_cast<uint64_t>(I.world);
+    auto up = [](uint64_t b) { return (b + 255) / 256 * 256; };
+    const uint64_t sizes[] = {up(pairs * 4),
+                              up(pairs * static_cast<uint64_t>(config.hidden) * I.eb),
+                              up(static_cast<uint64_t>(config.experts) * 4),
+                              up(W * 8),
+                              up(W * 8),
+                              up(W * 8),
+                              up(W * static_cast<uint64_t>(I.local) * 8),
+                              up(8)};
+    uint64_t total = 0;
+    for (uint64_t b : sizes) total += b;
+    WEFT_CUDA_CHECK(cudaMalloc(&I.dev_mem, total));
+    unsigned char* at = static_cast<unsigned char*>(I.dev_mem);
+    auto take = [&](size_t i) {
+      unsigned char* p = at;
+      at += sizes[i];
+      return p;
+    };
+    I.d_pos = reinterpret_cast<int32_t*>(take(0));
+    I.d_send = take(1);
+    I.d_expert_counts = reinterpret_cast<uint32_t*>(take(2));
+    I.d_send_elems = reinterpret_cast<uint64_t*>(take(3));
+    I.d_recv_elems = reinterpret_cast<uint64_t*>(take(4));
+    I.d_back_elems = reinterpret_cast<uint64_t*>(take(5));
+    I.d_chunks = reinterpret_cast<int64_t*>(take(6));
+    I.d_bad = reinterpret_cast<unsigned long long*>(take(7));
+    WEFT_CUDA_CHECK(cudaMemset(I.dev_mem, 0, total));
+    WEFT_CUDA_CHECK(cudaMemset(I.d_bad, 0xFF, 8));
+    WEFT_CUDA_CHECK(cudaDeviceSynchronize());  // before any stream's call (torch's streams do not wait)
+  }
+#endif
 }
 
 MoeDispatchCombine::~MoeDispatchCombine() = default;
 
+#ifdef WEFT_HAVE_CUDA
+namespace {
+// GPUs: the calls' checks are this rank's own (no host exchange: a call can be captured; a rank
+// that refuses alone leaves its peers to their deadline, which names it); the ids are checked
+// on the device (moe_route) and, outside a capture, read back at once when
+// MoeConfig::check_ids is on.
+void gpu_dispatch(MoeDispatchCombine::Impl& I, const void* x, const int32_t* ids, const MoeRunOptions& opt,
+                  MoeMethod m) {
+  const MoeConfig& c = I.cfg;
+  const int64_t T = I.tokens_of(opt);
+  if (T > 0) {
+    I.op.check_ptr(x, 16, "x");
+    I.op.check_ptr(ids, 4, "ids");
+  }
+  I.agree_method("dispatch", m);
+  cudaStream_t s = static_cast<cudaStream_t>(opt.stream);
+  kernels::MoeRouteArgs ra;
+  ra.ids = ids;
+  ra.tokens = static_cast<int>(T);
+  ra.top_k = static_cast<int>(c.top_k);
+  ra.experts = static_cast<int>(c.experts);
+  ra.world = I.world;
+  ra.hidden = static_cast<int>(c.hidden);
+  ra.pos = I.d_pos;
+  ra.expert_counts = I.d_expert_counts;
+  ra.send_counts = I.d_send_elems;
+  ra.bad = I.d_bad;
+  WEFT_CUDA_CHECK(kernels::moe_route(ra, s));
+  WEFT_CUDA_CHECK(kernels::moe_pack(x, I.d_pos, I.d_send, static_cast<int>(T), static_cast<int>(c.top_k),
+                                    static_cast<int>(c.hidden), I.eb, s));
+  // The chunk counts (uint32 bit patterns moved as f32 elements: an all-to-all copies, never adds).
+  I.coll.all_to_all(I.d_expert_counts, I.chunk_off, static_cast<uint64_t>(I.local), dev::DType::kF32, I.coll_method(m),
+                    s);
+  I.coll.all_to_all_v(I.d_send, I.d_send_elems, I.recv_off, I.recv_elems(), I.d_recv_elems, c.dtype, I.coll_method(m),
+                      s);
+  WEFT_CUDA_CHECK(kernels::moe_widen_counts(I.b.ctx().local<const uint32_t>(I.chunk_off), I.d_chunks,
+                                            static_cast<int>(I.world * I.local), s));
+  I.tokens = T;
+  I.method = m;
+  I.routed = true;
+  I.rows = -1;  // unknown here until read back (recv_rows)
+  if (c.check_ids && !I.op.capturing(opt.stream)) {
+    unsigned long long bad = 0;
+    WEFT_CUDA_CHECK(cudaMemcpyAsync(&bad, I.d_bad, 8, cudaMemcpyDeviceToHost, s));
+    WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
+    if (bad != ~0ull) {
+      WEFT_CUDA_CHECK(cudaMemset(I.d_bad, 0xFF, 8));
+      std::vector<int32_t> pair(static_cast<size_t>(c.top_k));
+      const int64_t t = static_cast<int64_t>(bad) / c.top_k, j = static_cast<int64_t>(bad) % c.top_k;
+      WEFT_CUDA_CHECK(cudaMemcpy(pair.data(), ids + t * c.top_k, pair.size() * 4, cudaMemcpyDeviceToHost));
+      throw_invalid(__FILE__, __LINE__,
+                    fmt::format("moe: ids[{}][{}] = {} is not an expert of 0 ... {} or repeats one of its token's: the "
+                                "pair was left out of this dispatch",
+                                t, j, pair[static_cast<size_t>(j)], c.experts - 1));
+    }
+  }
+}
+
+void gpu_combine(MoeDispatchCombine::Impl& I, const void* expert_out, const float* weights, void* y,
+                 const MoeRunOptions& opt, MoeMethod m) {
+  const MoeConfig& c = I.cfg;
+  WEFT_REQUIRE(I.routed, "moe: combine needs a dispatch before it (its routing)");
+  const int64_t T = I.tokens_of(opt);
+  WEFT_REQUIRE(T == I.tokens, fmt::format("moe: combine of {} tokens after a dispatch of {}", T, I.tokens));
+  WEFT_REQUIRE(m == I.method,
+               fmt::format("moe: combine by {} after a dispatch by {}", to_string(m), to_string(I.method)));
+  I.op.check_ptr(expert_out, 16, "expert_out");
+  if (T > 0) {
+    I.op.check_ptr(weights, 4, "weights");
+    I.op.check_ptr(y, 16, "y");
+  }
+  I.agree_method("combine", m);
+  cudaStream_t s = static_cast<cudaStream_t>(opt.stream);
+  I.coll.all_to_all_v(expert_out, I.d_recv_elems, I.back_off, I.back_elems(), I.d_back_elems, c.dtype, I.coll_method(m),
+                      s);
+  WEFT_CUDA_CHECK(kernels::moe_combine(I.b.ctx().local<const unsigned char>(I.back_off), I.d_pos, weights, y,
+                                       static_cast<int>(T), static_cast<int>(c.top_k), static_cast<int>(c.hidden),
+                                       c.dtype, s));
+}
+}  // namespace
+#endif
+
 void MoeDispatchCombine::dispatch(const void* x, const int32_t* ids, const MoeRunOptions& opt) {
   Impl& I = *impl_;
   I.op.guarded([&] {
+#ifdef WEFT_HAVE_CUDA
+    if (I.gpu) return gpu_dispatch(I, x, ids, opt, I.resolve(opt.method));
+#endif
     const MoeConfig& c = I.cfg;
     const int64_t k = c.top_k, H = c.hidden, L = I.local;
     int64_t T = 0;
@@ -260,12 +412,27 @@ void MoeDispatchCombine::dispatch(const void* x, const int32_t* ids, const MoeRu
 }
 
 const void* MoeDispatchCombine::recv() const { return impl_->b.ctx().local<const unsigned char>(impl_->recv_off); }
-const int64_t* MoeDispatchCombine::recv_counts() const { return impl_->counts.data(); }
-int64_t MoeDispatchCombine::recv_rows() const { return impl_->rows; }
+const int64_t* MoeDispatchCombine::recv_counts() const { return impl_->gpu ? impl_->d_chunks : impl_->counts.data(); }
+int64_t MoeDispatchCombine::recv_rows() const {
+  Impl& I = *impl_;
+#ifdef WEFT_HAVE_CUDA
+  if (I.gpu && I.routed && I.rows < 0) {  // read back once per dispatch (synchronizes the device)
+    std::vector<int64_t> n(static_cast<size_t>(I.world * I.local));
+    WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+    WEFT_CUDA_CHECK(cudaMemcpy(n.data(), I.d_chunks, n.size() * 8, cudaMemcpyDeviceToHost));
+    I.rows = 0;
+    for (int64_t v : n) I.rows += v;
+  }
+#endif
+  return I.routed ? I.rows : 0;
+}
 
 void MoeDispatchCombine::combine(const void* expert_out, const float* weights, void* y, const MoeRunOptions& opt) {
   Impl& I = *impl_;
   I.op.guarded([&] {
+#ifdef WEFT_HAVE_CUDA
+    if (I.gpu) return gpu_combine(I, expert_out, weights, y, opt, I.resolve(opt.method));
+#endif
     const MoeConfig& c = I.cfg;
     const int64_t k = c.top_k, H = c.hidden;
     const MoeMethod m = I.resolve(opt.method);

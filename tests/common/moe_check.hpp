@@ -1,0 +1,170 @@
+// The MoE exchange's checks, shared by the host and GPU tests (tests/unit/moe_host_test.cpp,
+// tests/gpu/moe_gpu_test.cpp): a routing every rank can compute for every rank, and one
+// dispatch + combine checked exactly against the layout ops/moe.hpp promises.
+#pragma once
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "weft/core/error.hpp"
+#include "weft/device/dtype.hpp"
+#include "weft/ops/moe.hpp"
+#include "weft/runtime/backend.hpp"
+
+namespace weft::testing::moe {
+
+using ops::MoeDispatchCombine;
+using ops::MoeMethod;
+
+// Where the op's operands live: the host backend's memory or a GPU's. alloc gives 16-byte
+// aligned bytes the op may read and write (kept until the Mem goes); to/from copy.
+struct Mem {
+  std::function<void*(size_t)> alloc;
+  std::function<void(void*, const void*, size_t)> to;    // op memory <- host
+  std::function<void(void*, const void*, size_t)> from;  // host <- op memory
+  void* stream = nullptr;
+};
+
+enum class Route { kMixed, kSkewed };
+
+// Every rank's inputs of call e, known to every rank (the test's reference needs the others').
+struct Routing {
+  int world = 1;
+  int64_t E = 1, k = 1, H = 8;
+  Route route = Route::kMixed;
+  int64_t e = 0;
+  // Token t of rank r: slot j's expert (distinct within a token), its row, its weights.
+  int32_t id(int r, int64_t t, int64_t j) const {
+    if (route == Route::kSkewed) return static_cast<int32_t>(j);  // slot 0: expert 0 for every token
+    return static_cast<int32_t>((r * 7 + t * 3 + e + j) % E);     // j consecutive: distinct
+  }
+  float x(int r, int64_t t, int64_t h) const { return static_cast<float>((r * 5 + t * 3 + h + e) % 3) - 1.f; }
+  float w(int r, int64_t t, int64_t j) const { return 0.5f * static_cast<float>(1 + (t + j + r) % 2); }
+  static float factor(int64_t expert) { return static_cast<float>(expert % 3 + 1); }
+  int64_t tokens(int r, int64_t max) const { return (r * 3 + e) % (max + 1); }
+};
+
+struct Rows {  // 16-byte aligned rows of any dtype
+  std::vector<unsigned char> v;
+  size_t eb;
+  int64_t H;
+  Rows(int64_t n, int64_t h, dev::DType t)
+      : v(static_cast<size_t>(std::max<int64_t>(n, 1) * h) * 4 + 16), eb(dev::dtype_size(t)), H(h) {}
+  unsigned char* p() {
+    return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(v.data()) + 15) & ~uintptr_t{15});
+  }
+};
+inline void put(unsigned char* base, int64_t i, float f, dev::DType t) {
+  if (t == dev::DType::kF32) return std::memcpy(base + 4 * i, &f, 4), void();
+  const uint16_t b = t == dev::DType::kF16 ? dev::from_float<dev::f16_t>(f).bits : dev::from_float<dev::bf16_t>(f).bits;
+  std::memcpy(base + 2 * i, &b, 2);
+}
+inline float get(const unsigned char* base, int64_t i, dev::DType t) {
+  if (t == dev::DType::kF32) {
+    float f;
+    std::memcpy(&f, base + 4 * i, 4);
+    return f;
+  }
+  uint16_t b;
+  std::memcpy(&b, base + 2 * i, 2);
+  return t == dev::DType::kF16 ? dev::to_float(dev::f16_t{b}) : dev::to_float(dev::bf16_t{b});
+}
+
+// One dispatch + combine of call w.e on this rank, checked exactly: recv's rows and counts
+// against the layout the header promises, y against the weighted sums (small integers and
+// halves: exact in every dtype).
+inline void run_and_check(Backend& b, MoeDispatchCombine& op, const Routing& w, int64_t max_tokens, MoeMethod m,
+                          dev::DType t, const std::string& what, const Mem& mem) {
+  const int r = b.rank();
+  const int64_t L = w.E / w.world, H = w.H, k = w.k;
+  const int64_t T = w.tokens(r, max_tokens);
+  Rows x(T, H, t);
+  std::vector<int32_t> ids(static_cast<size_t>(std::max<int64_t>(T * k, 1)));
+  std::vector<float> wt(static_cast<size_t>(std::max<int64_t>(T * k, 1)));
+  for (int64_t i = 0; i < T; ++i) {
+    for (int64_t h = 0; h < H; ++h) put(x.p(), i * H + h, w.x(r, i, h), t);
+    for (int64_t j = 0; j < k; ++j) {
+      ids[static_cast<size_t>(i * k + j)] = w.id(r, i, j);
+      wt[static_cast<size_t>(i * k + j)] = w.w(r, i, j);
+    }
+  }
+  const size_t eb = dev::dtype_size(t), xb = static_cast<size_t>(T * H) * eb, pb = static_cast<size_t>(T * k);
+  void* x_op = mem.alloc(std::max<size_t>(xb, 16));
+  auto* ids_op = static_cast<int32_t*>(mem.alloc(std::max<size_t>(pb * 4, 16)));
+  auto* wt_op = static_cast<float*>(mem.alloc(std::max<size_t>(pb * 4, 16)));
+  mem.to(x_op, x.p(), xb);
+  mem.to(ids_op, ids.data(), pb * 4);
+  mem.to(wt_op, wt.data(), pb * 4);
+  op.dispatch(x_op, ids_op, {.method = m, .tokens = T, .stream = mem.stream});
+  // The expected receive layout: source-major, local expert, then the source's (token, slot) order.
+  std::vector<int64_t> want_counts(static_cast<size_t>(w.world * L), 0);
+  for (int s = 0; s < w.world; ++s)
+    for (int64_t le = 0; le < L; ++le)
+      for (int64_t i = 0; i < w.tokens(s, max_tokens); ++i)
+        for (int64_t j = 0; j < k; ++j) want_counts[static_cast<size_t>(s * L + le)] += w.id(s, i, j) == r * L + le;
+  int64_t rows = 0;
+  for (int64_t n : want_counts) rows += n;
+  WEFT_CHECK(op.recv_rows() == rows, fmt::format("{}: {} rows received, expected {}", what, op.recv_rows(), rows));
+  std::vector<int64_t> counts(want_counts.size());
+  mem.from(counts.data(), op.recv_counts(), counts.size() * 8);
+  for (size_t i = 0; i < want_counts.size(); ++i)
+    WEFT_CHECK(counts[i] == want_counts[i],
+               fmt::format("{}: recv_counts[{}] = {}, expected {}", what, i, counts[i], want_counts[i]));
+  Rows recv(rows, H, t);
+  mem.from(recv.p(), op.recv(), static_cast<size_t>(rows * H) * eb);
+  int64_t row = 0;
+  for (int s = 0; s < w.world; ++s)
+    for (int64_t le = 0; le < L; ++le)
+      for (int64_t i = 0; i < w.tokens(s, max_tokens); ++i)
+        for (int64_t j = 0; j < k; ++j) {
+          if (w.id(s, i, j) != r * L + le) continue;
+          for (int64_t h = 0; h < H; ++h)
+            WEFT_CHECK(get(recv.p(), row * H + h, t) == w.x(s, i, h),
+                       fmt::format("{}: recv row {} (source {} token {} slot {}) element {}", what, row, s, i, j, h));
+          ++row;
+        }
+  // The experts: row times factor(expert), into a buffer of the test's.
+  Rows out(rows, H, t);
+  int64_t at = 0;
+  for (int s = 0; s < w.world; ++s)
+    for (int64_t le = 0; le < L; ++le)
+      for (int64_t q = 0; q < want_counts[static_cast<size_t>(s * L + le)]; ++q, ++at)
+        for (int64_t h = 0; h < H; ++h)
+          put(out.p(), at * H + h, get(recv.p(), at * H + h, t) * Routing::factor(r * L + le), t);
+  void* out_op = mem.alloc(std::max<size_t>(static_cast<size_t>(rows * H) * eb, 16));
+  void* y_op = mem.alloc(std::max<size_t>(xb, 16));
+  mem.to(out_op, out.p(), static_cast<size_t>(rows * H) * eb);
+  op.combine(out_op, wt_op, y_op, {.method = m, .tokens = T, .stream = mem.stream});
+  Rows y(T, H, t);
+  mem.from(y.p(), y_op, xb);
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t h = 0; h < H; ++h) {
+      float want = 0;
+      for (int64_t j = 0; j < k; ++j) want += w.w(r, i, j) * w.x(r, i, h) * Routing::factor(w.id(r, i, j));
+      WEFT_CHECK(get(y.p(), i * H + h, t) == want,
+                 fmt::format("{}: y[{}][{}] = {}, expected {}", what, i, h, get(y.p(), i * H + h, t), want));
+    }
+}
+
+// The host backend's Mem: vectors that live as long as it does.
+struct HostMem : Mem {
+  std::vector<std::vector<unsigned char>> blocks;
+  HostMem() {
+    alloc = [this](size_t n) {
+      blocks.emplace_back(n + 16);
+      return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(blocks.back().data()) + 15) & ~uintptr_t{15});
+    };
+    to = [](void* d, const void* s, size_t n) {
+      if (n) std::memcpy(d, s, n);
+    };
+    from = to;
+  }
+  HostMem(const HostMem&) = delete;
+};
+
+}  // namespace weft::testing::moe

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The MoE exchange (issue 25) on the device machine, in one call of the device tool:
+#   here:        bash tools/gpu/build.sh && bash tools/gpu/pack.sh .gpu
+#   device run:  bash tools/gpu/moe.sh .gpu          (carry .gpu)
+# The C++ GPU tests of ops::MoeDispatchCombine (1 and all GPUs; memcheck of the graph test with
+# MEMCHECK=1), then the PyTorch MoE layer (tools/gpu/moe_peer.sh) unless SKIP_PEER=1. Logs in
+# $OUT; the outcome lines last.
+set -uo pipefail
+BIN=${1:-.gpu}
+source "$(dirname "$0")/env.sh"
+d=/tmp/weft-bin/moe
+unpack_bin "$BIN" "$d"
+export WEFT_TIMEOUT_MS=${WEFT_TIMEOUT_MS:-30000}
+status=0
+step "C++ GPU tests (moe)"
+timeout -s KILL 300 "$d/weft_gpu_tests" --gtest_filter='*Moe*' > "$OUT/moe_tests.log" 2>&1 || status=1
+pkill -9 -x weft_gpu_tests 2>/dev/null || true
+grep -E "^\[ *(OK|FAILED|PASSED|SKIPPED)|tests? from .* ran|Failure|checks passed|rank [0-9]+:" "$OUT/moe_tests.log" | head -40
+if [ "${MEMCHECK:-0}" = 1 ]; then
+  step "compute-sanitizer memcheck: MoeGpuGraph"
+  WEFT_TEST_TIMEOUT_MS=120000 timeout -s KILL 300 compute-sanitizer --tool memcheck --report-api-errors no \
+    --target-processes all "$d/weft_gpu_tests" \
+    --gtest_filter='MoeGpuGraph.*:*MoeGpu.*/0' > "$OUT/moe_memcheck.log" 2>&1 || status=1
+  grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/moe_memcheck.log" | head -10
+fi
+[ "${SKIP_PEER:-0}" = 1 ] || bash "$(dirname "$0")/moe_peer.sh" || status=1
+exit $status
