@@ -49,6 +49,7 @@ void validate(const MoeConfig& c, int world) {
                "moe: dtype must be bf16, f16 or f32");
 }
 
+// Element i of a row of t's type (f32, or a 16-bit type through dtype.hpp's bit helpers).
 float load(const unsigned char* row, int64_t i, dev::DType t) {
   if (t == dev::DType::kF32) {
     float f;
@@ -57,14 +58,14 @@ float load(const unsigned char* row, int64_t i, dev::DType t) {
   }
   uint16_t b;
   std::memcpy(&b, row + 2 * i, 2);
-  return t == dev::DType::kF16 ? dev::to_float(dev::f16_t{b}) : dev::to_float(dev::bf16_t{b});
+  return dev::from_bits16(b, t);
 }
 void store(unsigned char* row, int64_t i, float f, dev::DType t) {
   if (t == dev::DType::kF32) {
     std::memcpy(row + 4 * i, &f, 4);
     return;
   }
-  const uint16_t b = t == dev::DType::kF16 ? dev::from_float<dev::f16_t>(f).bits : dev::from_float<dev::bf16_t>(f).bits;
+  const uint16_t b = dev::to_bits16(f, t);
   std::memcpy(row + 2 * i, &b, 2);
 }
 
@@ -94,12 +95,12 @@ struct MoeDispatchCombine::Impl {
   uint64_t counts_off = 0;  // [2 parities][world src][world dst][local] uint64 rows, every rank's
   uint64_t calls = 0;       // dispatches made (the same on every rank): the counts' parity
   // The last dispatch: its T, method, this rank's send order (pos[t * top_k + j]: row of (t, j)
-  // in the rows sent, dest-major, expert-grouped), rows sent to and received from each rank.
+  // in the rows sent, dest-major, expert-grouped), rows received from each rank.
   bool routed = false;
   int64_t tokens = 0;
   MoeMethod method = MoeMethod::kAuto;
   std::vector<int64_t> pos;
-  std::vector<uint64_t> sent_rows, got_rows;
+  std::vector<uint64_t> got_rows;  // rows from each rank (combine sends as many back)
   std::vector<int64_t> counts;  // [world][local]: recv_counts()
   int64_t rows = 0;
   std::vector<unsigned char> send;  // [T * top_k, H]: dispatch's rows in send order
@@ -370,7 +371,7 @@ void MoeDispatchCombine::dispatch(const void* x, const int32_t* ids, const MoeRu
       }
     I.b.barrier();  // every rank's counts are in (parity par is rewritten two dispatches on)
     ++I.calls;
-    I.sent_rows.assign(static_cast<size_t>(I.world), 0);
+    std::vector<uint64_t> sent_rows(static_cast<size_t>(I.world), 0);
     I.got_rows.assign(static_cast<size_t>(I.world), 0);
     for (int d = 0; d < I.world; ++d) {
       uint64_t total = 0;
@@ -378,7 +379,7 @@ void MoeDispatchCombine::dispatch(const void* x, const int32_t* ids, const MoeRu
         for (int64_t e = 0; e < L; ++e) {
           const uint64_t n = I.counts_at(I.rank, par, s, d)[e];
           total += n;
-          if (s == I.rank) I.sent_rows[static_cast<size_t>(d)] += n;
+          if (s == I.rank) sent_rows[static_cast<size_t>(d)] += n;
           if (d == I.rank) {
             I.got_rows[static_cast<size_t>(s)] += n;
             I.counts[static_cast<size_t>(s * L + e)] = static_cast<int64_t>(n);
@@ -396,7 +397,7 @@ void MoeDispatchCombine::dispatch(const void* x, const int32_t* ids, const MoeRu
     // The rows, packed by destination, into every rank's recv (packed by source).
     std::vector<uint64_t> send_counts(static_cast<size_t>(I.world)), recv_counts(static_cast<size_t>(I.world));
     for (int d = 0; d < I.world; ++d)
-      send_counts[static_cast<size_t>(d)] = I.sent_rows[static_cast<size_t>(d)] * static_cast<uint64_t>(H);
+      send_counts[static_cast<size_t>(d)] = sent_rows[static_cast<size_t>(d)] * static_cast<uint64_t>(H);
     I.coll.all_to_all_v(I.send.data(), send_counts.data(), I.recv_off, I.recv_elems(), recv_counts.data(), c.dtype,
                         I.coll_method(m), opt.stream);
     I.rows = 0;
