@@ -181,15 +181,39 @@ void BaselineCollective::all_to_all_v(const void* in, const uint64_t* send_count
     auto comm = static_cast<ncclComm_t>(b.nccl_comm());
     auto s = static_cast<cudaStream_t>(stream);
     const ncclDataType_t nt = nccl_type(t);
+    // As in all_to_all_symmetric: NCCL 2.28.9's point-to-point into (or out of) a buffer of
+    // the heap's symmetric window hung at ~1 MiB a peer, so both sides are staged in plain
+    // device memory: [sends | receives]. This path synchronises anyway (never captured).
+    uint64_t total_in = 0;
+    for (int p = 0; p < world; ++p) total_in += mine[p];
+    const char* heap0 = static_cast<const char*>(b.local_ptr(0));
+    const char* src = static_cast<const char*>(in);
+    const bool in_window = src >= heap0 && src < heap0 + b.heap().capacity();
+    const size_t send_bytes = in_window ? total_in * elem : 0;
+    const size_t bytes = send_bytes + need * elem;
+    if (a2a_scratch_bytes_ < bytes) {
+      if (a2a_scratch_) WEFT_CUDA_CHECK(cudaFree(a2a_scratch_));
+      a2a_scratch_ = nullptr;
+      a2a_scratch_bytes_ = 0;
+      WEFT_CUDA_CHECK(cudaMalloc(&a2a_scratch_, bytes));
+      a2a_scratch_bytes_ = bytes;
+    }
+    char* stage = static_cast<char*>(a2a_scratch_);
+    if (send_bytes) {
+      WEFT_CUDA_CHECK(cudaMemcpyAsync(stage, src, send_bytes, cudaMemcpyDeviceToDevice, s));
+      src = stage;
+    }
+    char* land = stage + send_bytes;
     WEFT_NCCL_CHECK(ncclGroupStart());
     uint64_t sd = 0, rd = 0;
     for (int p = 0; p < world; ++p) {
-      if (mine[p]) WEFT_NCCL_CHECK(ncclSend(static_cast<const char*>(in) + sd * elem, mine[p], nt, p, comm, s));
-      if (recv[p]) WEFT_NCCL_CHECK(ncclRecv(out + rd * elem, recv[p], nt, p, comm, s));
+      if (mine[p]) WEFT_NCCL_CHECK(ncclSend(src + sd * elem, mine[p], nt, p, comm, s));
+      if (recv[p]) WEFT_NCCL_CHECK(ncclRecv(land + rd * elem, recv[p], nt, p, comm, s));
       sd += mine[p];
       rd += recv[p];
     }
     WEFT_NCCL_CHECK(ncclGroupEnd());
+    if (need) WEFT_CUDA_CHECK(cudaMemcpyAsync(out, land, need * elem, cudaMemcpyDeviceToDevice, s));
     WEFT_CUDA_CHECK(cudaMemcpyAsync(recv_counts, recv.data(), 8ull * world, cudaMemcpyHostToDevice, s));
     WEFT_CUDA_CHECK(cudaStreamSynchronize(s));  // recv lives on this stack frame
     return;

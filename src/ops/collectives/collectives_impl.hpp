@@ -54,7 +54,7 @@ class BaselineCollective {
 
  private:
   const OpBase& op_;
-  void* a2a_scratch_ = nullptr;  // device memory outside the NCCL window (all_to_all_symmetric)
+  void* a2a_scratch_ = nullptr;  // device memory outside the NCCL window (all_to_all_symmetric, all_to_all_v)
   size_t a2a_scratch_bytes_ = 0;
 };
 
