@@ -2,16 +2,18 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstring>
 
+#include "weft/device/config.hpp"
 #include "weft/device/dtype.hpp"
+#include "weft/device/signal.hpp"
 #include "weft/kernels/moe_kernels.hpp"
 
 namespace weft::kernels {
 namespace {
 
-constexpr int kRouteThreads = 1024;  // one CTA: 32 warps
-constexpr int kRouteWarps = kRouteThreads / 32;
+constexpr int kRouteThreads = 1024;  // moe_route: one CTA of 32 warps
 
 // Whether pair i (token i / k, slot i % k) names a valid expert: in range and not named by an
 // earlier slot of the same token.
@@ -23,64 +25,65 @@ __device__ __forceinline__ bool valid_pair(const int32_t* ids, int i, int k, int
   return true;
 }
 
-// Shared memory: running[E] (the next free place of each expert), base[E] (its place at the
-// start of the current chunk), then [kRouteWarps][E] uint16: each warp's pairs of each expert in
-// the chunk, turned in place into the warps before it (exclusive prefix).
-__global__ void __launch_bounds__(kRouteThreads) route_kernel(const MoeRouteArgs a) {
-  extern __shared__ unsigned char smem[];
-  const int E = a.experts, k = a.top_k, pairs = a.tokens * a.top_k;
-  uint32_t* running = reinterpret_cast<uint32_t*>(smem);
-  uint32_t* base = running + E;
-  uint16_t* wc = reinterpret_cast<uint16_t*>(base + E);
-  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
-  for (int e = tid; e < E; e += kRouteThreads) running[e] = 0;
-  __syncthreads();
-  // Pass 1: validity and the per-expert counts.
-  for (int i = tid; i < pairs; i += kRouteThreads) {
-    if (valid_pair(a.ids, i, k, E))
-      atomicAdd(&running[a.ids[i]], 1u);
+// The routing (by one CTA of kThreads threads, or one slice of the pairs per CTA). Shared memory
+// (route_smem): running[E] (the next free place of each expert), base[E] (its place at the start
+// of the current chunk), then [kThreads / 32][E] uint16: each warp's pairs of each expert in the
+// chunk, turned in place into the warps before it (exclusive prefix).
+template <int kThreads>
+constexpr size_t route_smem(int experts) {
+  return static_cast<size_t>(experts) * (8 + 2 * (kThreads / 32));
+}
+// Pass 1 over pairs [first, last): validity (an invalid pair recorded in *bad) and the
+// per-expert counts added into cnt (shared, zeroed by the caller).
+template <int kThreads>
+__device__ void route_count(const MoeRouteArgs& a, int first, int last, uint32_t* cnt) {
+  for (int i = first + static_cast<int>(threadIdx.x); i < last; i += kThreads) {
+    if (valid_pair(a.ids, i, a.top_k, a.experts))
+      atomicAdd(&cnt[a.ids[i]], 1u);
     else
       atomicMin(a.bad, static_cast<unsigned long long>(i));
   }
-  __syncthreads();
-  // The counts out, then their exclusive prefix (one warp: 16 experts a lane at most).
-  for (int e = tid; e < E; e += kRouteThreads) a.expert_counts[e] = running[e];
-  if (warp == 0) {
-    const int per = (E + 31) / 32, e0 = lane * per;
-    uint32_t sum = 0;
-    for (int e = e0; e < e0 + per && e < E; ++e) sum += running[e];
-    uint32_t incl = sum;
-    for (int d = 1; d < 32; d *= 2) {
-      const uint32_t v = __shfl_up_sync(0xffffffffu, incl, d);
-      if (lane >= d) incl += v;
-    }
-    uint32_t at = incl - sum;
-    for (int e = e0; e < e0 + per && e < E; ++e) {
-      const uint32_t c = running[e];
-      running[e] = at;
-      at += c;
-    }
+}
+// v[0 .. n) into its exclusive prefix, by warp 0 (16 values a lane at most: n <= 512).
+__device__ void exclusive_prefix(uint32_t* v, int n) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  if (threadIdx.x >= 32) return;
+  const int per = (n + 31) / 32, e0 = lane * per;
+  uint32_t sum = 0;
+  for (int e = e0; e < e0 + per && e < n; ++e) sum += v[e];
+  uint32_t incl = sum;
+  for (int d = 1; d < 32; d *= 2) {
+    const uint32_t x = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += x;
   }
-  __syncthreads();
-  if (tid < a.world) {  // elements for each rank: its experts' rows
-    const int L = E / a.world;
-    const uint32_t end = tid + 1 < a.world ? running[(tid + 1) * L] : running[E - 1] + a.expert_counts[E - 1];
-    a.send_counts[tid] = static_cast<uint64_t>(end - running[tid * L]) * static_cast<uint64_t>(a.hidden);
+  uint32_t at = incl - sum;
+  for (int e = e0; e < e0 + per && e < n; ++e) {
+    const uint32_t c = v[e];
+    v[e] = at;
+    at += c;
   }
-  // Pass 2: places, a chunk of kRouteThreads pairs at a time, in pair order.
-  for (int c0 = 0; c0 < pairs; c0 += kRouteThreads) {
-    for (int q = tid; q < kRouteWarps * E; q += kRouteThreads) wc[q] = 0;
-    for (int e = tid; e < E; e += kRouteThreads) base[e] = running[e];
+}
+// Pass 2 over pairs [first, last), kThreads at a time in pair order: each valid pair's place is
+// running[its expert] then (the pairs before it of the same expert within the chunk: the warps
+// before its warp, then its rank within its warp by __match_any_sync).
+template <int kThreads>
+__device__ void route_place(const MoeRouteArgs& a, int first, int last, uint32_t* running, uint32_t* base,
+                            uint16_t* wc) {
+  constexpr int kWarps = kThreads / 32;
+  const int E = a.experts, tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  for (int c0 = first; c0 < last; c0 += kThreads) {
+    for (int q = tid; q < kWarps * E; q += kThreads) wc[q] = 0;
+    for (int e = tid; e < E; e += kThreads) base[e] = running[e];
     __syncthreads();
     const int i = c0 + tid;
-    const int e = i < pairs && valid_pair(a.ids, i, k, E) ? a.ids[i] : -1;
+    const int e = i < last && valid_pair(a.ids, i, a.top_k, E) ? a.ids[i] : -1;
     const unsigned same = __match_any_sync(0xffffffffu, e);
     const int rank = __popc(same & ((1u << lane) - 1u));
     if (e >= 0 && rank == 0) wc[warp * E + e] = static_cast<uint16_t>(__popc(same));
     __syncthreads();
-    for (int x = tid; x < E; x += kRouteThreads) {  // each expert's warps in order
+    for (int x = tid; x < E; x += kThreads) {  // each expert's warps in order
       uint32_t before = 0;
-      for (int w = 0; w < kRouteWarps; ++w) {
+      for (int w = 0; w < kWarps; ++w) {
         const uint32_t n = wc[w * E + x];
         wc[w * E + x] = static_cast<uint16_t>(before);
         before += n;
@@ -88,9 +91,36 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const MoeRouteArgs
       running[x] += before;
     }
     __syncthreads();
-    if (i < pairs) a.pos[i] = e >= 0 ? static_cast<int32_t>(base[e] + wc[warp * E + e] + rank) : -1;
+    if (i < last) a.pos[i] = e >= 0 ? static_cast<int32_t>(base[e] + wc[warp * E + e] + rank) : -1;
     __syncthreads();
   }
+}
+
+// The whole routing by one CTA (moe_route).
+template <int kThreads>
+__device__ void route_cta(const MoeRouteArgs& a, unsigned char* smem) {
+  const int E = a.experts, pairs = a.tokens * a.top_k, tid = static_cast<int>(threadIdx.x);
+  uint32_t* running = reinterpret_cast<uint32_t*>(smem);
+  uint32_t* base = running + E;
+  uint16_t* wc = reinterpret_cast<uint16_t*>(base + E);
+  for (int e = tid; e < E; e += kThreads) running[e] = 0;
+  __syncthreads();
+  route_count<kThreads>(a, 0, pairs, running);
+  __syncthreads();
+  for (int e = tid; e < E; e += kThreads) a.expert_counts[e] = running[e];
+  exclusive_prefix(running, E);
+  __syncthreads();
+  if (a.send_counts && tid < a.world) {  // elements for each rank: its experts' rows
+    const int L = E / a.world;
+    const uint32_t end = tid + 1 < a.world ? running[(tid + 1) * L] : running[E - 1] + a.expert_counts[E - 1];
+    a.send_counts[tid] = static_cast<uint64_t>(end - running[tid * L]) * static_cast<uint64_t>(a.hidden);
+  }
+  route_place<kThreads>(a, 0, pairs, running, base, wc);
+}
+
+__global__ void __launch_bounds__(kRouteThreads) route_kernel(const MoeRouteArgs a) {
+  extern __shared__ unsigned char smem[];
+  route_cta<kRouteThreads>(a, smem);
 }
 
 // One CTA per pair: its token's row to its place.
@@ -110,24 +140,293 @@ __global__ void widen_kernel(const uint32_t* in, int64_t* out, int n) {
     out[i] = in[i];
 }
 
-// One CTA per token; each thread 8 elements at a time.
+// y's 16-byte vector v of token t: the slots' rows at v summed in slot order in fp32 (all the
+// slots' loads issued before the sums).
 template <class T>
-__global__ void __launch_bounds__(128)
-    combine_kernel(const T* back, const int32_t* pos, const float* weights, T* y, int top_k, int hidden) {
-  const int t = static_cast<int>(blockIdx.x);
-  for (int h0 = 8 * static_cast<int>(threadIdx.x); h0 < hidden; h0 += 8 * 128) {
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int j = 0; j < top_k; ++j) {  // slot order: the same sum on every call
-      const int p = pos[t * top_k + j];
-      if (p < 0) continue;
-      const float w = weights[t * top_k + j];
-      T v[8];
-      std::memcpy(v, back + static_cast<size_t>(p) * hidden + h0, sizeof(v));
-      for (int q = 0; q < 8; ++q) acc[q] += w * dev::to_float(v[q]);
+__device__ __forceinline__ void combine_vector(const uint4* back, const int32_t* pos, const float* weights, uint4* y,
+                                              int t, int v, int top_k, int vecs) {
+  constexpr int kPer = 16 / sizeof(T);
+  uint4 row[kMoeMaxSlots];
+  float w[kMoeMaxSlots];
+#pragma unroll
+  for (int j = 0; j < kMoeMaxSlots; ++j) {
+    const int p = j < top_k ? pos[t * top_k + j] : -1;
+    w[j] = p >= 0 ? weights[t * top_k + j] : 0.f;
+    row[j] = p >= 0 ? back[static_cast<size_t>(p) * vecs + v] : make_uint4(0, 0, 0, 0);
+  }
+  float acc[kPer];
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) acc[q] = 0.f;
+#pragma unroll
+  for (int j = 0; j < kMoeMaxSlots; ++j) {
+    if (j >= top_k || pos[t * top_k + j] < 0) continue;  // slot order: the same sum on every call
+    T e[kPer];
+    std::memcpy(e, &row[j], 16);
+#pragma unroll
+    for (int q = 0; q < kPer; ++q) acc[q] += w[j] * dev::to_float(e[q]);
+  }
+  T o[kPer];
+#pragma unroll
+  for (int q = 0; q < kPer; ++q) o[q] = dev::from_float<T>(acc[q]);
+  std::memcpy(&y[static_cast<size_t>(t) * vecs + v], o, 16);
+}
+
+// One thread per (token, 16-byte vector) of y; y = 0 when *refused is set (not ~0).
+template <class T>
+__global__ void __launch_bounds__(256) combine_kernel(const uint4* back, const int32_t* pos, const float* weights,
+                                                      uint4* y, int tokens, int top_k, int vecs,
+                                                      const unsigned long long* refused) {
+  const bool ok = !refused || *refused == ~0ull;
+  const int64_t items = static_cast<int64_t>(tokens) * vecs;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x; i < items;
+       i += static_cast<int64_t>(gridDim.x) * 256) {
+    if (ok)
+      combine_vector<T>(back, pos, weights, y, static_cast<int>(i / vecs), static_cast<int>(i % vecs), top_k, vecs);
+    else
+      y[i] = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// --- Method direct ----------------------------------------------------------------------------
+
+constexpr int kDirectThreads = 512;
+constexpr int kDirectWarps = kDirectThreads / 32;
+
+// A row of `vecs` 16-byte vectors by one warp, four loads in flight a lane.
+__device__ __forceinline__ void warp_copy(uint4* dst, const uint4* src, int vecs, int lane) {
+  int v = lane;
+  for (; v + 96 < vecs; v += 128) {
+    const uint4 a0 = src[v], a1 = src[v + 32], a2 = src[v + 64], a3 = src[v + 96];
+    dst[v] = a0;
+    dst[v + 32] = a1;
+    dst[v + 64] = a2;
+    dst[v + 96] = a3;
+  }
+  for (; v < vecs; v += 32) dst[v] = src[v];
+}
+
+// Rows split for the grid's warps: `parts` warps to a row when rows are few (each part at least
+// 128 vectors: a lane's four loads in flight), so that a small call keeps every warp busy.
+__device__ __forceinline__ int parts_per_row(int rows, int vecs, int warps) {
+  if (rows <= 0) return 1;
+  return max(1, min(warps / rows, vecs / 128));
+}
+// Part `part` of `parts` of a row of `vecs` vectors.
+__device__ __forceinline__ void warp_copy_part(uint4* dst, const uint4* src, int vecs, int part, int parts,
+                                               int lane) {
+  const int per = (vecs + parts - 1) / parts, v0 = part * per, n = min(vecs, v0 + per) - v0;
+  if (n > 0) warp_copy(dst + v0, src + v0, n, lane);
+}
+
+// Once per call and CTA, after the CTA's stores: signal `set` of every rank counts the CTA in
+// (its stores visible system-wide first). Counting the CTAs locally and signalling once from
+// the last one chains two fences: slower (docs/moe.md, "Measured").
+__device__ __forceinline__ void arrive(const MoeDirectArgs& a, int set) {
+  __syncthreads();
+  const int W = a.ctx.world, tid = static_cast<int>(threadIdx.x);
+  if (tid < W) {
+    dev::fence_acq_rel();
+    dev::signal_add(a.ctx, tid, a.sig_off + 8ull * (static_cast<uint64_t>(set) * W + a.ctx.rank), 1);
+  }
+}
+// The calling CTA waits until signal `set` of every rank reaches `expected`.
+__device__ __forceinline__ void wait_every_rank(const MoeDirectArgs& a, int set, uint64_t expected) {
+  const int W = a.ctx.world, tid = static_cast<int>(threadIdx.x);
+  if (tid < W) dev::wait_ge(a.ctx, a.sig_off + 8ull * (static_cast<uint64_t>(set) * W + tid), expected, tid);
+  __syncthreads();
+}
+
+// Dynamic shared memory: CTA 0's routing (route_smem<kDirectThreads>).
+__global__ void __launch_bounds__(kDirectThreads) dispatch_direct_kernel(const __grid_constant__ MoeDirectArgs a) {
+  extern __shared__ unsigned char smem[];
+  __shared__ uint64_t base[kMoeDirectMaxWorld], send_off[kMoeDirectMaxWorld];
+  __shared__ unsigned long long refused;
+  const int W = a.ctx.world, L = a.local, me = a.ctx.rank, tid = static_cast<int>(threadIdx.x);
+  // This call's number: every CTA reads the count before it arrives; CTA 0 writes the new count
+  // only once every CTA of this rank has arrived (its own rank's signal), i.e. has read it.
+  const uint64_t n = a.calls[0] + 1, par = n & 1;
+  const uint64_t WL = static_cast<uint64_t>(W) * L;
+  // The counts travel as tagged words, (n << 32) | rows, so that a word is its own "arrived"
+  // flag: no fence, no separate signal.
+  const uint64_t tag = static_cast<uint32_t>(n);
+  // The routing, a slice of the pairs per CTA: each slice's per-expert counts, a barrier of the
+  // grid (its CTAs are co-resident: kMoeDirectCtas is below any Hopper's SM count), then every
+  // CTA sums the counts (the totals, and the slices' before its own) and places its own pairs.
+  const int E = a.route.experts, pairs = a.tokens * a.top_k, G = static_cast<int>(gridDim.x);
+  const int c = static_cast<int>(blockIdx.x), S = (pairs + G - 1) / G;
+  const int first = min(pairs, c * S), last = min(pairs, first + S);
+  {
+    uint32_t* running = reinterpret_cast<uint32_t*>(smem);
+    uint32_t* starts = running + E;
+    uint16_t* wc = reinterpret_cast<uint16_t*>(starts + E);
+    for (int e = tid; e < E; e += kDirectThreads) running[e] = 0;
+    __syncthreads();
+    route_count<kDirectThreads>(a.route, first, last, running);
+    __syncthreads();
+    for (int e = tid; e < E; e += kDirectThreads) a.slice_counts[c * E + e] = running[e];
+    __syncthreads();
+    if (tid == 0) {
+      __threadfence();
+      atomicAdd(reinterpret_cast<unsigned long long*>(a.calls + 2), 1ull);
+      const uint64_t t0 = dev::now_ns();
+      uint32_t spins = 0;
+      uint64_t v;
+      while ((v = dev::load_acquire(a.calls + 2)) < n * G) {
+        dev::spin_pause(++spins);
+        if ((spins & 63u) == 0u && dev::now_ns() - t0 > a.ctx.timeout_ns)
+          dev::fail_wait(a.ctx, dev::WaitKind::kBarrier, me, 0, n * G, v, dev::now_ns() - t0);
+      }
     }
-    T o[8];
-    for (int q = 0; q < 8; ++q) o[q] = dev::from_float<T>(acc[q]);
-    std::memcpy(y + static_cast<size_t>(t) * hidden + h0, o, sizeof(o));
+    __syncthreads();
+    for (int e = tid; e < E; e += kDirectThreads) {
+      uint32_t total = 0, before = 0;
+      for (int q = 0; q < G; ++q) {
+        const uint32_t v = __ldcg(a.slice_counts + q * E + e);  // L2: written by other SMs
+        total += v;
+        before += q < c ? v : 0u;
+      }
+      starts[e] = total;
+      running[e] = before;
+      if (c == 0) a.route.expert_counts[e] = total;
+    }
+    __syncthreads();
+    exclusive_prefix(starts, E);
+    __syncthreads();
+    for (int e = tid; e < E; e += kDirectThreads) running[e] += starts[e];
+    __syncthreads();
+    route_place<kDirectThreads>(a.route, first, last, running, starts, wc);
+  }
+  if (blockIdx.x == 0) {  // this rank's [dst][local] counts into every rank's matrix
+    for (int q = 0; q < W; ++q) {
+      uint64_t* row = a.ctx.ptr<uint64_t>(q, a.counts_off + 8ull * ((par * W + me) * WL));
+      for (uint64_t i = tid; i < WL; i += kDirectThreads)
+        dev::store_relaxed(row + i, tag << 32 | a.route.expert_counts[i]);
+    }
+  }
+  // Every CTA: every rank's words of this call, summed per (source, destination) into rows_sd.
+  __shared__ uint32_t rows_sd[kMoeDirectMaxWorld * kMoeDirectMaxWorld];
+  for (int i = tid; i < W * W; i += kDirectThreads) rows_sd[i] = 0;
+  if (tid == 0) refused = ~0ull;
+  __syncthreads();
+  {
+    uint64_t* M = a.ctx.local<uint64_t>(a.counts_off + 8ull * (par * W * WL));
+    const uint64_t t0 = dev::now_ns();
+    uint32_t spins = 0;
+    for (uint64_t i = tid; i < WL * W; i += kDirectThreads) {
+      uint64_t v;
+      while ((v = dev::load_relaxed(M + i)) >> 32 != tag) {
+        dev::spin_pause(++spins);
+        if ((spins & 63u) == 0u && dev::now_ns() - t0 > a.ctx.timeout_ns)
+          dev::fail_wait(a.ctx, dev::WaitKind::kSignal, static_cast<int>(i / WL),
+                         a.counts_off + 8ull * (par * W * WL + i), tag << 32, v, dev::now_ns() - t0);
+      }
+      const uint32_t r = static_cast<uint32_t>(v);
+      if (r) atomicAdd(&rows_sd[i / L], r);  // i / L = source * W + destination
+    }
+  }
+  __syncthreads();
+  // Every rank's matrix is the same: every rank finds the same places and the same verdict.
+  const uint64_t* M = a.ctx.local<const uint64_t>(a.counts_off + 8ull * (par * W * WL));
+  auto chunk_rows = [&](int s, int d) { return static_cast<uint64_t>(rows_sd[s * W + d]); };
+  if (tid < W) {
+    const int d = tid;
+    uint64_t before = 0, total = 0, off = 0;
+    for (int s = 0; s < W; ++s) {
+      const uint64_t r = chunk_rows(s, d);
+      total += r;
+      if (s < me) before += r;
+    }
+    for (int q = 0; q < d; ++q) off += chunk_rows(me, q);
+    base[d] = before;
+    send_off[d] = off;
+    if (total > a.capacity) atomicMin(&refused, (static_cast<unsigned long long>(d) << 40) | total);
+  }
+  __syncthreads();
+  const bool ok = refused == ~0ull;
+  if (blockIdx.x == 0) {  // what combine and recv_counts() read
+    if (tid == 0) *a.refused = refused;
+    for (uint64_t i = tid; i < WL; i += kDirectThreads)
+      a.chunks[i] = ok ? static_cast<int64_t>(static_cast<uint32_t>(M[((i / L) * W + me) * L + i % L])) : 0;
+    if (tid < W) {
+      const int s = tid;
+      uint64_t before = 0, off = 0;
+      for (int q = 0; q < s; ++q) before += chunk_rows(q, me);
+      for (int d = 0; d < me; ++d) off += chunk_rows(s, d);
+      a.ret[3 * s] = static_cast<int64_t>(before);
+      a.ret[3 * s + 1] = static_cast<int64_t>(off);
+      a.ret[3 * s + 2] = ok ? static_cast<int64_t>(chunk_rows(s, me)) : 0;
+    }
+  }
+  if (ok) {
+    const int vecs = a.hidden * (a.dtype == dev::DType::kF32 ? 4 : 2) / 16;
+    const uint64_t row_bytes = 16ull * vecs;
+    const int lane = tid % 32;
+    // This CTA's own slice (its places are its own writes).
+    const int parts = parts_per_row(last - first, vecs, kDirectWarps);
+    const int32_t* pos = a.route.pos;
+    for (int w = tid / 32; w < (last - first) * parts; w += kDirectWarps) {
+      const int i = first + w / parts;
+      const int p = pos[i];
+      if (p < 0) continue;
+      const int d = a.route.ids[i] / L;
+      const uint64_t row = base[d] + (static_cast<uint64_t>(p) - send_off[d]);
+      warp_copy_part(a.ctx.ptr<uint4>(d, a.recv_off + row * row_bytes),
+                     static_cast<const uint4*>(a.x) + static_cast<size_t>(i / a.top_k) * vecs, vecs, w % parts, parts,
+                     lane);
+    }
+  }
+  arrive(a, 0);
+  if (blockIdx.x == 0) {  // the kernel ends with every row in
+    wait_every_rank(a, 0, n * gridDim.x);
+    if (tid == 0) a.calls[0] = n;
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kDirectThreads) combine_direct_kernel(const __grid_constant__ MoeDirectArgs a) {
+  const int W = a.ctx.world, tid = static_cast<int>(threadIdx.x), lane = tid % 32;
+  // Combines are counted apart from dispatches (a dispatch need not be followed by one), as
+  // dispatch counts its calls.
+  const uint64_t n = a.calls[1] + 1;
+  const bool ok = *a.refused == ~0ull;
+  const int vecs = a.hidden * static_cast<int>(sizeof(T)) / 16;
+  const uint64_t row_bytes = 16ull * vecs;
+  const int gw = static_cast<int>(blockIdx.x) * kDirectWarps + tid / 32, nw = static_cast<int>(gridDim.x) * kDirectWarps;
+  if (ok) {  // the rows from source s go back to s, at s's send offset of this rank's rows
+    // Work item (j, q): row j of source (me + q) % W -- the sources interleaved, so that the
+    // local copies and the pushes to every peer run side by side.
+    int64_t most = 0, all = 0;
+    for (int s = 0; s < W; ++s) {
+      most = max(most, a.ret[3 * s + 2]);
+      all += a.ret[3 * s + 2];
+    }
+    const int parts = parts_per_row(static_cast<int>(all), vecs, nw);
+    for (int64_t w = gw; w < most * W * parts; w += nw) {
+      const int64_t item = w / parts, j = item / W;
+      const int s = static_cast<int>((item % W + a.ctx.rank) % W);
+      if (j >= a.ret[3 * s + 2]) continue;
+      warp_copy_part(a.ctx.ptr<uint4>(s, a.back_off + static_cast<uint64_t>(a.ret[3 * s + 1] + j) * row_bytes),
+                     static_cast<const uint4*>(a.expert_out) + static_cast<size_t>(a.ret[3 * s] + j) * vecs, vecs,
+                     static_cast<int>(w % parts), parts, lane);
+    }
+  }
+  arrive(a, 1);
+  // The sum here when every CTA has a few vectors of it (else a kernel after this one, wider).
+  const bool reduce_here = static_cast<int64_t>(a.tokens) * vecs <= 4ll * gridDim.x * kDirectThreads;
+  if (!reduce_here && blockIdx.x != 0) return;
+  wait_every_rank(a, 1, n * gridDim.x);
+  if (blockIdx.x == 0 && tid == 0) a.calls[1] = n;
+  if (!reduce_here) return;
+  const uint4* back = a.ctx.local<const uint4>(a.back_off);
+  uint4* y = static_cast<uint4*>(a.y);
+  const int64_t items = static_cast<int64_t>(a.tokens) * vecs;  // (token, vector) pairs, a thread each
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kDirectThreads + tid; i < items;
+       i += static_cast<int64_t>(gridDim.x) * kDirectThreads) {
+    const int t = static_cast<int>(i / vecs), v = static_cast<int>(i % vecs);
+    if (ok)
+      combine_vector<T>(back, a.route.pos, a.weights, y, t, v, a.top_k, vecs);
+    else
+      y[i] = make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -137,9 +436,9 @@ cudaError_t moe_route(const MoeRouteArgs& a, cudaStream_t s) {
   if (a.experts < 1 || a.experts > kMoeMaxExperts || a.world < 1 || a.experts % a.world != 0 || a.tokens < 0 ||
       a.top_k < 1 || a.world > kRouteThreads)
     return cudaErrorInvalidValue;
-  const size_t smem = static_cast<size_t>(a.experts) * (8 + 2 * kRouteWarps);
+  const size_t smem = route_smem<kRouteThreads>(a.experts);
   static const cudaError_t allowed = cudaFuncSetAttribute(route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                          static_cast<int>(kMoeMaxExperts * (8 + 2 * kRouteWarps)));
+                                                          static_cast<int>(route_smem<kRouteThreads>(kMoeMaxExperts)));
   if (allowed != cudaSuccess) return allowed;
   route_kernel<<<1, kRouteThreads, smem, s>>>(a);
   return cudaGetLastError();
@@ -160,22 +459,70 @@ cudaError_t moe_widen_counts(const uint32_t* in, int64_t* out, int n, cudaStream
   return cudaGetLastError();
 }
 
-cudaError_t moe_combine(const void* back, const int32_t* pos, const float* weights, void* y, int tokens, int top_k,
-                        int hidden, dev::DType t, cudaStream_t s) {
+namespace {
+cudaError_t combine_launch(const void* back, const int32_t* pos, const float* weights, void* y, int tokens, int top_k,
+                           int hidden, dev::DType t, const unsigned long long* refused, cudaStream_t s) {
   if (tokens == 0) return cudaSuccess;
-  if (hidden % 8 != 0) return cudaErrorInvalidValue;
+  if (hidden % 8 != 0 || top_k < 1 || top_k > kMoeMaxSlots) return cudaErrorInvalidValue;
+  const int vecs = static_cast<int>(static_cast<size_t>(hidden) * dev::dtype_size(t) / 16);
+  const int64_t items = static_cast<int64_t>(tokens) * vecs;
+  const int grid = static_cast<int>(std::min<int64_t>((items + 255) / 256, 2048));
+  const auto* b = static_cast<const uint4*>(back);
+  auto* o = static_cast<uint4*>(y);
   if (t == dev::DType::kBF16)
-    combine_kernel<dev::bf16_t><<<tokens, 128, 0, s>>>(static_cast<const dev::bf16_t*>(back), pos, weights,
-                                                       static_cast<dev::bf16_t*>(y), top_k, hidden);
+    combine_kernel<dev::bf16_t><<<grid, 256, 0, s>>>(b, pos, weights, o, tokens, top_k, vecs, refused);
   else if (t == dev::DType::kF16)
-    combine_kernel<dev::f16_t><<<tokens, 128, 0, s>>>(static_cast<const dev::f16_t*>(back), pos, weights,
-                                                      static_cast<dev::f16_t*>(y), top_k, hidden);
+    combine_kernel<dev::f16_t><<<grid, 256, 0, s>>>(b, pos, weights, o, tokens, top_k, vecs, refused);
   else if (t == dev::DType::kF32)
-    combine_kernel<float>
-        <<<tokens, 128, 0, s>>>(static_cast<const float*>(back), pos, weights, static_cast<float*>(y), top_k, hidden);
+    combine_kernel<float><<<grid, 256, 0, s>>>(b, pos, weights, o, tokens, top_k, vecs, refused);
   else
     return cudaErrorInvalidValue;
   return cudaGetLastError();
+}
+}  // namespace
+
+cudaError_t moe_combine(const void* back, const int32_t* pos, const float* weights, void* y, int tokens, int top_k,
+                        int hidden, dev::DType t, cudaStream_t s) {
+  return combine_launch(back, pos, weights, y, tokens, top_k, hidden, t, nullptr, s);
+}
+
+namespace {
+bool direct_args_ok(const MoeDirectArgs& a) {
+  return a.ctx.world >= 1 && a.ctx.world <= kMoeDirectMaxWorld && a.local >= 1 &&
+         a.hidden % 8 == 0 && (static_cast<size_t>(a.hidden) * dev::dtype_size(a.dtype)) % 16 == 0 && a.tokens >= 0 &&
+         a.calls && a.slice_counts && a.chunks && a.ret && a.refused;
+}
+}  // namespace
+
+cudaError_t moe_dispatch_direct(const MoeDirectArgs& a, cudaStream_t s) {
+  if (!direct_args_ok(a)) return cudaErrorInvalidValue;
+  const MoeRouteArgs& r = a.route;
+  if (r.experts < 1 || r.experts > kMoeMaxExperts || r.world != a.ctx.world || r.experts != a.local * r.world ||
+      r.tokens != a.tokens || r.top_k != a.top_k || !r.pos || !r.expert_counts || !r.bad)
+    return cudaErrorInvalidValue;
+  static const cudaError_t allowed =
+      cudaFuncSetAttribute(dispatch_direct_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(route_smem<kDirectThreads>(kMoeMaxExperts)));
+  if (allowed != cudaSuccess) return allowed;
+  dispatch_direct_kernel<<<kMoeDirectCtas, kDirectThreads, route_smem<kDirectThreads>(r.experts), s>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t moe_combine_direct(const MoeDirectArgs& a, cudaStream_t s) {
+  if (!direct_args_ok(a)) return cudaErrorInvalidValue;
+  if (a.dtype == dev::DType::kBF16)
+    combine_direct_kernel<dev::bf16_t><<<kMoeDirectCtas, kDirectThreads, 0, s>>>(a);
+  else if (a.dtype == dev::DType::kF16)
+    combine_direct_kernel<dev::f16_t><<<kMoeDirectCtas, kDirectThreads, 0, s>>>(a);
+  else if (a.dtype == dev::DType::kF32)
+    combine_direct_kernel<float><<<kMoeDirectCtas, kDirectThreads, 0, s>>>(a);
+  else
+    return cudaErrorInvalidValue;
+  const cudaError_t e = cudaGetLastError();
+  const int vecs = static_cast<int>(static_cast<size_t>(a.hidden) * dev::dtype_size(a.dtype) / 16);
+  if (e != cudaSuccess || static_cast<int64_t>(a.tokens) * vecs <= 4ll * kMoeDirectCtas * kDirectThreads) return e;
+  return combine_launch(a.ctx.local<const void>(a.back_off), a.route.pos, a.weights, a.y, a.tokens, a.top_k,
+                        a.hidden, a.dtype, a.refused, s);
 }
 
 }  // namespace weft::kernels

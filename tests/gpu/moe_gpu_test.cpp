@@ -84,7 +84,7 @@ TEST_P(MoeGpu, DispatchAndCombineAreExact) {
         w.H = sh.H;
         for (Route route : {Route::kMixed, Route::kSkewed})
           for (int64_t e : {0, 1, 2, 40})  // T = (3 rank + e) % 41: 0, 1, 2, 40 on rank 0
-            for (MoeMethod m : {MoeMethod::kBaseline, MoeMethod::kDecomposed}) {
+            for (MoeMethod m : {MoeMethod::kBaseline, MoeMethod::kDecomposed, MoeMethod::kDirect}) {
               w.route = route;
               w.e = e;
               run_and_check(
@@ -101,6 +101,43 @@ TEST_P(MoeGpu, DispatchAndCombineAreExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpus, MoeGpu, ::testing::Values(1, 0));
+
+// Rows of a real model (hidden 4096, bf16): megabytes to each peer, the size at which NCCL's
+// point-to-point into the heap's window hung; every method must move them exactly.
+TEST(MoeGpuLarge, ModelSizedRowsAreExact) {
+  const int n = gpus();
+  if (n < 1) GTEST_SKIP() << "needs a GPU";
+  expect_all_ok(run_gpu(n, [] {
+    auto b = make_backend();
+    const int world = b->size();
+    cudaStream_t s;
+    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    MoeConfig cfg;
+    cfg.hidden = 4096;
+    cfg.experts = 2 * world;
+    cfg.top_k = 2;
+    cfg.max_tokens = 512;
+    cfg.dtype = dev::DType::kBF16;
+    MoeDispatchCombine op(*b, cfg);
+    DevMem mem(s);
+    Routing w;
+    w.world = world;
+    w.E = cfg.experts;
+    w.k = cfg.top_k;
+    w.H = cfg.hidden;
+    w.route = Route::kMixed;
+    int checks = 0;
+    for (int64_t e : {512, 300})  // rank 0: 512 then 300 tokens; the others (3 rank + e) % 513
+      for (MoeMethod m : {MoeMethod::kBaseline, MoeMethod::kDecomposed, MoeMethod::kDirect}) {
+        w.e = e;
+        run_and_check(*b, op, w, cfg.max_tokens, m, cfg.dtype,
+                      fmt::format("gpu world {} H 4096 call {} {}", world, e, to_string(m)), mem);
+        ++checks;
+      }
+    if (b->rank() == 0) std::printf("[gpu] moe large rows: %d ranks, %d checks passed\n", world, checks);
+    WEFT_CUDA_CHECK(cudaStreamDestroy(s));
+  }));
+}
 
 // An id outside the experts, or repeated within a token, is left out on the device and named
 // when the dispatch is checked (outside a capture); the op goes on.
@@ -131,7 +168,42 @@ TEST(MoeGpuErrors, InvalidIdsAreNamed) {
   }));
 }
 
-// decomposed captured into one CUDA graph (dispatch and combine), replayed with new inputs.
+// direct: a routing over some rank's capacity is refused on every rank alike (every rank's
+// kernel sees the same counts), nothing moves, no rank waits or traps, and the op goes on.
+TEST(MoeGpuErrors, DirectOverflowIsRefusedOnEveryRank) {
+  if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  expect_all_ok(run_gpu(2, [] {
+    auto b = make_backend();
+    cudaStream_t s;
+    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    MoeConfig cfg;
+    cfg.hidden = 8;
+    cfg.experts = 2;
+    cfg.top_k = 1;
+    cfg.max_tokens = 4;
+    cfg.recv_capacity = 5;
+    MoeDispatchCombine op(*b, cfg);
+    DevMem mem(s);
+    void* x = mem.alloc(4 * 8 * 2);
+    auto* ids = static_cast<int32_t*>(mem.alloc(4 * 4));
+    const std::vector<int32_t> zero(4, 0);  // every token to expert 0: rank 0 would get 8 rows
+    mem.to(ids, zero.data(), 16);
+    expect_message([&] { op.dispatch(x, ids, {.method = MoeMethod::kDirect, .tokens = 4, .stream = s}); },
+                   "moe: dispatch refused: rank 0 would receive 8 rows, more than its recv_capacity 5");
+    Routing w;
+    w.world = 2;
+    w.E = 2;
+    w.k = 1;
+    w.H = 8;
+    w.route = Route::kMixed;
+    w.e = 0;  // 0 and 3 tokens: 3 rows at most on a rank
+    run_and_check(*b, op, w, 4, MoeMethod::kDirect, dev::DType::kBF16, "direct after the refusal", mem);
+    WEFT_CUDA_CHECK(cudaStreamDestroy(s));
+  }));
+}
+
+// decomposed and direct, each captured into one CUDA graph (dispatch and combine), replayed with
+// new inputs.
 TEST(MoeGpuGraph, CapturedDispatchAndCombineReplay) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
   expect_all_ok(run_gpu(gpus(), [] {
@@ -173,36 +245,38 @@ TEST(MoeGpuGraph, CapturedDispatchAndCombineReplay) {
       mem.to(ids, idh.data(), T * k * 4);
       mem.to(wt, wh.data(), T * k * 4);
     };
-    // Identity experts: combine reads recv itself; y = x * (sum of the weights).
-    const MoeRunOptions o{.method = MoeMethod::kDecomposed, .tokens = T, .stream = s};
-    load(100);
-    op.dispatch(x, ids, o);  // the collectives' first calls, outside the capture
-    op.combine(op.recv(), wt, y, o);
-    WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    WEFT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    op.dispatch(x, ids, o);
-    op.combine(op.recv(), wt, y, o);
-    WEFT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-    WEFT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int replay = 0; replay < 3; ++replay) {
-      load(replay);
-      b->barrier();
-      WEFT_CUDA_CHECK(cudaGraphLaunch(exec, s));
-      Rows yh(T, H, dev::DType::kBF16);
-      mem.from(yh.p(), y, T * H * 2);
-      for (int64_t i = 0; i < T; ++i)
-        for (int64_t h = 0; h < H; ++h) {
-          const float want = w.x(r, i, h) * (w.w(r, i, 0) + w.w(r, i, 1));
-          WEFT_CHECK(get(yh.p(), i * H + h, dev::DType::kBF16) == want,
-                     fmt::format("replay {}: y[{}][{}] = {}, expected {}", replay, i, h,
-                                 get(yh.p(), i * H + h, dev::DType::kBF16), want));
-        }
-      b->barrier();
+    for (MoeMethod m : {MoeMethod::kDecomposed, MoeMethod::kDirect}) {
+      // Identity experts: combine reads recv itself; y = x * (sum of the weights).
+      const MoeRunOptions o{.method = m, .tokens = T, .stream = s};
+      load(100);
+      op.dispatch(x, ids, o);  // the collectives' first calls, outside the capture
+      op.combine(op.recv(), wt, y, o);
+      WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      WEFT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      op.dispatch(x, ids, o);
+      op.combine(op.recv(), wt, y, o);
+      WEFT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+      WEFT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int replay = 0; replay < 3; ++replay) {
+        load(replay);
+        b->barrier();
+        WEFT_CUDA_CHECK(cudaGraphLaunch(exec, s));
+        Rows yh(T, H, dev::DType::kBF16);
+        mem.from(yh.p(), y, T * H * 2);
+        for (int64_t i = 0; i < T; ++i)
+          for (int64_t h = 0; h < H; ++h) {
+            const float want = w.x(r, i, h) * (w.w(r, i, 0) + w.w(r, i, 1));
+            WEFT_CHECK(get(yh.p(), i * H + h, dev::DType::kBF16) == want,
+                       fmt::format("{} replay {}: y[{}][{}] = {}, expected {}", to_string(m), replay, i, h,
+                                   get(yh.p(), i * H + h, dev::DType::kBF16), want));
+          }
+        b->barrier();
+      }
+      WEFT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      WEFT_CUDA_CHECK(cudaGraphDestroy(graph));
     }
-    WEFT_CUDA_CHECK(cudaGraphExecDestroy(exec));
-    WEFT_CUDA_CHECK(cudaGraphDestroy(graph));
     WEFT_CUDA_CHECK(cudaStreamDestroy(s));
   }));
 }

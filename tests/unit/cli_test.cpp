@@ -106,6 +106,32 @@ TEST(Cli, BenchGemvArOnTwoHostRanks) {
   run(std::string("rm -rf ") + dir);
 }
 
+// `weft bench moe --quick` on two host ranks: every method and part ran, the table, the JSON;
+// an unknown shape is refused before the ranks start.
+TEST(Cli, BenchMoeOnTwoHostRanks) {
+  char dir[] = "/tmp/weft-cli-moe-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  auto r = run("WEFT_BACKEND=host WEFT_HOST_RANKS=2 " + kWeft + " bench moe --quick --out " + dir);
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("weft bench moe on"), std::string::npos) << r.out;
+  auto js = run(std::string("cat ") + dir + "/moe-host-2r-*.json");
+  ASSERT_EQ(js.status, 0) << js.out;
+  const auto j = nlohmann::json::parse(js.out);
+  EXPECT_EQ(j["bench"], "moe");
+  EXPECT_EQ(j["world"], 2);
+  std::map<std::string, int> seen;
+  for (const auto& p : j["points"]) {
+    ++seen[p["method"].get<std::string>() + " " + p["part"].get<std::string>()];
+    EXPECT_GT(p["median_us"].get<double>(), 0) << p.dump();
+  }
+  for (const char* m : {"baseline", "decomposed", "direct"})
+    for (const char* part : {"dispatch", "combine", "both"}) EXPECT_EQ(seen[std::string(m) + " " + part], 1) << m << part;
+  run(std::string("rm -rf ") + dir);
+  r = run(kWeft + " bench moe --shapes llama --out /tmp");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("unknown shape 'llama'"), std::string::npos) << r.out;
+}
+
 TEST(Cli, BenchGemvArRefusesBadShapesAndMs) {
   auto r = run(kWeft + " bench gemv_ar --shapes 8192x8192 --out /tmp");
   EXPECT_EQ(r.status, 2) << r.out;

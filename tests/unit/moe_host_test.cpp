@@ -68,7 +68,7 @@ TEST_P(MoeHost, DispatchAndCombineAreExact) {
         w.H = cfg.hidden;
         for (Route route : {Route::kMixed, Route::kSkewed})
           for (int64_t e = 0; e < 4; ++e)
-            for (MoeMethod m : {MoeMethod::kBaseline, MoeMethod::kDecomposed}) {
+            for (MoeMethod m : {MoeMethod::kBaseline, MoeMethod::kDecomposed, MoeMethod::kDirect}) {
               w.route = route;
               w.e = e;
               run_and_check(
@@ -106,7 +106,7 @@ TEST(MoeHostErrors, OverflowIsRefusedOnEveryRank) {
     run_and_check(*b, op, w, 4, MoeMethod::kDecomposed, dev::DType::kBF16, "fits", mem);
     Rows x(4, 8, dev::DType::kBF16);
     std::vector<int32_t> ids(4, 0);
-    for (MoeMethod m : {MoeMethod::kBaseline, MoeMethod::kDecomposed})
+    for (MoeMethod m : {MoeMethod::kBaseline, MoeMethod::kDecomposed, MoeMethod::kDirect})
       expect_message([&] { op.dispatch(x.p(), ids.data(), {.method = m, .tokens = 4}); },
                      "moe: dispatch refused: rank 0 would receive 12 rows, more than its recv_capacity 5");
     std::vector<float> wt(4, 1.f);
@@ -114,6 +114,7 @@ TEST(MoeHostErrors, OverflowIsRefusedOnEveryRank) {
                    "moe: combine needs a dispatch before it");
     w.e = 0;  // 0, 3, 1 tokens: 4 rows
     run_and_check(*b, op, w, 4, MoeMethod::kBaseline, dev::DType::kBF16, "after the refusals", mem);
+    run_and_check(*b, op, w, 4, MoeMethod::kDirect, dev::DType::kBF16, "direct after the refusals", mem);
   }));
 }
 

@@ -3,8 +3,9 @@
 #   here:        bash tools/gpu/build.sh && bash tools/gpu/pack.sh .gpu
 #   device run:  bash tools/gpu/moe.sh .gpu          (carry .gpu)
 # The C++ GPU tests of ops::MoeDispatchCombine (1 and all GPUs; memcheck of the graph test with
-# MEMCHECK=1), then the PyTorch MoE layer (tools/gpu/moe_peer.sh) unless SKIP_PEER=1. Logs in
-# $OUT; the outcome lines last.
+# MEMCHECK=1; SKIP_TESTS=1: none), `weft bench moe` on the first 2, then 4 GPUs (WORLDS; JSON in
+# $OUT/results; BENCH_ARGS, e.g. "--shapes mixtral --ms 128"), then the PyTorch MoE layer
+# (tools/gpu/moe_peer.sh) unless SKIP_PEER=1. Logs in $OUT; the tables last.
 set -uo pipefail
 BIN=${1:-.gpu}
 source "$(dirname "$0")/env.sh"
@@ -12,10 +13,13 @@ d=/tmp/weft-bin/moe
 unpack_bin "$BIN" "$d"
 export WEFT_TIMEOUT_MS=${WEFT_TIMEOUT_MS:-30000}
 status=0
-step "C++ GPU tests (moe)"
-timeout -s KILL 300 "$d/weft_gpu_tests" --gtest_filter='*Moe*' > "$OUT/moe_tests.log" 2>&1 || status=1
-pkill -9 -x weft_gpu_tests 2>/dev/null || true
-grep -E "^\[ *(OK|FAILED|PASSED|SKIPPED)|tests? from .* ran|Failure|checks passed|rank [0-9]+:" "$OUT/moe_tests.log" | head -40
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  step "C++ GPU tests (moe)"
+  timeout -s KILL 300 "$d/weft_gpu_tests" --gtest_filter='*Moe*' > "$OUT/moe_tests.log" 2>&1 || status=1
+  pkill -9 -x weft_gpu_tests 2>/dev/null || true
+  grep -E "^\[ *(OK|FAILED|PASSED|SKIPPED)|tests? from .* ran|Failure|checks passed|rank [0-9]+:" "$OUT/moe_tests.log" |
+    head -40
+fi
 if [ "${MEMCHECK:-0}" = 1 ]; then
   step "compute-sanitizer memcheck: MoeGpuGraph"
   WEFT_TEST_TIMEOUT_MS=120000 timeout -s KILL 300 compute-sanitizer --tool memcheck --report-api-errors no \
@@ -23,5 +27,15 @@ if [ "${MEMCHECK:-0}" = 1 ]; then
     --gtest_filter='MoeGpuGraph.*:*MoeGpu.*/0' > "$OUT/moe_memcheck.log" 2>&1 || status=1
   grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/moe_memcheck.log" | head -10
 fi
+NGPU=$(nvidia-smi -L | wc -l)
+for n in ${WORLDS:-2 4}; do
+  [ "$n" -le "$NGPU" ] || continue
+  step "weft bench moe on $n GPUs"
+  mkdir -p "$OUT/results"
+  CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) timeout -s KILL "${BENCH_LIMIT:-240}" "$d/weft" bench moe \
+    --out "$OUT/results" ${BENCH_ARGS:-} > "$OUT/bench_moe_${n}.log" 2> "$OUT/bench_moe_progress_${n}.log" || status=1
+  tail -3 "$OUT/bench_moe_progress_${n}.log"
+  grep -v "^wrote" "$OUT/bench_moe_${n}.log"
+done
 [ "${SKIP_PEER:-0}" = 1 ] || bash "$(dirname "$0")/moe_peer.sh" || status=1
 exit $status

@@ -19,6 +19,7 @@
 #include "weft/bench/gemm_bench.hpp"
 #include "weft/bench/gemm_overlap_bench.hpp"
 #include "weft/bench/gemv_ar_bench.hpp"
+#include "weft/bench/moe_bench.hpp"
 #include "weft/bench/shape.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ops/trace.hpp"
@@ -208,6 +209,30 @@ int cmd_bench_gemv(bool quick, const std::string& out_dir, const std::vector<std
   return 0;
 }
 
+// `weft bench moe` (docs/moe.md, "Measured"): runs as ranks.
+int cmd_bench_moe(bool quick, const std::string& out_dir, const std::vector<std::string>& shapes,
+                  const std::vector<int64_t>& tokens) {
+  if (!env_var(tunables::kGpuHeapMiB.env)) setenv(tunables::kGpuHeapMiB.env, "8192", 1);
+  auto b = make_backend();
+  bench::MoeBenchOptions opt;
+  opt.quick = quick;
+  opt.shapes = shapes;
+  opt.tokens = tokens;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (b->rank() == 0)
+    opt.progress = [t0](const std::string& s) {
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::cerr << fmt::format("[weft bench {:7.1f}s] {}\n", secs, s);
+    };
+  auto r = bench::bench_moe(*b, opt);
+  if (b->rank() == 0) {
+    write_json(bench::to_json(r), out_dir, fmt::format("moe-{}-{}r", r.backend, r.world), quick);
+    if (b->kind() == BackendKind::kHost) std::cout << kCpuFigures;
+    std::cout << bench::to_table(r);
+  }
+  return 0;
+}
+
 // `weft trace FILE.json [--png OUT.png]`: per rank communication and computation time and
 // the fraction of communication hidden behind computation.
 int cmd_trace(const std::string& file, const std::string& png) {
@@ -305,7 +330,8 @@ std::string default_results_dir() {
 }
 
 bool is_bench_name(const std::string& s) {
-  return s == "all" || s == "devapi" || s == "collectives" || s == "gemm" || s == "gemv_ar" || is_overlap_bench(s);
+  return s == "all" || s == "devapi" || s == "collectives" || s == "gemm" || s == "gemv_ar" || s == "moe" ||
+         is_overlap_bench(s);
 }
 
 // The bench arguments that would fail (or be ignored) only after the ranks have started.
@@ -313,10 +339,21 @@ void validate_bench(const std::string& what, const std::vector<std::string>& sha
                     const std::vector<int64_t>& ms) {
   if (!is_bench_name(what))
     throw cli::UsageError(fmt::format(
-        "bench {}: unknown benchmark; expected devapi, collectives, gemm, ag_gemm, gemm_rs, gemm_ar, gemv_ar or all",
+        "bench {}: unknown benchmark; expected devapi, collectives, gemm, ag_gemm, gemm_rs, gemm_ar, gemv_ar, moe or "
+        "all",
         what));
   if (chunks < 0) throw cli::UsageError(fmt::format("--chunks must be 0 (auto) or more, not {}", chunks));
-  if (!ms.empty() && what != "gemv_ar") throw cli::UsageError(fmt::format("--ms applies to gemv_ar, not to bench '{}'", what));
+  if (!ms.empty() && what != "gemv_ar" && what != "moe")
+    throw cli::UsageError(fmt::format("--ms applies to gemv_ar and moe, not to bench '{}'", what));
+  if (what == "moe") {  // shapes by name, --ms: tokens per rank
+    for (const auto& s : shapes)
+      if (s != "mixtral" && s != "qwen3-30b-a3b" && s != "deepseek-v3-like")
+        throw cli::UsageError(
+            fmt::format("bench moe: unknown shape '{}' (mixtral, qwen3-30b-a3b, deepseek-v3-like)", s));
+    for (int64_t m : ms)
+      if (m < 0) throw cli::UsageError(fmt::format("--ms: {} tokens", m));
+    return;
+  }
   if (what == "gemv_ar") {
     // Shapes K:N (K the full depth); M from --ms.
     for (const auto& s : shapes) {
@@ -380,7 +417,7 @@ int main(int argc, char** argv) {
   std::string what = "all";
   std::vector<std::string> only;
   bench->add_option("what", what,
-                    "devapi, collectives, gemm, ag_gemm, gemm_rs, gemm_ar, gemv_ar, or all (default: devapi and "
+                    "devapi, collectives, gemm, ag_gemm, gemm_rs, gemm_ar, gemv_ar, moe, or all (default: devapi and "
                     "collectives)");
   bench->add_option("--only", only, "collectives to run (all_reduce, all_gather, reduce_scatter, all_to_all)")
       ->delimiter(',');
@@ -394,10 +431,14 @@ int main(int argc, char** argv) {
   bench
       ->add_option("--shapes", shapes,
                    "gemm, ag_gemm, gemm_rs, gemm_ar: shapes MxKxN (default: docs/anchors.md's); gemv_ar: K:N (K the "
-                   "full depth; default 4096:4096,14336:4096,8192:8192,28672:8192)")
+                   "full depth; default 4096:4096,14336:4096,8192:8192,28672:8192); moe: mixtral, qwen3-30b-a3b, "
+                   "deepseek-v3-like (default: all)")
       ->delimiter(',');
   std::vector<int64_t> ms;
-  bench->add_option("--ms", ms, "gemv_ar: tokens per call, 1 ... 128 (default 1,8,16,64,128)")->delimiter(',');
+  bench
+      ->add_option("--ms", ms,
+                   "gemv_ar: tokens per call, 1 ... 128 (default 1,8,16,64,128); moe: tokens per rank (default 128,4096)")
+      ->delimiter(',');
   int chunks = 0;
   std::string trace_dir;
   bool tune = false;
@@ -469,6 +510,10 @@ int main(int argc, char** argv) {
     if (*bench && what == "gemv_ar") {
       int rc = relaunch_as_ranks(argc, argv);
       return rc >= 0 ? rc : cmd_bench_gemv(quick, out_dir, shapes, ms, tune);
+    }
+    if (*bench && what == "moe") {
+      int rc = relaunch_as_ranks(argc, argv);
+      return rc >= 0 ? rc : cmd_bench_moe(quick, out_dir, shapes, ms);
     }
     if (*bench && is_overlap_bench(what)) {
       int rc = relaunch_as_ranks(argc, argv);

@@ -17,14 +17,19 @@
 // recv_capacity rows is refused on every rank (InvalidArgument naming the rank and the rows),
 // before any row moves. Methods: `baseline` (the exchange by the library's all-to-all: NCCL
 // send/recv on GPUs; on the host backend the collectives' reference), `decomposed` (weft's
-// all-to-all by counts, the counts exchanged through the symmetric heap), `auto`.
+// all-to-all by counts, the counts exchanged through the symmetric heap), `direct` (one kernel a
+// direction: every rank's chunk counts into every rank's symmetric matrix, then each row stored
+// by its sender straight into its final place in the receiver's buffer, no staging, no
+// all-to-all), `auto` (= direct).
 //
 // On the host backend every check is agreed across ranks before anything moves (a call bad on
 // one rank is refused on all). On GPUs (at most kernels::kMoeMaxExperts experts) the routing,
 // the counts' exchange and the weighted sum run on the device, without the host: dispatch and
-// combine can be captured into a CUDA graph (method decomposed); each rank checks its own
-// call's arguments, an invalid id is found on the device (MoeConfig::check_ids), an overflow is
-// refused by the all-to-all's capacity check (the error slot names the rank). The grouped
+// combine can be captured into a CUDA graph (methods decomposed and direct); each rank checks its
+// own call's arguments, an invalid id is found on the device (MoeConfig::check_ids), an overflow
+// is refused -- direct: on every rank alike, nothing moves, recv_counts() zero, combine's y zero,
+// and an eager call with check_ids throws; decomposed: by the all-to-all's capacity check (the
+// error slot names the rank). The grouped
 // GEMM, moe_layer and the fused method are not built yet (docs/moe.md, "Status").
 //
 // Construction, dispatch and combine are collective: every rank makes the same calls in the
@@ -40,9 +45,11 @@
 
 namespace weft::ops {
 
-enum class MoeMethod { kAuto, kBaseline, kDecomposed };
-inline constexpr Named<MoeMethod> kMoeMethodNames[] = {
-    {MoeMethod::kAuto, "auto"}, {MoeMethod::kBaseline, "baseline"}, {MoeMethod::kDecomposed, "decomposed"}};
+enum class MoeMethod { kAuto, kBaseline, kDecomposed, kDirect };
+inline constexpr Named<MoeMethod> kMoeMethodNames[] = {{MoeMethod::kAuto, "auto"},
+                                                       {MoeMethod::kBaseline, "baseline"},
+                                                       {MoeMethod::kDecomposed, "decomposed"},
+                                                       {MoeMethod::kDirect, "direct"}};
 inline const char* to_string(MoeMethod m) { return name_in(kMoeMethodNames, m); }
 inline MoeMethod parse_moe_method(const std::string& s) { return parse_in(kMoeMethodNames, s, "method"); }
 
@@ -59,8 +66,9 @@ struct MoeConfig {
   int64_t recv_capacity = 0;
   dev::DType dtype = dev::DType::kBF16;  // x, recv, expert_out, y: bf16, f16 or f32
   // GPUs: after a dispatch outside a CUDA graph capture, read back at once whether an id was
-  // invalid (synchronizes the stream) and throw naming it. Off, or in a capture, an invalid pair
-  // is left out silently (its row goes nowhere, its weight counts for nothing).
+  // invalid or (direct) the routing was refused (synchronizes the stream), and throw naming it.
+  // Off, or in a capture, an invalid pair is left out silently (its row goes nowhere, its
+  // weight counts for nothing), and so is every row of a refused direct dispatch.
   bool check_ids = true;
 };
 

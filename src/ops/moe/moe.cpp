@@ -29,6 +29,8 @@
 
 namespace weft::ops {
 
+static_assert(kMoeMaxTopK <= kernels::kMoeMaxSlots, "the kernels take every slot of a token");
+
 namespace {
 
 std::string describe(const MoeConfig& c) {
@@ -101,6 +103,7 @@ struct MoeDispatchCombine::Impl {
   MoeMethod method = MoeMethod::kAuto;
   std::vector<int64_t> pos;
   std::vector<uint64_t> got_rows;  // rows from each rank (combine sends as many back)
+  std::vector<uint64_t> ret_off;   // direct: where each rank's rows to this rank start in its send order
   std::vector<int64_t> counts;  // [world][local]: recv_counts()
   int64_t rows = 0;
   std::vector<unsigned char> send;  // [T * top_k, H]: dispatch's rows in send order
@@ -118,6 +121,12 @@ struct MoeDispatchCombine::Impl {
   int64_t* d_chunks = nullptr;          // [world * local]: recv_counts()
   unsigned long long* d_bad = nullptr;  // the first invalid pair (~0: none)
   uint64_t chunk_off = 0;
+  // Method direct (kernels::MoeDirectArgs): the call counter, the return offsets, the verdict.
+  uint64_t* d_calls = nullptr;              // [3] (kernels::MoeDirectArgs::calls)
+  int64_t* d_ret = nullptr;                 // [world][3]
+  unsigned long long* d_refused = nullptr;  // [1]
+  uint32_t* d_slices = nullptr;             // [kMoeDirectCtas][experts]
+  uint64_t sig_off = 0;                     // [2][world] signals
   ~Impl() {
 #ifdef WEFT_HAVE_CUDA
     if (dev_mem) cudaFree(dev_mem);
@@ -132,7 +141,11 @@ struct MoeDispatchCombine::Impl {
     return static_cast<uint64_t>(std::max<int64_t>(1, cfg.max_tokens * cfg.top_k)) * static_cast<uint64_t>(cfg.hidden);
   }
   Method coll_method(MoeMethod m) const { return m == MoeMethod::kDecomposed ? Method::kDirect : Method::kBaseline; }
-  MoeMethod resolve(MoeMethod m) const { return m == MoeMethod::kAuto ? MoeMethod::kDecomposed : m; }
+  // auto: direct (on GPUs up to kernels::kMoeDirectMaxWorld ranks, else decomposed).
+  MoeMethod resolve(MoeMethod m) const {
+    if (m != MoeMethod::kAuto) return m;
+    return gpu && world > kernels::kMoeDirectMaxWorld ? MoeMethod::kDecomposed : MoeMethod::kDirect;
+  }
   int64_t tokens_of(const MoeRunOptions& o) const {
     const int64_t t = o.tokens < 0 ? cfg.max_tokens : o.tokens;
     WEFT_REQUIRE(t <= cfg.max_tokens, fmt::format("moe: tokens must be in 0 ... {}, got {}", cfg.max_tokens, o.tokens));
@@ -196,6 +209,7 @@ MoeDispatchCombine::MoeDispatchCombine(Backend& backend, const MoeConfig& config
 #ifdef WEFT_HAVE_CUDA
   if (I.gpu) {
     I.chunk_off = I.op.workspace(static_cast<uint64_t>(I.world * I.local) * 4, "chunks");
+    I.sig_off = I.op.workspace(2ull * static_cast<uint64_t>(I.world) * 8, "signals");
     I.coll.prepare_all_to_all(static_cast<uint64_t>(I.local), dev::DType::kF32, Method::kDirect);
     const uint64_t pairs = static_cast<uint64_t>(std::max<int64_t>(1, config.max_tokens * config.top_k));
     const uint64_t W = static_cast<uint64_t>(I.world);
@@ -207,7 +221,11 @@ MoeDispatchCombine::MoeDispatchCombine(Backend& backend, const MoeConfig& config
                               up(W * 8),
                               up(W * 8),
                               up(W * static_cast<uint64_t>(I.local) * 8),
-                              up(8)};
+                              up(8),
+                              up(24),
+                              up(W * 3 * 8),
+                              up(8),
+                              up(static_cast<uint64_t>(kernels::kMoeDirectCtas) * config.experts * 4)};
     uint64_t total = 0;
     for (uint64_t b : sizes) total += b;
     WEFT_CUDA_CHECK(cudaMalloc(&I.dev_mem, total));
@@ -225,8 +243,13 @@ MoeDispatchCombine::MoeDispatchCombine(Backend& backend, const MoeConfig& config
     I.d_back_elems = reinterpret_cast<uint64_t*>(take(5));
     I.d_chunks = reinterpret_cast<int64_t*>(take(6));
     I.d_bad = reinterpret_cast<unsigned long long*>(take(7));
+    I.d_calls = reinterpret_cast<uint64_t*>(take(8));
+    I.d_ret = reinterpret_cast<int64_t*>(take(9));
+    I.d_refused = reinterpret_cast<unsigned long long*>(take(10));
+    I.d_slices = reinterpret_cast<uint32_t*>(take(11));
     WEFT_CUDA_CHECK(cudaMemset(I.dev_mem, 0, total));
     WEFT_CUDA_CHECK(cudaMemset(I.d_bad, 0xFF, 8));
+    WEFT_CUDA_CHECK(cudaMemset(I.d_refused, 0xFF, 8));
     WEFT_CUDA_CHECK(cudaDeviceSynchronize());  // before any stream's call (torch's streams do not wait)
   }
 #endif
@@ -240,6 +263,27 @@ namespace {
 // that refuses alone leaves its peers to their deadline, which names it); the ids are checked
 // on the device (moe_route) and, outside a capture, read back at once when
 // MoeConfig::check_ids is on.
+kernels::MoeDirectArgs direct_args(const MoeDispatchCombine::Impl& I, int64_t T) {
+  kernels::MoeDirectArgs a;
+  a.ctx = I.b.ctx();
+  a.local = static_cast<int>(I.local);
+  a.top_k = static_cast<int>(I.cfg.top_k);
+  a.hidden = static_cast<int>(I.cfg.hidden);
+  a.tokens = static_cast<int>(T);
+  a.dtype = I.cfg.dtype;
+  a.capacity = static_cast<uint64_t>(I.capacity);
+  a.recv_off = I.recv_off;
+  a.back_off = I.back_off;
+  a.counts_off = I.counts_off;
+  a.sig_off = I.sig_off;
+  a.calls = I.d_calls;
+  a.slice_counts = I.d_slices;
+  a.chunks = I.d_chunks;
+  a.ret = I.d_ret;
+  a.refused = I.d_refused;
+  return a;
+}
+
 void gpu_dispatch(MoeDispatchCombine::Impl& I, const void* x, const int32_t* ids, const MoeRunOptions& opt,
                   MoeMethod m) {
   const MoeConfig& c = I.cfg;
@@ -248,6 +292,9 @@ void gpu_dispatch(MoeDispatchCombine::Impl& I, const void* x, const int32_t* ids
     I.op.check_ptr(x, 16, "x");
     I.op.check_ptr(ids, 4, "ids");
   }
+  WEFT_REQUIRE(m != MoeMethod::kDirect || I.world <= kernels::kMoeDirectMaxWorld,
+               fmt::format("moe: method direct takes at most {} ranks on GPUs, not {} (use decomposed)",
+                           kernels::kMoeDirectMaxWorld, I.world));
   I.agree_method("dispatch", m);
   cudaStream_t s = static_cast<cudaStream_t>(opt.stream);
   kernels::MoeRouteArgs ra;
@@ -261,24 +308,38 @@ void gpu_dispatch(MoeDispatchCombine::Impl& I, const void* x, const int32_t* ids
   ra.expert_counts = I.d_expert_counts;
   ra.send_counts = I.d_send_elems;
   ra.bad = I.d_bad;
-  WEFT_CUDA_CHECK(kernels::moe_route(ra, s));
-  WEFT_CUDA_CHECK(kernels::moe_pack(x, I.d_pos, I.d_send, static_cast<int>(T), static_cast<int>(c.top_k),
-                                    static_cast<int>(c.hidden), I.eb, s));
-  // The chunk counts (uint32 bit patterns moved as f32 elements: an all-to-all copies, never adds).
-  I.coll.all_to_all(I.d_expert_counts, I.chunk_off, static_cast<uint64_t>(I.local), dev::DType::kF32, I.coll_method(m),
-                    s);
-  I.coll.all_to_all_v(I.d_send, I.d_send_elems, I.recv_off, I.recv_elems(), I.d_recv_elems, c.dtype, I.coll_method(m),
-                      s);
-  WEFT_CUDA_CHECK(kernels::moe_widen_counts(I.b.ctx().local<const uint32_t>(I.chunk_off), I.d_chunks,
-                                            static_cast<int>(I.world * I.local), s));
+  if (m == MoeMethod::kDirect) {
+    ra.send_counts = nullptr;
+    kernels::MoeDirectArgs a = direct_args(I, T);
+    a.route = ra;
+    a.x = x;
+    WEFT_CUDA_CHECK(kernels::moe_dispatch_direct(a, s));
+  } else {
+    WEFT_CUDA_CHECK(kernels::moe_route(ra, s));
+    WEFT_CUDA_CHECK(kernels::moe_pack(x, I.d_pos, I.d_send, static_cast<int>(T), static_cast<int>(c.top_k),
+                                      static_cast<int>(c.hidden), I.eb, s));
+    // The chunk counts (uint32 bit patterns moved as f32 elements: an all-to-all copies, never adds).
+    I.coll.all_to_all(I.d_expert_counts, I.chunk_off, static_cast<uint64_t>(I.local), dev::DType::kF32,
+                      I.coll_method(m), s);
+    I.coll.all_to_all_v(I.d_send, I.d_send_elems, I.recv_off, I.recv_elems(), I.d_recv_elems, c.dtype,
+                        I.coll_method(m), s);
+    WEFT_CUDA_CHECK(kernels::moe_widen_counts(I.b.ctx().local<const uint32_t>(I.chunk_off), I.d_chunks,
+                                              static_cast<int>(I.world * I.local), s));
+  }
   I.tokens = T;
   I.method = m;
   I.routed = true;
   I.rows = -1;  // unknown here until read back (recv_rows)
   if (c.check_ids && !I.op.capturing(opt.stream)) {
-    unsigned long long bad = 0;
+    unsigned long long bad = 0, refused = ~0ull;
     WEFT_CUDA_CHECK(cudaMemcpyAsync(&bad, I.d_bad, 8, cudaMemcpyDeviceToHost, s));
+    if (m == MoeMethod::kDirect) WEFT_CUDA_CHECK(cudaMemcpyAsync(&refused, I.d_refused, 8, cudaMemcpyDeviceToHost, s));
     WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
+    if (refused != ~0ull)  // every rank's kernel found the same: every rank throws this
+      throw_invalid(__FILE__, __LINE__,
+                    fmt::format("moe: dispatch refused: rank {} would receive {} rows, more than its recv_capacity {} "
+                                "(raise MoeConfig::recv_capacity; 0 sizes it for any routing); nothing moved",
+                                refused >> 40, refused & ((1ull << 40) - 1), I.capacity));
     if (bad != ~0ull) {
       WEFT_CUDA_CHECK(cudaMemset(I.d_bad, 0xFF, 8));
       std::vector<int32_t> pair(static_cast<size_t>(c.top_k));
@@ -307,6 +368,15 @@ void gpu_combine(MoeDispatchCombine::Impl& I, const void* expert_out, const floa
   }
   I.agree_method("combine", m);
   cudaStream_t s = static_cast<cudaStream_t>(opt.stream);
+  if (m == MoeMethod::kDirect) {
+    kernels::MoeDirectArgs a = direct_args(I, T);
+    a.expert_out = expert_out;
+    a.weights = weights;
+    a.y = y;
+    a.route.pos = I.d_pos;
+    WEFT_CUDA_CHECK(kernels::moe_combine_direct(a, s));
+    return;
+  }
   I.coll.all_to_all_v(expert_out, I.d_recv_elems, I.back_off, I.back_elems(), I.d_back_elems, c.dtype, I.coll_method(m),
                       s);
   WEFT_CUDA_CHECK(kernels::moe_combine(I.b.ctx().local<const unsigned char>(I.back_off), I.d_pos, weights, y,
@@ -394,6 +464,36 @@ void MoeDispatchCombine::dispatch(const void* x, const int32_t* ids, const MoeRu
                         d, total, I.capacity));
       }
     }
+    if (m == MoeMethod::kDirect) {
+      // Every rank's places from the same matrix: each pair's row stored straight at its place
+      // in its expert's rank's recv -- after the rows from lower ranks, at its send-order place
+      // among this rank's rows to that rank.
+      auto rows_of = [&](int src, int d) {
+        uint64_t n = 0;
+        for (int64_t e = 0; e < L; ++e) n += I.counts_at(I.rank, par, src, d)[e];
+        return n;
+      };
+      std::vector<uint64_t> base(static_cast<size_t>(I.world), 0), off(static_cast<size_t>(I.world), 0);
+      I.ret_off.assign(static_cast<size_t>(I.world), 0);
+      for (int d = 0; d < I.world; ++d) {
+        for (int src = 0; src < I.rank; ++src) base[static_cast<size_t>(d)] += rows_of(src, d);
+        for (int q = 0; q < d; ++q) off[static_cast<size_t>(d)] += rows_of(I.rank, q);
+        for (int q = 0; q < I.rank; ++q) I.ret_off[static_cast<size_t>(d)] += rows_of(d, q);
+      }
+      for (int64_t i = 0; i < T * k; ++i) {
+        const size_t d = static_cast<size_t>(ids[i] / L);
+        const uint64_t at = base[d] + static_cast<uint64_t>(I.pos[static_cast<size_t>(i)]) - off[d];
+        std::memcpy(I.b.ctx().ptr<unsigned char>(static_cast<int>(d), I.recv_off) + at * row,
+                    xb + static_cast<size_t>(i / k) * row, row);
+      }
+      I.b.barrier();  // every rank's rows are in
+      I.rows = 0;
+      for (uint64_t n : I.got_rows) I.rows += static_cast<int64_t>(n);
+      I.tokens = T;
+      I.method = m;
+      I.routed = true;
+      return;
+    }
     // The rows, packed by destination, into every rank's recv (packed by source).
     std::vector<uint64_t> send_counts(static_cast<size_t>(I.world)), recv_counts(static_cast<size_t>(I.world));
     for (int d = 0; d < I.world; ++d)
@@ -457,11 +557,24 @@ void MoeDispatchCombine::combine(const void* expert_out, const float* weights, v
     I.agree_method("combine", m);
     // The return trip: recv's layout is packed by source, i.e. by destination for the rows going
     // back; each rank receives its rows packed by expert rank, which is its send order.
-    std::vector<uint64_t> send_counts(static_cast<size_t>(I.world)), recv_counts(static_cast<size_t>(I.world));
-    for (int s = 0; s < I.world; ++s)
-      send_counts[static_cast<size_t>(s)] = I.got_rows[static_cast<size_t>(s)] * static_cast<uint64_t>(H);
-    I.coll.all_to_all_v(expert_out, send_counts.data(), I.back_off, I.back_elems(), recv_counts.data(), c.dtype,
-                        I.coll_method(m), opt.stream);
+    if (m == MoeMethod::kDirect) {  // each row stored straight at its place in its token's rank's back
+      const unsigned char* eo = static_cast<const unsigned char*>(expert_out);
+      uint64_t before = 0;
+      for (int src = 0; src < I.world; ++src) {
+        const uint64_t n = I.got_rows[static_cast<size_t>(src)];
+        if (n)
+          std::memcpy(I.b.ctx().ptr<unsigned char>(src, I.back_off) + I.ret_off[static_cast<size_t>(src)] * row,
+                      eo + before * row, n * row);
+        before += n;
+      }
+      I.b.barrier();  // every rank's rows are back
+    } else {
+      std::vector<uint64_t> send_counts(static_cast<size_t>(I.world)), recv_counts(static_cast<size_t>(I.world));
+      for (int s = 0; s < I.world; ++s)
+        send_counts[static_cast<size_t>(s)] = I.got_rows[static_cast<size_t>(s)] * static_cast<uint64_t>(H);
+      I.coll.all_to_all_v(expert_out, send_counts.data(), I.back_off, I.back_elems(), recv_counts.data(), c.dtype,
+                          I.coll_method(m), opt.stream);
+    }
     const unsigned char* back = I.b.ctx().local<const unsigned char>(I.back_off);
     unsigned char* yb = static_cast<unsigned char*>(y);
     std::vector<float> acc(static_cast<size_t>(H));
