@@ -188,6 +188,36 @@ int weft_gemv_run(weft_gemv* g, const void* x, const void* w, void* y, int64_t m
 /* What `auto` runs for M tokens (0: m_max): the method's name (static storage). */
 int weft_gemv_auto_method(const weft_gemv* g, int64_t m, const char** method);
 
+/* ---- MoE token exchange (ops::MoeDispatchCombine, docs/moe.md) --------------------------
+ * dispatch: x [T, hidden] and ids [T, top_k] (int32 global expert ids) -> this rank's recv
+ * [recv_capacity, hidden] in the backend's memory (rank-major, expert-grouped) and recv_counts
+ * [world][experts / world] (int64); combine: expert_out (recv's layout) and weights [T, top_k]
+ * (fp32) -> y [T, hidden], each token's rows summed with its weights in slot order. */
+typedef struct weft_moe_config {
+  int64_t hidden;        /* elements a row, a multiple of 8 */
+  int64_t experts;       /* a multiple of the world size */
+  int64_t top_k;         /* 1 ... min(8, experts) */
+  int64_t max_tokens;    /* T a rank may have per call */
+  int64_t recv_capacity; /* rows a rank may receive (0: for any routing) */
+  int dtype;             /* WEFT_BF16, WEFT_F16 or WEFT_F32 */
+  int check_ids;         /* non-zero: eager GPU dispatches read back an invalid id or a refused routing */
+} weft_moe_config;
+
+typedef struct weft_moe weft_moe;
+/* Collective (allocates the symmetric buffers, agrees the configuration across ranks). */
+int weft_moe_create(weft_world* w, const weft_moe_config* cfg, weft_moe** out);
+int weft_moe_destroy(weft_moe* m);
+/* Collective. tokens: T of this call (0 ... max_tokens; -1: max_tokens). method "auto" (or
+ * NULL), "baseline", "decomposed", "direct"; combine takes its dispatch's T and method. */
+int weft_moe_dispatch(weft_moe* m, const void* x, const int32_t* ids, int64_t tokens, const char* method,
+                      void* stream);
+int weft_moe_combine(weft_moe* m, const void* expert_out, const float* weights, void* y, int64_t tokens,
+                     const char* method, void* stream);
+/* The op's receive buffer and chunk counts (valid after a dispatch, until the next), its
+ * recv_capacity and experts per rank. Any pointer may be NULL. */
+int weft_moe_buffers(const weft_moe* m, const void** recv, const int64_t** recv_counts, int64_t* recv_capacity,
+                     int64_t* local_experts);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,7 +2,8 @@
 
 This module is the torch-free, low-level binding of weft's C API (include/weft/c_api.h)
 through ctypes: worlds (ranks, bootstrap, backend, symmetric heap), symmetric memory,
-collectives, GEMM+communication ops and the decode GEMV + AllReduce, all on raw pointers (ints) and streams (ints). The
+collectives, GEMM+communication ops, the decode GEMV + AllReduce and the MoE token exchange, all on raw pointers
+(ints) and streams (ints). The
 PyTorch frontend (weft.torch) is built on it.
 
 Errors: every failing call raises WeftError or one of its kinds: InvalidArgument (also a
@@ -17,7 +18,7 @@ from . import _lib
 
 __all__ = [
     "F32", "F16", "BF16", "WeftError", "InvalidArgument", "PeerTimeout", "World", "Collectives", "GemmOverlap",
-    "GemvAllReduce",
+    "GemvAllReduce", "MoeDispatchCombine",
     "has_cuda", "library_path",
 ]
 
@@ -334,6 +335,46 @@ class GemmOverlap(_Op):
         s = ctypes.c_char_p()
         _check(self._world._lib.weft_gemm_auto_method(self.handle, int(m), ctypes.byref(s)))
         return s.value.decode()
+
+
+class MoeDispatchCombine(_Op):
+    """The MoE token exchange (collective to create; docs/moe.md): dispatch sends each token's
+    row [hidden] to the ranks of its top_k experts (experts / world a rank), received
+    rank-major and expert-grouped in the op's buffer (buffers()); combine brings the experts'
+    output rows back and sums each token's with its weights (fp32, slot order). dtype F32, F16
+    or BF16; T = 0 ... max_tokens tokens a call; recv_capacity rows a rank (0: any routing)."""
+
+    _destroy = "weft_moe_destroy"
+
+    def __init__(self, world, hidden, experts, top_k, max_tokens, dtype, *, recv_capacity=0, check_ids=True):
+        super().__init__(world)
+        cfg = _lib.MoeConfig(hidden=int(hidden), experts=int(experts), top_k=int(top_k), max_tokens=int(max_tokens),
+                             recv_capacity=int(recv_capacity), dtype=int(dtype), check_ids=1 if check_ids else 0)
+        h = ctypes.c_void_p()
+        _check(world._lib.weft_moe_create(world.handle, ctypes.byref(cfg), ctypes.byref(h)))
+        self._handle = h.value
+        self.hidden, self.experts, self.top_k, self.max_tokens = int(hidden), int(experts), int(top_k), int(max_tokens)
+        world._register(self)
+
+    def dispatch(self, x_ptr, ids_ptr, tokens=-1, method=None, stream=0):
+        """Collective: x [T, hidden], ids [T, top_k] int32 (T = tokens; -1: max_tokens)."""
+        _check(self._world._lib.weft_moe_dispatch(self.handle, _ptr(x_ptr), _ptr(ids_ptr), int(tokens), _text(method),
+                                                  _ptr(stream)))
+
+    def combine(self, expert_out_ptr, weights_ptr, y_ptr, tokens=-1, method=None, stream=0):
+        """Collective: expert_out in recv's layout, weights [T, top_k] fp32, y [T, hidden]; the
+        last dispatch's T and method."""
+        _check(self._world._lib.weft_moe_combine(self.handle, _ptr(expert_out_ptr), _ptr(weights_ptr), _ptr(y_ptr),
+                                                 int(tokens), _text(method), _ptr(stream)))
+
+    def buffers(self):
+        """(recv pointer, recv_counts pointer (int64 [world][experts / world]), recv_capacity,
+        experts per rank), in the backend's memory."""
+        recv, counts = ctypes.c_void_p(), ctypes.c_void_p()
+        cap, local = ctypes.c_int64(), ctypes.c_int64()
+        _check(self._world._lib.weft_moe_buffers(self.handle, ctypes.byref(recv), ctypes.byref(counts),
+                                                 ctypes.byref(cap), ctypes.byref(local)))
+        return recv.value, counts.value, cap.value, local.value
 
 
 class GemvAllReduce(_Op):

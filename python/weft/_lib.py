@@ -65,6 +65,18 @@ class GemvConfig(Structure):
     ]
 
 
+class MoeConfig(Structure):
+    _fields_ = [
+        ("hidden", c_int64),
+        ("experts", c_int64),
+        ("top_k", c_int64),
+        ("max_tokens", c_int64),
+        ("recv_capacity", c_int64),
+        ("dtype", c_int),
+        ("check_ids", c_int),
+    ]
+
+
 _p = c_void_p
 _u64p = POINTER(c_uint64)
 _i64p = POINTER(c_int64)
@@ -103,6 +115,11 @@ _SIGNATURES = {
     "weft_gemv_destroy": (c_int, [_p]),
     "weft_gemv_run": (c_int, [_p, _p, _p, _p, c_int64, c_char_p, _p, _p, _p, _p]),
     "weft_gemv_auto_method": (c_int, [_p, c_int64, POINTER(c_char_p)]),
+    "weft_moe_create": (c_int, [_p, POINTER(MoeConfig), POINTER(c_void_p)]),
+    "weft_moe_destroy": (c_int, [_p]),
+    "weft_moe_dispatch": (c_int, [_p, _p, _p, c_int64, c_char_p, _p]),
+    "weft_moe_combine": (c_int, [_p, _p, _p, _p, c_int64, c_char_p, _p]),
+    "weft_moe_buffers": (c_int, [_p, POINTER(c_void_p), POINTER(c_void_p), _i64p, _i64p]),
 }
 
 

@@ -19,6 +19,7 @@
 #include "weft/ops/collectives.hpp"
 #include "weft/ops/gemm_overlap.hpp"
 #include "weft/ops/gemv_ar.hpp"
+#include "weft/ops/moe.hpp"
 #include "weft/runtime/backend.hpp"
 #include "weft/runtime/bootstrap.hpp"
 #include "weft/version.hpp"
@@ -128,6 +129,11 @@ struct weft_gemm {
 struct weft_gemv {
   weft_world* w = nullptr;
   std::unique_ptr<ops::GemvAllReduce> op;
+};
+
+struct weft_moe {
+  weft_world* w = nullptr;
+  std::unique_ptr<ops::MoeDispatchCombine> op;
 };
 
 namespace {
@@ -626,5 +632,62 @@ WEFT_API int weft_gemv_auto_method(const weft_gemv* g, int64_t m, const char** m
     require_arg(m >= 0 && m <= m_max,
                 fmt::format("weft_gemv_auto_method: M = {} outside [0, {}] (0: m_max)", m, m_max));
     *method = ops::to_string(g->op->auto_choice(m == 0 ? m_max : m).method);
+  });
+}
+
+// ---- MoE token exchange -------------------------------------------------------------------------
+WEFT_API int weft_moe_create(weft_world* w, const weft_moe_config* cfg, weft_moe** out) {
+  return guard([&] {
+    require_arg(w != nullptr && cfg != nullptr && out != nullptr,
+                "weft_moe_create: the world, config and out must not be null");
+    ops::MoeConfig oc;
+    oc.hidden = cfg->hidden;
+    oc.experts = cfg->experts;
+    oc.top_k = cfg->top_k;
+    oc.max_tokens = cfg->max_tokens;
+    oc.recv_capacity = cfg->recv_capacity;
+    oc.dtype = to_dtype(cfg->dtype, "weft_moe_create");
+    oc.check_ids = cfg->check_ids != 0;
+    auto m = std::make_unique<weft_moe>();
+    m->w = w;
+    m->op = std::make_unique<ops::MoeDispatchCombine>(*w->backend, oc);
+    *out = m.release();
+    ++w->live_ops;
+  });
+}
+
+WEFT_API int weft_moe_destroy(weft_moe* m) {
+  return guard([&] {
+    if (!m) return;
+    std::unique_ptr<weft_moe> own(m);
+    --m->w->live_ops;
+  });
+}
+
+WEFT_API int weft_moe_dispatch(weft_moe* m, const void* x, const int32_t* ids, int64_t tokens, const char* method,
+                               void* stream) {
+  return guard([&] {
+    require_arg(m != nullptr, "weft_moe_dispatch: the weft_moe handle is null");
+    m->op->dispatch(x, ids, {.method = ops::parse_moe_method(text_or(method, "auto")), .tokens = tokens, .stream = stream});
+  });
+}
+
+WEFT_API int weft_moe_combine(weft_moe* m, const void* expert_out, const float* weights, void* y, int64_t tokens,
+                              const char* method, void* stream) {
+  return guard([&] {
+    require_arg(m != nullptr, "weft_moe_combine: the weft_moe handle is null");
+    m->op->combine(expert_out, weights, y,
+                   {.method = ops::parse_moe_method(text_or(method, "auto")), .tokens = tokens, .stream = stream});
+  });
+}
+
+WEFT_API int weft_moe_buffers(const weft_moe* m, const void** recv, const int64_t** recv_counts,
+                              int64_t* recv_capacity, int64_t* local_experts) {
+  return guard([&] {
+    require_arg(m != nullptr, "weft_moe_buffers: the weft_moe handle is null");
+    if (recv) *recv = m->op->recv();
+    if (recv_counts) *recv_counts = m->op->recv_counts();
+    if (recv_capacity) *recv_capacity = m->op->recv_capacity();
+    if (local_experts) *local_experts = m->op->local_experts();
   });
 }

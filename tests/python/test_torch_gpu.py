@@ -1,8 +1,9 @@
 """torch.ops.weft.* on GPUs (nccl backend), 2 and 4 ranks where as many GPUs are present: every op
 against a torch reference, exact on integer data and within bf16 tolerance on random data,
 eagerly, replayed from a CUDA graph, and under torch.compile(fullgraph=True); the MLP block's
-modules forward and backward; gemv_ar / gemv_ar_rmsnorm (decode) for several M from one object.
-Skipped without enough GPUs."""
+modules forward and backward; gemv_ar / gemv_ar_rmsnorm (decode) for several M from one object;
+moe_dispatch / moe_combine by every method, eagerly and from a CUDA graph. Skipped without enough
+GPUs."""
 
 import pytest
 
@@ -240,3 +241,69 @@ def test_gpu_gemv_ar(pools, size, method):
     if _gpus() < size:
         pytest.skip(f"needs {size} GPUs")
     pools.get(size, gpu=True).run(_rank_gpu_gemv, method, timeout=600)
+
+
+def _rank_gpu_moe(method):
+    """moe_dispatch + moe_combine with experts that scale their rows by (local expert + 1): exact
+    on integer data, eagerly and replayed from a CUDA graph with new inputs (decomposed and
+    direct: no host synchronisation), and compiled."""
+    import torch._dynamo
+
+    import weft.torch as wt
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    bf = torch.bfloat16
+    hidden, top_k, t, experts = 256, 2, 64, 4 * n
+    local = experts // n
+
+    def inputs(seed):
+        g = torch.Generator().manual_seed(seed * 100 + r)
+        x = torch.randint(-4, 5, (t, hidden), generator=g).to(bf)
+        ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(t)]).to(torch.int32)
+        w = torch.randint(1, 3, (t, top_k), generator=g).float() / 2
+        return x.cuda(), ids.cuda(), w.cuda()
+
+    def layer(x, ids, w):
+        recv, counts = torch.ops.weft.moe_dispatch(x, ids, experts, t, 0, method, "")
+        # The expert of every received row from the counts, on the device (no host sync): row i
+        # belongs to chunk c where i < cumsum(counts)[c] first.
+        ends = counts.reshape(-1).cumsum(0)
+        chunk = torch.searchsorted(ends, torch.arange(recv.shape[0], device=x.device), right=True)
+        scale = (chunk % local + 1).clamp(max=local).to(torch.float32)
+        out = (recv.float() * scale[:, None]).to(bf)
+        return torch.ops.weft.moe_combine(out, w, experts, t, 0, method, "")
+
+    def want(x, ids, w):
+        return (x.float() * ((ids.long() % local + 1).float() * w).sum(1, keepdim=True)).to(bf)
+
+    x, ids, w = inputs(0)
+    y = layer(x, ids, w)
+    assert torch.equal(y, want(x, ids, w)), (method, "eager")
+    if method in ("decomposed", "direct", "auto"):
+        static = [torch.zeros_like(a) for a in (x, ids, w)]
+        for s_, a in zip(static, (x, ids, w)):
+            s_.copy_(a)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y_static = layer(*static)
+        for call in range(1, 4):
+            x, ids, w = inputs(call)
+            for s_, a in zip(static, (x, ids, w)):
+                s_.copy_(a)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(y_static, want(x, ids, w)), (method, "CUDA graph", call)
+    torch._dynamo.reset()
+    x, ids, w = inputs(9)
+    assert torch.equal(torch.compile(layer, fullgraph=True)(x, ids, w), want(x, ids, w)), (method, "compile")
+    return True
+
+
+@needs2
+@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("method", ["auto", "baseline", "decomposed", "direct"])
+def test_gpu_moe(pools, size, method):
+    if _gpus() < size:
+        pytest.skip(f"needs {size} GPUs")
+    pools.get(size, gpu=True).run(_rank_gpu_moe, method, timeout=600)

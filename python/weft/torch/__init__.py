@@ -85,8 +85,23 @@ def gemv_ar(x, w, method="auto", group=None, residual=None, gamma=None, eps=1e-6
     return torch.ops.weft.gemv_ar_rmsnorm(x, w, residual, gamma, float(eps), method, group_name(group))
 
 
+def moe_dispatch(x, ids, experts, max_tokens=0, recv_capacity=0, method="auto", group=None):
+    """Expert parallelism's dispatch: each token's row of x [T, hidden] to the ranks of its
+    experts ids [T, top_k] -> (recv [capacity, hidden], counts [world, experts / world] int64);
+    docs/moe.md. max_tokens 0: a bucket of T (pass it for CUDA graphs)."""
+    return torch.ops.weft.moe_dispatch(x, ids, int(experts), int(max_tokens), int(recv_capacity), method,
+                                       group_name(group))
+
+
+def moe_combine(expert_out, weights, experts, max_tokens=0, recv_capacity=0, method="auto", group=None):
+    """After moe_dispatch with the same arguments: expert_out (recv's layout) back to the tokens'
+    ranks, y [T, hidden] = each token's rows summed with weights [T, top_k] (fp32)."""
+    return torch.ops.weft.moe_combine(expert_out, weights, int(experts), int(max_tokens), int(recv_capacity), method,
+                                      group_name(group))
+
+
 from . import nn  # noqa: E402
 
 __all__ = ["init", "world", "shutdown", "TorchWorld", "group_name", "empty", "is_symmetric", "prepare",
            "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_v", "ag_gemm", "ag_gemm_gathered",
-           "gemm_rs", "gemm_ar", "gemv_ar", "nn"]
+           "gemm_rs", "gemm_ar", "gemv_ar", "moe_dispatch", "moe_combine", "nn"]

@@ -511,6 +511,173 @@ gemv_ar.register_autograd(_gemv_bwd, setup_context=_gemv_no_grad)
 gemv_ar_rmsnorm.register_autograd(_gemv_bwd, setup_context=_gemv_no_grad)
 
 
+# ---- MoE token exchange ------------------------------------------------------------------------
+# One weft.MoeDispatchCombine per (hidden, experts, top_k, max_tokens, recv_capacity, dtype,
+# group). max_tokens 0 picks a bucket (the next power of two >= T, at least 128), so calls of
+# changing T share a few objects; pass max_tokens (and make one eager call, or prepare) before
+# capturing in a CUDA graph. combine uses the routing of the last dispatch of its object.
+
+MOE_METHODS = ("auto", "baseline", "decomposed", "direct")
+_MOE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_CAI_TYPESTR = {torch.float32: ("<f4", None), torch.float16: ("<f2", None), torch.bfloat16: ("<i2", torch.bfloat16),
+                torch.int64: ("<i8", None)}
+
+
+class _CudaView:
+    """Device memory weft owns, as __cuda_array_interface__ (a view: the owner keeps it alive)."""
+
+    def __init__(self, ptr, numel, typestr):
+        self.__cuda_array_interface__ = {"shape": (numel,), "typestr": typestr, "data": (ptr, False), "version": 3,
+                                         "strides": None, "stream": None}
+
+
+def _backend_view(wd, ptr, numel, dtype):
+    """A tensor over `numel` elements at `ptr` in the backend's memory (no copy, not owned)."""
+    if numel == 0:
+        return torch.empty(0, dtype=dtype, device=wd.device)
+    if wd.device.type == "cpu":
+        import ctypes
+        block = (ctypes.c_char * (numel * torch.empty(0, dtype=dtype).element_size())).from_address(ptr)
+        return torch.frombuffer(block, dtype=dtype, count=numel)
+    typestr, view_as = _CAI_TYPESTR[dtype]
+    t = torch.as_tensor(_CudaView(ptr, numel, typestr), device=wd.device)
+    return t.view(view_as) if view_as is not None else t
+
+
+def _moe_max_tokens(t, max_tokens):
+    if max_tokens < 0:
+        raise weft.InvalidArgument(f"weft.moe: max_tokens must be >= 0, got {max_tokens}")
+    if max_tokens > 0:
+        return max_tokens
+    m = 128
+    while m < t:
+        m *= 2
+    return m
+
+
+def _moe_capacity(wd, experts, top_k, max_tokens, recv_capacity):
+    if recv_capacity < 0:
+        raise weft.InvalidArgument(f"weft.moe: recv_capacity must be >= 0, got {recv_capacity}")
+    if recv_capacity:
+        return recv_capacity
+    return wd.size * max_tokens * min(top_k, max(experts // wd.size, 1))
+
+
+def _moe_object(op, wd, hidden, experts, top_k, max_tokens, recv_capacity, dtype, t, capture_check=True):
+    key = ("moe", hidden, experts, top_k, max_tokens, recv_capacity, dtype)
+    m = wd._gemms.get(key)
+    if m is None:
+        if capture_check and _capturing(t):
+            raise _not_prepared(op, f"hidden={hidden}, experts={experts}, top_k={top_k}, max_tokens={max_tokens}, "
+                                    f"{dtype}")
+        m = weft.MoeDispatchCombine(wd.world, hidden, experts, top_k, max_tokens, _WEFT_DTYPE[dtype],
+                                    recv_capacity=recv_capacity)
+        wd._gemms[key] = m
+    return m
+
+
+def _moe_dispatch_operands(x, ids, experts, max_tokens, recv_capacity, method, group):
+    wd = _world.lookup(group)
+    _check_method("moe_dispatch", method, MOE_METHODS)
+    x = _check_input(wd, "moe_dispatch", "x", x, _MOE_DTYPES)
+    ids = _check_input(wd, "moe_dispatch", "ids", ids, (torch.int32, torch.int64))
+    if x.dim() != 2 or ids.dim() != 2 or ids.shape[0] != x.shape[0]:
+        raise weft.InvalidArgument(f"weft.moe_dispatch: x must be [T, hidden] and ids [T, top_k] (x "
+                                   f"{tuple(x.shape)}, ids {tuple(ids.shape)})")
+    t, hidden = x.shape
+    top_k = ids.shape[1]
+    if experts < 1 or experts % wd.size:
+        raise weft.InvalidArgument(f"weft.moe_dispatch: experts must be a positive multiple of the world size "
+                                   f"{wd.size}, got {experts}")
+    mt = _moe_max_tokens(t, max_tokens)
+    if t > mt:
+        raise weft.InvalidArgument(f"weft.moe_dispatch: {t} tokens, more than max_tokens {mt}")
+    cap = _moe_capacity(wd, experts, top_k, mt, recv_capacity)
+    return wd, x, ids, t, hidden, top_k, mt, cap
+
+
+@torch.library.custom_op("weft::moe_dispatch", mutates_args=())
+def moe_dispatch(x: Tensor, ids: Tensor, experts: int, max_tokens: int = 0, recv_capacity: int = 0,
+                 method: str = "auto", group: str = "") -> tuple[Tensor, Tensor]:
+    """Sends each token's row of x [T, hidden] to the ranks of its experts ids [T, top_k]
+    (experts / world a rank; int32 or int64 ids) -> (recv [capacity, hidden]: this rank's rows,
+    rank-major and expert-grouped, the first sum(counts) valid; counts [world, experts / world]
+    int64: rows from each source rank for each local expert). capacity = recv_capacity, or 0:
+    world * max_tokens * min(top_k, experts / world). bf16/f16/f32. No autograd yet."""
+    wd, x, ids, t, hidden, top_k, mt, cap = _moe_dispatch_operands(x, ids, experts, max_tokens, recv_capacity,
+                                                                    method, group)
+    ids32 = ids if ids.dtype == torch.int32 else ids.to(torch.int32)
+    m = _moe_object("moe_dispatch", wd, hidden, experts, top_k, mt, recv_capacity, x.dtype, x)
+    m.dispatch(x.data_ptr() if t else 0, ids32.data_ptr() if t else 0, t, method, _stream(x))
+    recv_ptr, counts_ptr, _, local = m.buffers()
+    recv = _backend_view(wd, recv_ptr, cap * hidden, x.dtype).view(cap, hidden).clone()
+    counts = _backend_view(wd, counts_ptr, wd.size * local, torch.int64).view(wd.size, local).clone()
+    return recv, counts
+
+
+@moe_dispatch.register_fake
+def _(x, ids, experts, max_tokens=0, recv_capacity=0, method="auto", group=""):
+    wd, x, ids, t, hidden, top_k, mt, cap = _moe_dispatch_operands(x, ids, experts, max_tokens, recv_capacity,
+                                                                    method, group)
+    return x.new_empty((cap, hidden)), x.new_empty((wd.size, experts // wd.size), dtype=torch.int64)
+
+
+def _moe_combine_operands(expert_out, weights, experts, max_tokens, recv_capacity, method, group):
+    wd = _world.lookup(group)
+    _check_method("moe_combine", method, MOE_METHODS)
+    expert_out = _check_input(wd, "moe_combine", "expert_out", expert_out, _MOE_DTYPES)
+    weights = _check_input(wd, "moe_combine", "weights", weights, (torch.float32,))
+    if expert_out.dim() != 2 or weights.dim() != 2:
+        raise weft.InvalidArgument(f"weft.moe_combine: expert_out must be [capacity, hidden] and weights [T, top_k] "
+                                   f"(expert_out {tuple(expert_out.shape)}, weights {tuple(weights.shape)})")
+    t, top_k = weights.shape
+    hidden = expert_out.shape[1]
+    mt = _moe_max_tokens(t, max_tokens)
+    cap = _moe_capacity(wd, experts, top_k, mt, recv_capacity)
+    if expert_out.shape[0] != cap:
+        raise weft.InvalidArgument(f"weft.moe_combine: expert_out has {expert_out.shape[0]} rows; the dispatch's recv "
+                                   f"has {cap} (capacity)")
+    return wd, expert_out, weights, t, hidden, top_k, mt
+
+
+@torch.library.custom_op("weft::moe_combine", mutates_args=())
+def moe_combine(expert_out: Tensor, weights: Tensor, experts: int, max_tokens: int = 0, recv_capacity: int = 0,
+                method: str = "auto", group: str = "") -> Tensor:
+    """After moe_dispatch with the same experts, max_tokens, recv_capacity, method and group:
+    the experts' output rows (expert_out, recv's layout) back to their tokens' ranks ->
+    y [T, hidden], y[t] = sum over slots j of weights[t, j] * row(t, j), in slot order in fp32
+    (weights [T, top_k] fp32). No autograd yet."""
+    wd, expert_out, weights, t, hidden, top_k, mt = _moe_combine_operands(expert_out, weights, experts, max_tokens,
+                                                                          recv_capacity, method, group)
+    m = _moe_object("moe_combine", wd, hidden, experts, top_k, mt, recv_capacity, expert_out.dtype, expert_out)
+    y = expert_out.new_empty((t, hidden))
+    m.combine(expert_out.data_ptr() if expert_out.numel() else 0, weights.data_ptr() if t else 0,
+              y.data_ptr() if t else 0, t, method, _stream(expert_out))
+    return y
+
+
+@moe_combine.register_fake
+def _(expert_out, weights, experts, max_tokens=0, recv_capacity=0, method="auto", group=""):
+    wd, expert_out, weights, t, hidden, top_k, mt = _moe_combine_operands(expert_out, weights, experts, max_tokens,
+                                                                          recv_capacity, method, group)
+    return expert_out.new_empty((t, hidden))
+
+
+def _moe_no_grad(ctx, inputs, output):
+    # Called only when an input requires grad (with grad mode on): refuse at the forward rather
+    # than leave a graph whose backward fails later.
+    raise RuntimeError("weft.moe_dispatch / moe_combine have no backward yet: call them under torch.no_grad() or "
+                       "torch.inference_mode(), or with inputs that do not require grad")
+
+
+def _moe_bwd(ctx, *grads):
+    raise RuntimeError("weft.moe_dispatch / moe_combine have no backward yet")
+
+
+moe_dispatch.register_autograd(_moe_bwd, setup_context=_moe_no_grad)
+moe_combine.register_autograd(_moe_bwd, setup_context=_moe_no_grad)
+
+
 # ---- prepare: create an op's state ahead (for CUDA graph capture) ---------------------------
 
 _PREPARE_PARAMS = {
@@ -525,6 +692,7 @@ _PREPARE_PARAMS = {
     "gemm_ar": ("a", "b", "method", "group", "b_layout"),
     "gemv_ar": ("x", "w", "method", "group"),
     "gemv_ar_rmsnorm": ("x", "w", "residual", "gamma", "eps", "method", "group"),
+    "moe_dispatch": ("x", "ids", "experts", "max_tokens", "recv_capacity", "method", "group"),
 }
 
 
@@ -557,6 +725,16 @@ def prepare(op: str, *args, **kwargs) -> None:
         n, k_local = wt_.shape
         _gemv_object(w, n, k_local * w.size, x.dtype, op == "gemv_ar_rmsnorm", vals.get("eps", 1e-6), x,
                      capture_check=False)
+        return
+    if op == "moe_dispatch":  # the object moe_dispatch and moe_combine of these arguments share
+        _check_method(op, method, MOE_METHODS)
+        x, ids, experts = vals["x"], vals["ids"], int(vals["experts"])
+        if x.dtype not in _MOE_DTYPES or x.dim() != 2 or ids.dim() != 2:
+            raise weft.InvalidArgument("weft.prepare: moe_dispatch takes x [T, hidden] (bf16/f16/f32) and ids "
+                                       "[T, top_k]")
+        mt = _moe_max_tokens(x.shape[0], int(vals.get("max_tokens", 0)))
+        _moe_object(op, w, x.shape[1], experts, ids.shape[1], mt, int(vals.get("recv_capacity", 0)), x.dtype, x,
+                    capture_check=False)
         return
     if op in ("ag_gemm", "gemm_rs", "gemm_ar"):
         _check_method(op, method, GEMM_METHODS)
