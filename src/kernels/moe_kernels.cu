@@ -191,6 +191,7 @@ __global__ void __launch_bounds__(256) combine_kernel(const uint4* back, const i
 
 constexpr int kDirectThreads = 512;
 constexpr int kDirectWarps = kDirectThreads / 32;
+constexpr int kSmallPairs = 4 * kDirectThreads;  // routed by every CTA whole (four chunks)
 
 // A row of `vecs` 16-byte vectors by one warp, four loads in flight a lane.
 __device__ __forceinline__ void warp_copy(uint4* dst, const uint4* src, int vecs, int lane) {
@@ -249,13 +250,20 @@ __global__ void __launch_bounds__(kDirectThreads) dispatch_direct_kernel(const _
   // The counts travel as tagged words, (n << 32) | rows, so that a word is its own "arrived"
   // flag: no fence, no separate signal.
   const uint64_t tag = static_cast<uint32_t>(n);
-  // The routing, a slice of the pairs per CTA: each slice's per-expert counts, a barrier of the
-  // grid (its CTAs are co-resident: kMoeDirectCtas is below any Hopper's SM count), then every
-  // CTA sums the counts (the totals, and the slices' before its own) and places its own pairs.
+  // The routing. Up to kSmallPairs pairs every CTA routes them all (the same places in every
+  // CTA, no barrier); above, a slice of the pairs per CTA: each slice's per-expert counts, a
+  // barrier of the grid (its CTAs are co-resident: kMoeDirectCtas is below any Hopper's SM
+  // count), then every CTA sums the counts (the totals, and the slices' before its own) and
+  // places its own pairs. Either way a CTA then moves its own slice's rows.
   const int E = a.route.experts, pairs = a.tokens * a.top_k, G = static_cast<int>(gridDim.x);
   const int c = static_cast<int>(blockIdx.x), S = (pairs + G - 1) / G;
   const int first = min(pairs, c * S), last = min(pairs, first + S);
-  {
+  if (pairs <= kSmallPairs) {
+    route_cta<kDirectThreads>(a.route, smem);
+    // The barrier's counter counts every call (its target is the call's number times the CTAs).
+    if (tid == 0) atomicAdd(reinterpret_cast<unsigned long long*>(a.calls + 2), 1ull);
+    __syncthreads();
+  } else {
     uint32_t* running = reinterpret_cast<uint32_t*>(smem);
     uint32_t* starts = running + E;
     uint16_t* wc = reinterpret_cast<uint16_t*>(starts + E);

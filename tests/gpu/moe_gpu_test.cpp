@@ -112,28 +112,35 @@ TEST(MoeGpuLarge, ModelSizedRowsAreExact) {
     const int world = b->size();
     cudaStream_t s;
     WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    MoeConfig cfg;
-    cfg.hidden = 4096;
-    cfg.experts = 2 * world;
-    cfg.top_k = 2;
-    cfg.max_tokens = 512;
-    cfg.dtype = dev::DType::kBF16;
-    MoeDispatchCombine op(*b, cfg);
-    DevMem mem(s);
-    Routing w;
-    w.world = world;
-    w.E = cfg.experts;
-    w.k = cfg.top_k;
-    w.H = cfg.hidden;
-    w.route = Route::kMixed;
     int checks = 0;
-    for (int64_t e : {512, 300})  // rank 0: 512 then 300 tokens; the others (3 rank + e) % 513
-      for (MoeMethod m : {MoeMethod::kBaseline, MoeMethod::kDecomposed, MoeMethod::kDirect}) {
-        w.e = e;
-        run_and_check(*b, op, w, cfg.max_tokens, m, cfg.dtype,
-                      fmt::format("gpu world {} H 4096 call {} {}", world, e, to_string(m)), mem);
-        ++checks;
-      }
+    // Hidden 4096 top-2, and hidden 1024 top-8 (4096 pairs: direct's routing in slices, with its
+    // barrier of the grid, rather than whole in every CTA).
+    struct Shape {
+      int64_t H, L, k;
+    };
+    for (const Shape& sh : std::vector<Shape>{{4096, 2, 2}, {1024, 8, 8}}) {
+      MoeConfig cfg;
+      cfg.hidden = sh.H;
+      cfg.experts = sh.L * world;
+      cfg.top_k = sh.k;
+      cfg.max_tokens = 512;
+      cfg.dtype = dev::DType::kBF16;
+      MoeDispatchCombine op(*b, cfg);
+      DevMem mem(s);
+      Routing w;
+      w.world = world;
+      w.E = cfg.experts;
+      w.k = cfg.top_k;
+      w.H = cfg.hidden;
+      w.route = Route::kMixed;
+      for (int64_t e : {512, 300})  // rank 0: 512 then 300 tokens; the others (3 rank + e) % 513
+        for (MoeMethod m : {MoeMethod::kBaseline, MoeMethod::kDecomposed, MoeMethod::kDirect}) {
+          w.e = e;
+          run_and_check(*b, op, w, cfg.max_tokens, m, cfg.dtype,
+                        fmt::format("gpu world {} H {} top-{} call {} {}", world, sh.H, sh.k, e, to_string(m)), mem);
+          ++checks;
+        }
+    }
     if (b->rank() == 0) std::printf("[gpu] moe large rows: %d ranks, %d checks passed\n", world, checks);
     WEFT_CUDA_CHECK(cudaStreamDestroy(s));
   }));
