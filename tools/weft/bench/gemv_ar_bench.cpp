@@ -89,22 +89,16 @@ double measure_bandwidth(bool gpu, bool quick, std::string& how) {
 #ifdef WEFT_HAVE_CUDA
   if (gpu) {
     void *src = nullptr, *dst = nullptr;
-    cudaStream_t s = nullptr;
-    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    const TimingStream ts(true);
+    cudaStream_t s = ts.stream;
     WEFT_CUDA_CHECK(cudaMalloc(&src, bytes));
     WEFT_CUDA_CHECK(cudaMalloc(&dst, bytes));
     WEFT_CUDA_CHECK(cudaMemset(src, 1, bytes));
-    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    WEFT_CUDA_CHECK(cudaEventCreate(&e0));
-    WEFT_CUDA_CHECK(cudaEventCreate(&e1));
     for (int r = -1; r < 7; ++r) {
-      const double us =
-          event_us(s, e0, e1, [&] { WEFT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s)); });
+      const double us = event_us(
+          s, ts.e0, ts.e1, [&] { WEFT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s)); });
       if (r >= 0) gbps.push_back(2.0 * static_cast<double>(bytes) / (us * 1e3));
     }
-    WEFT_CUDA_CHECK(cudaEventDestroy(e0));
-    WEFT_CUDA_CHECK(cudaEventDestroy(e1));
-    WEFT_CUDA_CHECK(cudaStreamDestroy(s));
     WEFT_CUDA_CHECK(cudaFree(src));
     WEFT_CUDA_CHECK(cudaFree(dst));
     how = fmt::format(
@@ -220,13 +214,9 @@ GemvBenchResult bench_gemv_ar(Backend& b, const GemvBenchOptions& opt) {
     resid.upload(random_bf16(ny, 1000));  // the residual stream: the same on every rank
     gamma.upload(random_bf16(static_cast<size_t>(d.n), 1001));
 #ifdef WEFT_HAVE_CUDA
-    cudaStream_t stream = nullptr;
-    cudaEvent_t e0 = nullptr, e1 = nullptr;
-    if (gpu) {
-      WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-      WEFT_CUDA_CHECK(cudaEventCreate(&e0));
-      WEFT_CUDA_CHECK(cudaEventCreate(&e1));
-    }
+    const TimingStream ts(gpu);
+    cudaStream_t stream = ts.stream;
+    cudaEvent_t e0 = ts.e0, e1 = ts.e1;
 #endif
     void* s = nullptr;
 #ifdef WEFT_HAVE_CUDA
@@ -409,12 +399,7 @@ GemvBenchResult bench_gemv_ar(Backend& b, const GemvBenchOptions& opt) {
 #endif
     }
 #ifdef WEFT_HAVE_CUDA
-    if (gpu) {
-      WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
-      WEFT_CUDA_CHECK(cudaEventDestroy(e0));
-      WEFT_CUDA_CHECK(cudaEventDestroy(e1));
-      WEFT_CUDA_CHECK(cudaStreamDestroy(stream));
-    }
+    if (gpu) WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
 #endif
     b.barrier();
   }

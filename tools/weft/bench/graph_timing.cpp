@@ -5,6 +5,19 @@
 
 namespace weft::bench {
 
+TimingStream::TimingStream(bool on) {
+  if (!on) return;
+  WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  WEFT_CUDA_CHECK(cudaEventCreate(&e0));
+  WEFT_CUDA_CHECK(cudaEventCreate(&e1));
+}
+
+TimingStream::~TimingStream() {
+  if (e0) cudaEventDestroy(e0);
+  if (e1) cudaEventDestroy(e1);
+  if (stream) cudaStreamDestroy(stream);
+}
+
 double event_us(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1, const std::function<void()>& enqueue) {
   WEFT_CUDA_CHECK(cudaEventRecord(e0, stream));
   enqueue();

@@ -12,6 +12,17 @@
 
 namespace weft::bench {
 
+// A non-blocking stream and two timing events, made when `on` (a GPU bench; all null otherwise)
+// and destroyed with the object.
+struct TimingStream {
+  explicit TimingStream(bool on);
+  ~TimingStream();
+  TimingStream(const TimingStream&) = delete;
+  TimingStream& operator=(const TimingStream&) = delete;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+};
+
 // Captures `per_graph` back-to-back `call()`s on `stream` into one graph, replays it once to
 // warm up, then `reps` times: each replay after a device barrier (GPUs lined up) and a
 // `sleep_ns` sleep kernel (the host enqueues the replay before the GPU reaches it), between

@@ -123,13 +123,9 @@ MoeBenchResult bench_moe(Backend& b, const MoeBenchOptions& opt) {
           : "host backend: eager calls, wall clock, median of 3, slowest rank (CPU numbers)";
   [[maybe_unused]] const auto bar = b.heap().alloc_barrier("bench.moe.bar");
 #ifdef WEFT_HAVE_CUDA
-  cudaStream_t stream = nullptr;
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  if (gpu) {
-    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    WEFT_CUDA_CHECK(cudaEventCreate(&e0));
-    WEFT_CUDA_CHECK(cudaEventCreate(&e1));
-  }
+  const TimingStream ts(gpu);
+  cudaStream_t stream = ts.stream;
+  cudaEvent_t e0 = ts.e0, e1 = ts.e1;
 #endif
   void* s = nullptr;
 #ifdef WEFT_HAVE_CUDA
@@ -220,13 +216,6 @@ MoeBenchResult bench_moe(Backend& b, const MoeBenchOptions& opt) {
 #endif
       b.barrier();
     }
-#ifdef WEFT_HAVE_CUDA
-  if (gpu) {
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaStreamDestroy(stream);
-  }
-#endif
   return res;
 }
 
