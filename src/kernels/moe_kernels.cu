@@ -237,7 +237,7 @@ __device__ __forceinline__ void wait_every_rank(const MoeDirectArgs& a, int set,
   __syncthreads();
 }
 
-// Dynamic shared memory: CTA 0's routing (route_smem<kDirectThreads>).
+// Dynamic shared memory: the routing's (route_smem<kDirectThreads>), in every CTA.
 __global__ void __launch_bounds__(kDirectThreads) dispatch_direct_kernel(const __grid_constant__ MoeDirectArgs a) {
   extern __shared__ unsigned char smem[];
   __shared__ uint64_t base[kMoeDirectMaxWorld], send_off[kMoeDirectMaxWorld];

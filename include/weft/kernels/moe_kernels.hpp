@@ -35,7 +35,7 @@ inline constexpr int kMoeDirectCtas = 64;
 inline constexpr int kMoeDirectMaxWorld = 32;  // ranks (its per-rank tables live in shared memory)
 struct MoeDirectArgs {
   dev::DeviceCtx ctx;
-  MoeRouteArgs route;  // dispatch: the routing (ids, pos, expert_counts, bad), a slice of the pairs per CTA
+  MoeRouteArgs route;  // dispatch: the routing (ids, pos, expert_counts, bad); combine: pos
   int local = 1, top_k = 1, hidden = 8, tokens = 0;
   dev::DType dtype = dev::DType::kBF16;
   uint64_t capacity = 0;    // rows each rank may receive
@@ -73,8 +73,9 @@ cudaError_t moe_widen_counts(const uint32_t* in, int64_t* out, int n, cudaStream
 // fp32, rounded once to t's type.
 cudaError_t moe_combine(const void* back, const int32_t* pos, const float* weights, void* y, int tokens, int top_k,
                         int hidden, dev::DType t, cudaStream_t s);
-// Direct dispatch: the CTAs route (moe_route's order, a slice of the pairs each, a barrier of
-// the grid between the counts and the places), CTA 0 writes this rank's chunk counts into every
+// Direct dispatch: the CTAs route (moe_route's order; up to 2048 pairs every CTA routes them all,
+// above a slice of the pairs each with a barrier of the grid between the counts and the
+// places), CTA 0 writes this rank's chunk counts into every
 // rank's matrix (tagged words); once every rank's counts are in, every CTA computes every
 // chunk's place (identically on every rank), refuses a routing over any rank's capacity alike
 // (nothing moves, *refused set, recv_counts zero), else stores each pair's row at its place in
