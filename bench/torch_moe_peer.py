@@ -10,8 +10,9 @@ model runs it in eager mode, on the issue's shapes, E / world experts per rank, 
   combine   the rows back (all_to_all_single, splits reversed), un-sort, weighted sum over top-k
   layer     all three, back to back
 
-Routing: seeded random router logits, top-k by value, softmax weights over the chosen k (the
-same for every column). Timing: eager calls between CUDA events after a barrier, warm-up first;
+Routing (--routing): `weft` (default) -- exactly `weft bench moe`'s: rank r's top_k distinct
+uniform experts per token from the same seeded 64-bit LCG, weights 1/top_k; `logits` -- seeded
+random router logits, top-k by value, softmax weights over the chosen k. Timing: eager calls between CUDA events after a barrier, warm-up first;
 the median over --reps of the slowest rank's time (MAX all-reduce). Also the bytes of rows that
 cross the link (rows sent to other ranks, both directions summed over ranks, / world) and the
 bandwidth of dispatch and combine they give. Prints a table; writes JSON (--out).
@@ -45,6 +46,8 @@ def parse_args(argv):
     ap.add_argument("--shapes", default=",".join(SHAPES), help="of: " + ", ".join(SHAPES))
     ap.add_argument("--tokens", default=",".join(str(t) for t in TOKENS), help="tokens per rank, comma-separated")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--routing", choices=("weft", "logits"), default="weft",
+                    help="weft: weft bench moe's routing exactly; logits: a random router's top-k")
     ap.add_argument("--out", default=None, help="JSON path")
     a = ap.parse_args(argv)
     a.shapes = a.shapes.split(",")
@@ -73,8 +76,29 @@ def grouped_mm(a, b_t, offs):
     return torch.cat(out)
 
 
+_M64 = (1 << 64) - 1
+
+
+def weft_routing(rank, tokens, experts, k):
+    """tools/weft/bench/moe_bench.cpp's routing(): top_k distinct uniform experts per token from
+    a 64-bit LCG seeded by the rank (the same ids, in the same order)."""
+    s = (0x9E3779B97F4A7C15 * (rank + 1)) & _M64
+    ids = []
+    for _ in range(tokens):
+        row = []
+        for _ in range(k):
+            while True:
+                s = (s * 6364136223846793005 + 1442695040888963407) & _M64
+                e = (s >> 33) % experts
+                if e not in row:
+                    break
+            row.append(e)
+        ids.append(row)
+    return ids
+
+
 class Layer:
-    def __init__(self, shape, tokens, world, rank, dev):
+    def __init__(self, shape, tokens, world, rank, dev, routing="weft"):
         self.H, self.F, self.E, self.k = SHAPES[shape]
         self.T, self.world, self.rank, self.L = tokens, world, rank, SHAPES[shape][2] // world
         gen = torch.Generator(device=dev).manual_seed(11 + rank)
@@ -83,6 +107,10 @@ class Layer:
         logits = torch.randn((self.T, self.E), generator=gen, device=dev)
         top, self.ids = logits.topk(self.k, dim=1)
         self.w = torch.softmax(top, dim=1)
+        if routing == "weft":
+            self.ids = torch.tensor(weft_routing(rank, self.T, self.E, self.k), dtype=torch.int64,
+                                    device=dev).view(self.T, self.k)
+            self.w = torch.full((self.T, self.k), 1.0 / self.k, device=dev)
         scale = self.H ** -0.5
         # nn.Linear layout per expert: [out, in].
         self.w_gu = (torch.randn((self.L, 2 * self.F, self.H), generator=gen, device=dev) * scale).to(bf)
@@ -167,7 +195,7 @@ def main(argv=None):
         for T in args.tokens:
             if r == 0:
                 print(f"[peer] {shape} T={T}", file=sys.stderr, flush=True)
-            lay = Layer(shape, T, world, r, dev)
+            lay = Layer(shape, T, world, r, dev, args.routing)
             lay.dispatch()  # the routing's splits; then identity experts: combine must give x back
             lay.out = lay.recv
             err = (lay.combine().float() - lay.x.float()).abs().max().item() if T else 0.0
@@ -201,7 +229,7 @@ def main(argv=None):
             with open(args.out, "w") as f:
                 json.dump({"bench": "torch_moe_peer", "device": torch.cuda.get_device_name(), "world": world,
                            "torch": torch.__version__, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-                           "reps": args.reps, "rows": rows}, f, indent=1)
+                           "reps": args.reps, "routing": args.routing, "rows": rows}, f, indent=1)
     dist.barrier()
     dist.destroy_process_group()
 
