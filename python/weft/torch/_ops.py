@@ -540,6 +540,11 @@ def _backend_view(wd, ptr, numel, dtype):
         block = (ctypes.c_char * (numel * torch.empty(0, dtype=dtype).element_size())).from_address(ptr)
         return torch.frombuffer(block, dtype=dtype, count=numel)
     typestr, view_as = _CAI_TYPESTR[dtype]
+    try:
+        import numpy  # noqa: F401  (torch parses __cuda_array_interface__'s typestr through NumPy)
+    except ImportError:
+        raise RuntimeError("weft.moe_dispatch on CUDA needs NumPy (torch reads __cuda_array_interface__ through "
+                           "it): python -m pip install numpy") from None
     t = torch.as_tensor(_CudaView(ptr, numel, typestr), device=wd.device)
     return t.view(view_as) if view_as is not None else t
 
