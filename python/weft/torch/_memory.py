@@ -16,7 +16,8 @@ _DTYPE_BYTES = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
 
 # torch dtype -> the __cuda_array_interface__ typestr (bf16 has none: the block is exposed as
 # int16 and viewed as bfloat16, which reinterprets the bytes).
-_TYPESTR = {torch.float32: ("<f4", None), torch.float16: ("<f2", None), torch.bfloat16: ("<i2", torch.bfloat16)}
+_TYPESTR = {torch.float32: ("<f4", None), torch.float16: ("<f2", None), torch.bfloat16: ("<i2", torch.bfloat16),
+            torch.int64: ("<i8", None)}
 
 
 def _free(world_ref, handle):
@@ -26,8 +27,9 @@ def _free(world_ref, handle):
 
 
 class _CudaBlock:
-    """A heap block as __cuda_array_interface__; torch.as_tensor keeps it alive as long as the
-    tensor's storage lives, and its finalizer frees the block."""
+    """Device memory as __cuda_array_interface__; torch.as_tensor keeps it alive as long as the
+    tensor's storage lives (empty() attaches the finalizer that frees its heap block; the MoE
+    ops view their op's buffers through it, owning nothing)."""
 
     def __init__(self, ptr, shape, typestr):
         self.__cuda_array_interface__ = {

@@ -20,7 +20,7 @@ from torch import Tensor
 
 import weft
 
-from . import _world
+from . import _memory, _world
 
 COLLECTIVE_METHODS = ("auto", "baseline", "one-shot", "two-shot", "ll", "ll128", "direct")
 GEMM_METHODS = ("auto", "baseline", "decomposed", "fused")
@@ -519,18 +519,6 @@ gemv_ar_rmsnorm.register_autograd(_gemv_bwd, setup_context=_gemv_no_grad)
 
 MOE_METHODS = ("auto", "baseline", "decomposed", "direct")
 _MOE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_CAI_TYPESTR = {torch.float32: ("<f4", None), torch.float16: ("<f2", None), torch.bfloat16: ("<i2", torch.bfloat16),
-                torch.int64: ("<i8", None)}
-
-
-class _CudaView:
-    """Device memory weft owns, as __cuda_array_interface__ (a view: the owner keeps it alive)."""
-
-    def __init__(self, ptr, numel, typestr):
-        self.__cuda_array_interface__ = {"shape": (numel,), "typestr": typestr, "data": (ptr, False), "version": 3,
-                                         "strides": None, "stream": None}
-
-
 def _backend_view(wd, ptr, numel, dtype):
     """A tensor over `numel` elements at `ptr` in the backend's memory (no copy, not owned)."""
     if numel == 0:
@@ -539,13 +527,13 @@ def _backend_view(wd, ptr, numel, dtype):
         import ctypes
         block = (ctypes.c_char * (numel * torch.empty(0, dtype=dtype).element_size())).from_address(ptr)
         return torch.frombuffer(block, dtype=dtype, count=numel)
-    typestr, view_as = _CAI_TYPESTR[dtype]
+    typestr, view_as = _memory._TYPESTR[dtype]
     try:
         import numpy  # noqa: F401  (torch parses __cuda_array_interface__'s typestr through NumPy)
     except ImportError:
         raise RuntimeError("weft.moe_dispatch on CUDA needs NumPy (torch reads __cuda_array_interface__ through "
                            "it): python -m pip install numpy") from None
-    t = torch.as_tensor(_CudaView(ptr, numel, typestr), device=wd.device)
+    t = torch.as_tensor(_memory._CudaBlock(ptr, (numel,), typestr), device=wd.device)
     return t.view(view_as) if view_as is not None else t
 
 

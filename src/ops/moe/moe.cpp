@@ -422,12 +422,15 @@ void MoeDispatchCombine::dispatch(const void* x, const int32_t* ids, const MoeRu
     std::vector<int64_t> next(per_expert.begin(), per_expert.end() - 1);
     I.pos.assign(static_cast<size_t>(T * k), 0);
     const size_t row = static_cast<size_t>(H) * I.eb;
-    I.send.assign(static_cast<size_t>(T * k) * row, 0);
+    // The rows packed in send order for the all-to-all (direct stores them from x instead).
+    const bool pack = m != MoeMethod::kDirect;
+    I.send.assign(pack ? static_cast<size_t>(T * k) * row : 0, 0);
     const unsigned char* xb = static_cast<const unsigned char*>(x);
     for (int64_t i = 0; i < T * k; ++i) {
       const int64_t p = next[static_cast<size_t>(ids[i])]++;
       I.pos[static_cast<size_t>(i)] = p;
-      std::memcpy(I.send.data() + static_cast<size_t>(p) * row, xb + static_cast<size_t>(i / k) * row, row);
+      if (pack)
+        std::memcpy(I.send.data() + static_cast<size_t>(p) * row, xb + static_cast<size_t>(i / k) * row, row);
     }
     // The chunk counts: this rank's [dst][local] row into every rank's matrix, so that every
     // rank sees every destination's total and refuses an overflow alike.

@@ -34,8 +34,6 @@ __device__ __forceinline__ void red_release_gpu_global_add(uint64_t* p, uint64_t
 
 // Cumulative fence: orders every access this thread observed before it against later ones.
 __device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
-// The same at GPU scope: orders this GPU's threads' accesses only (no system-wide drain).
-__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 // Sequentially consistent fence at system scope (membar.sys): all prior writes complete.
 __device__ __forceinline__ void fence_sc_sys() { asm volatile("fence.sc.sys;" ::: "memory"); }
