@@ -77,9 +77,10 @@ struct KernelParams {
   const void* src[kGemmMaxSrcs];  // epilogue sources (GemmArgs::src)
   int num_src;
   int64_t ld_src;
-  int src_tma;             // source 0 through TMA into the epilogue buffer (the others: register loads)
-  int src_row0, src_rows;  // GemmArgs::src_row0 / src_rows (src_rows resolved: > 0)
-  int a2_row0, a2_rows;    // GemmArgs::a2's rows (a2_rows 0: none)
+  int src_tma;              // source 0 through TMA into the epilogue buffer (the others: register loads)
+  int src_row0, src_rows;   // GemmArgs::src_row0 / src_rows (src_rows resolved: > 0)
+  int a2_row0, a2_rows;     // GemmArgs::a2's rows (a2_rows 0: none)
+  const int32_t* group_of;  // GemmArgs::group_of (null: one B)
   GemmHooks hooks;
 };
 
@@ -138,6 +139,25 @@ __device__ inline bool has_src(const KernelParams& p, int mb) {
   const int r = mb * BM;
   return p.num_src > 0 && r >= p.src_row0 && r < p.src_row0 + p.src_rows;
 }
+// Grouped GEMM (GemmArgs::group_of): whether the tile of M-block mb and N-block nb runs, the
+// first row of B (W[N,K]'s) this CTA multiplies by, and -- CTA pairs -- whether the pair shares
+// that B by multicast. A CTA pair runs a position unless both of its M-blocks are skipped; the
+// pair multicasts B where both M-blocks have the same group, else each CTA loads its own group's
+// B (a skipped M-block beside a running one computes with its partner's B, stores nothing).
+// Both CTAs of a pair reach the same verdict (they read the same two entries).
+struct BTile {
+  int row;
+  bool run, shared;
+};
+template <int CM>
+__device__ inline BTile b_tile(const KernelParams& p, int mb, int nb) {
+  if (!p.group_of) return {nb * BN, true, CM == 2};
+  const int own = mb < p.tiles_m ? p.group_of[mb] : -1;
+  if (CM == 1) return {own * p.n + nb * BN, own >= 0, false};
+  const int mate = (mb ^ 1) < p.tiles_m ? p.group_of[mb ^ 1] : -1;
+  const int g = own >= 0 ? own : mate;
+  return {g * p.n + nb * BN, g >= 0, own == mate};
+}
 __device__ inline void hook_notify(const KernelParams& p, int pos) {
   const GemmHooks& h = p.hooks;
   if (!h.notify_idx) return;
@@ -163,6 +183,10 @@ __host__ __device__ inline bool gemm_pdl(const GemmHooks& h) { return h.wait_beg
 
 // ---- sm_90a: helpers (the PTX wrappers: weft/device/ptx/) --------------------------------
 #if defined(WEFT_PTX_SM90A)
+// Whether position (mb)'s results are stored: not a phantom, not a skipped M-block.
+__device__ inline bool stores_tile(const KernelParams& p, int mb) {
+  return mb < p.tiles_m && (!p.group_of || p.group_of[mb] >= 0);
+}
 // The tile's waits (hook_wait), then the async-proxy fence: the TMA loads that follow read what
 // the peers wrote.
 __device__ __forceinline__ void hook_wait_for_tma(const KernelParams& p, int pos, int mb) {
@@ -297,6 +321,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int pos = first; pos < p.num_positions; pos += step) {
         int mb, nb;
         tile_coords(p, pos, mb, nb);
+        const BTile bt = b_tile<CM>(p, mb, nb);
+        if (!bt.run) continue;  // skipped M-blocks of a grouped GEMM (the consumers skip them too)
         if (p.hooks.wait_begin && mb < p.tiles_m && !epi_waits) hook_wait_for_tma(p, pos, mb);
         const bool a2 = p.a2_rows > 0 && mb * BM >= p.a2_row0 && mb * BM < p.a2_row0 + p.a2_rows;
         if (it == 0 && tcta) tcta[2] = ptx::globaltimer_ns();  // the first loads go out now (empty ring)
@@ -310,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           else
             ptx::cp_async_bulk_tensor_2d_load(sa + s * kAStage, &maps.a, &full[s], kb * BK, mb * BM);
           uint8_t* bs = sb + s * kBStage;
-          if (CM == 2) {
+          if (CM == 2 && bt.shared) {
             // This CTA's half of B (128 of the 256 columns), into both CTAs.
             if (BKN) {
 #pragma unroll
@@ -319,15 +345,16 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                             kb * BK, 0x3);
             } else {
               ptx::cp_async_bulk_tensor_2d_load_multicast(bs + crank * (BN / 2) * kRow, &maps.b, &full[s], kb * BK,
-                                                          nb * BN + crank * (BN / 2), 0x3);
+                                                          bt.row + crank * (BN / 2), 0x3);
             }
           } else if (BKN) {
 #pragma unroll
             for (int j = 0; j < BN / 64; ++j)
               ptx::cp_async_bulk_tensor_2d_load(bs + j * (64 * BK * 2), &maps.b, &full[s], nb * BN + j * 64, kb * BK);
           } else {
-            ptx::cp_async_bulk_tensor_2d_load(bs, &maps.b, &full[s], kb * BK, nb * BN);
-            ptx::cp_async_bulk_tensor_2d_load(bs + (BN / 2) * kRow, &maps.b, &full[s], kb * BK, nb * BN + BN / 2);
+            // All of B into this CTA alone (single CTAs; a pair whose M-blocks' groups differ).
+            ptx::cp_async_bulk_tensor_2d_load(bs, &maps.b, &full[s], kb * BK, bt.row);
+            ptx::cp_async_bulk_tensor_2d_load(bs + (BN / 2) * kRow, &maps.b, &full[s], kb * BK, bt.row + BN / 2);
           }
         }
       }
@@ -338,6 +365,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int pos = first; pos < p.num_positions; pos += step) {
         int mb, nb;
         tile_coords(p, pos, mb, nb);
+        if (!b_tile<CM>(p, mb, nb).run) continue;
         hand_over_waits(pos, mb, arrivals);
       }
     }
@@ -408,6 +436,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int8_t dest_bits = hook_dest_bits(p, pos);
       // This CTA's last tile: the stream's next kernel may launch (programmatic dependent launch).
       if (pos + step >= p.num_positions && wg == 0 && gemm_pdl(p.hooks)) ptx::griddepcontrol_launch_dependents();
+      if (!b_tile<CM>(p, mb, nb).run) continue;  // skipped M-blocks: the producer loaded nothing
 #pragma unroll
       for (int i = 0; i < 128; ++i) d[i] = 0.f;
       for (int kb = 0; kb < kblocks; ++kb, ++it) {
@@ -473,7 +502,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::wgmma_wait_group<0>();
       ptx::wgmma_fence_operand<128>(d);
       if (kblocks > 0) release((it - 1) % kStages);
-      if (mb >= p.tiles_m) continue;  // phantom partner: nothing to store
+      if (!stores_tile(p, mb)) continue;  // phantom partner, skipped M-block: nothing to store
 
       const int dest = dest_index(dest_bits);
       const bool reduce = dest_reduce(p, dest_bits);
@@ -600,7 +629,10 @@ __global__ void __launch_bounds__(256) gemm_portable_kernel(const KernelParams p
   for (int pos = blockIdx.x; pos < p.num_positions; pos += gridDim.x) {
     int mb, nb;
     tile_coords(p, pos, mb, nb);
-    if (mb >= p.tiles_m) continue;  // a phantom of a table built for CTA pairs
+    if (mb >= p.tiles_m) continue;         // a phantom of a table built for CTA pairs
+    const BTile bt = b_tile<1>(p, mb, 0);  // B's first row for this M-block (grouped: its group's)
+    if (!bt.run) continue;
+    const int brow0 = bt.row;
     if (threadIdx.x == 0) hook_wait(p, pos, mb);
     if (threadIdx.x == 0 && p.hooks.trace) p.hooks.trace[3 * pos] = ptx::globaltimer_ns();
     __syncthreads();
@@ -620,7 +652,8 @@ __global__ void __launch_bounds__(256) gemm_portable_kernel(const KernelParams p
                               : a + static_cast<int64_t>(gm) * lda;
           as[kk][r] = (gm < p.m && gk < p.k) ? ld_f(arow + gk) : 0.f;
           float bv = 0.f;
-          if (gn < p.n && gk < p.k) bv = p.b_kn ? ld_f(b + gk * ldb + gn) : ld_f(b + gn * ldb + gk);
+          if (gn < p.n && gk < p.k)
+            bv = p.b_kn ? ld_f(b + gk * ldb + gn) : ld_f(b + static_cast<int64_t>(brow0 + gn) * ldb + gk);
           bs[kk][r] = bv;
         }
         __syncthreads();
@@ -737,8 +770,10 @@ cudaError_t launch(const GemmArgs& a, const KernelParams& kp, bool sm90, cudaStr
     const auto sw = bk == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
     bool ok = make_map(&maps.a, dt, a.a, a.m, a.k, a.lda, BM, bk, sw);
     if (ok && kp.a2_rows > 0) ok = make_map(&maps.a2, dt, a.a2, a.a2_rows, a.k, a.lda, BM, bk, sw);
-    ok = ok && (a.b_layout == GemmBLayout::kKN ? make_map(&maps.b, dt, a.b, a.k, a.n, a.ldb, bk, 64)
-                                               : make_map(&maps.b, dt, a.b, a.n, a.k, a.ldb, BN / 2, bk, sw));
+    ok = ok &&
+         (a.b_layout == GemmBLayout::kKN ? make_map(&maps.b, dt, a.b, a.k, a.n, a.ldb, bk, 64)
+                                         : make_map(&maps.b, dt, a.b, static_cast<int64_t>(a.n) * std::max(1, a.groups),
+                                                    a.k, a.ldb, BN / 2, bk, sw));
     for (int d = 0; ok && !kp.direct_c && d < a.num_dests; ++d)
       ok = make_map(&maps.c[d], dt, a.c[d], a.c_rows[d], a.n, a.ldc, 64, 64);
     if (ok && kp.src_tma) ok = make_map(&maps.src, dt, a.src[0], kp.src_rows, a.n, a.ld_src, 64, 64);
@@ -834,6 +869,8 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   if (a.cluster_m < 0 || a.cluster_m > 2) return refuse("cluster_m must be 0 (auto), 1 or 2");
   if (a.k_block != 0 && a.k_block != 32 && a.k_block != 64) return refuse("k_block must be 0 (auto), 32 or 64");
   if (a.cluster_m == 0 && h.order) return refuse("with an order table, say which cluster_m the table was built for");
+  if (a.group_of && a.groups < 1) return refuse("a grouped GEMM needs groups >= 1");
+  if (a.group_of && a.b_layout != GemmBLayout::kNK) return refuse("a grouped GEMM takes B as W[N,K] (kNK) only");
   if (a.num_src < 0 || a.num_src > kGemmMaxSrcs) return refuse("num_src must be in [0, 7]");
   if (a.num_src > 0 && a.ld_src < a.n) return refuse("ld_src is smaller than the row");
   const int64_t src_rows = a.src_rows > 0 ? a.src_rows : a.m - a.src_row0;
@@ -892,6 +929,7 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   kp.src_rows = static_cast<int>(src_rows);
   kp.a2_row0 = static_cast<int>(a.a2_row0);
   kp.a2_rows = static_cast<int>(a.a2_rows);
+  kp.group_of = a.group_of;
   // Source 0 by TMA where C is TMA-stored (same box and swizzle as the stores).
   kp.src_tma = a.num_src > 0 && !direct_c && sm90;
   kp.hooks = h;

@@ -96,6 +96,18 @@ struct GemmArgs {
   // K depth of a pipeline stage: 64 (4 stages, 128-byte swizzle) or 32 (8 stages of half the
   // size, 64-byte swizzle; single CTAs). 0: 64, or $WEFT_GEMM_BK (experiments).
   int k_block = 0;
+  // Grouped GEMM (a mixture of experts' local experts, docs/moe.md "Grouped GEMM"): M-block mb
+  // multiplies by group group_of[mb] of B -- B holds `groups` matrices W_g[N,K] stacked as
+  // [groups * n, k] (kNK only; ldb between rows), group g's rows from g * n -- or, where
+  // group_of[mb] < 0, loads, computes and stores nothing. A, C and every other hook as for one
+  // GEMM (each group's rows in whole M-blocks of A and C: its block starts on a 128-row
+  // boundary, the rows up to the next boundary are its padding). group_of: device memory,
+  // [tiles_m] entries, read when the tile is taken (a kernel before this one on the stream may
+  // write it: counts known only on the device, capturable). With CTA pairs, a pair whose two
+  // M-blocks have the same group shares B by multicast; one whose groups differ loads each CTA's
+  // own (an expert's blocks starting on an even M-block share throughout).
+  const int32_t* group_of = nullptr;
+  int groups = 0;
 };
 
 struct GemmHooks {
