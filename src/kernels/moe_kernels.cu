@@ -144,7 +144,7 @@ __global__ void widen_kernel(const uint32_t* in, int64_t* out, int n) {
 // slots' loads issued before the sums).
 template <class T>
 __device__ __forceinline__ void combine_vector(const uint4* back, const int32_t* pos, const float* weights, uint4* y,
-                                              int t, int v, int top_k, int vecs) {
+                                               int t, int v, int top_k, int vecs) {
   constexpr int kPer = 16 / sizeof(T);
   uint4 row[kMoeMaxSlots];
   float w[kMoeMaxSlots];
@@ -173,9 +173,9 @@ __device__ __forceinline__ void combine_vector(const uint4* back, const int32_t*
 
 // One thread per (token, 16-byte vector) of y; y = 0 when *refused is set (not ~0).
 template <class T>
-__global__ void __launch_bounds__(256) combine_kernel(const uint4* back, const int32_t* pos, const float* weights,
-                                                      uint4* y, int tokens, int top_k, int vecs,
-                                                      const unsigned long long* refused) {
+__global__ void __launch_bounds__(256)
+    combine_kernel(const uint4* back, const int32_t* pos, const float* weights, uint4* y, int tokens, int top_k,
+                   int vecs, const unsigned long long* refused) {
   const bool ok = !refused || *refused == ~0ull;
   const int64_t items = static_cast<int64_t>(tokens) * vecs;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * 256 + threadIdx.x; i < items;
@@ -213,8 +213,7 @@ __device__ __forceinline__ int parts_per_row(int rows, int vecs, int warps) {
   return max(1, min(warps / rows, vecs / 128));
 }
 // Part `part` of `parts` of a row of `vecs` vectors.
-__device__ __forceinline__ void warp_copy_part(uint4* dst, const uint4* src, int vecs, int part, int parts,
-                                               int lane) {
+__device__ __forceinline__ void warp_copy_part(uint4* dst, const uint4* src, int vecs, int part, int parts, int lane) {
   const int per = (vecs + parts - 1) / parts, v0 = part * per, n = min(vecs, v0 + per) - v0;
   if (n > 0) warp_copy(dst + v0, src + v0, n, lane);
 }
@@ -399,7 +398,8 @@ __global__ void __launch_bounds__(kDirectThreads) combine_direct_kernel(const __
   const bool ok = *a.refused == ~0ull;
   const int vecs = a.hidden * static_cast<int>(sizeof(T)) / 16;
   const uint64_t row_bytes = 16ull * vecs;
-  const int gw = static_cast<int>(blockIdx.x) * kDirectWarps + tid / 32, nw = static_cast<int>(gridDim.x) * kDirectWarps;
+  const int gw = static_cast<int>(blockIdx.x) * kDirectWarps + tid / 32,
+            nw = static_cast<int>(gridDim.x) * kDirectWarps;
   if (ok) {  // the rows from source s go back to s, at s's send offset of this rank's rows
     // Work item (j, q): row j of source (me + q) % W -- the sources interleaved, so that the
     // local copies and the pushes to every peer run side by side.
@@ -438,7 +438,153 @@ __global__ void __launch_bounds__(kDirectThreads) combine_direct_kernel(const __
   }
 }
 
+// --- The experts' layout (ops::MoeLayer) -------------------------------------------------
+
+constexpr int kLayoutThreads = 512;
+
+__global__ void __launch_bounds__(kLayoutThreads) layout_kernel(const MoeLayoutArgs a) {
+  __shared__ int64_t block_start[kMoeMaxExperts + 1];  // per local expert: its first M-block
+  const int W = a.world, L = a.local, tid = static_cast<int>(threadIdx.x);
+  for (int l = tid; l < L; l += kLayoutThreads) {
+    int64_t total = 0;
+    for (int s = 0; s < W; ++s) total += a.chunks[s * L + l];
+    block_start[l + 1] = (total + kMoeBlockRows - 1) / kMoeBlockRows;
+  }
+  if (tid == 0) block_start[0] = 0;
+  __syncthreads();
+  if (tid == 0) {
+    for (int l = 0; l < L; ++l) block_start[l + 1] += block_start[l];
+    int64_t at = 0;  // recv's rank-major order: source, then local expert
+    for (int i = 0; i < W * L; ++i) {
+      a.seg[2 * i] = at;
+      at += a.chunks[i];
+    }
+  }
+  __syncthreads();
+  for (int l = tid; l < L; l += kLayoutThreads) {
+    int64_t at = block_start[l] * kMoeBlockRows;
+    for (int s = 0; s < W; ++s) {
+      a.seg[2 * (s * L + l) + 1] = at;
+      at += a.chunks[s * L + l];
+    }
+  }
+  for (int t = tid; t < a.tiles; t += kLayoutThreads) {
+    int g = -1;
+    if (t < block_start[L]) {  // the expert whose blocks hold t (binary search over block_start)
+      int lo = 0, hi = L - 1;
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (block_start[mid] <= t)
+          lo = mid;
+        else
+          hi = mid - 1;
+      }
+      g = lo;
+    }
+    a.group_of[t] = g;
+  }
+}
+
+// A warp per row of recv's layout (r < max_rows): its chunk is the last whose first row is <= r
+// (empty chunks share their successor's first row).
+__global__ void __launch_bounds__(256)
+    permute_kernel(const uint4* src, uint4* dst, const int64_t* seg, const int64_t* chunks, int n, int64_t max_rows,
+                   int vecs, bool to_experts) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t total = seg[2 * (n - 1)] + chunks[n - 1];
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * 8;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32; r < max_rows && r < total; r += warps) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (seg[2 * mid] <= r)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const int64_t e = seg[2 * lo + 1] + (r - seg[2 * lo]);
+    const uint4* from = src + (to_experts ? r : e) * vecs;
+    uint4* to = dst + (to_experts ? e : r) * vecs;
+    for (int v = lane; v < vecs; v += 32) to[v] = from[v];
+  }
+}
+
+// A CTA per row or a few (grid-stride over the rows), threads over a row's 16-byte vectors: rows of
+// skipped M-blocks are left at once, no division per element, two vectors in flight a thread.
+// SiLU by the fast exponential (__expf; the host backend's reference uses std::exp).
+template <class T>
+__device__ __forceinline__ uint4 swiglu8(const uint4& gv, const uint4& uv) {
+  T g[8], u[8], o[8];
+  std::memcpy(g, &gv, 16);
+  std::memcpy(u, &uv, 16);
+#pragma unroll
+  for (int q = 0; q < 8; ++q) {
+    const float x = dev::to_float(g[q]);
+    o[q] = dev::from_float<T>(x / (1.f + __expf(-x)) * dev::to_float(u[q]));
+  }
+  uint4 out;
+  std::memcpy(&out, o, 16);
+  return out;
+}
+template <class T>
+__global__ void __launch_bounds__(256)
+    swiglu_kernel(const uint4* h, uint4* act, const int32_t* group_of, int tiles, int vecs /* ffn / 8 */) {
+  // Short rows (vecs < 256): several rows a CTA, `per` threads (whole warps) a row.
+  const int per = vecs >= 256 ? 256 : (vecs + 31) / 32 * 32, nsub = 256 / per;
+  const int sub = static_cast<int>(threadIdx.x) / per, t = static_cast<int>(threadIdx.x) % per;
+  if (sub >= nsub) return;
+  const int64_t rows = static_cast<int64_t>(tiles) * kMoeBlockRows;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * nsub + sub; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * nsub) {
+    if (group_of[r / kMoeBlockRows] < 0) continue;
+    const uint4* hg = h + r * 2 * vecs;
+    uint4* a = act + r * vecs;
+    int v = t;
+    for (; v + per < vecs; v += 2 * per) {
+      const uint4 g0 = hg[v], u0 = hg[vecs + v], g1 = hg[v + per], u1 = hg[vecs + v + per];
+      a[v] = swiglu8<T>(g0, u0);
+      a[v + per] = swiglu8<T>(g1, u1);
+    }
+    for (; v < vecs; v += per) a[v] = swiglu8<T>(hg[v], hg[vecs + v]);
+  }
+}
+
 }  // namespace
+
+cudaError_t moe_expert_layout(const MoeLayoutArgs& a, cudaStream_t s) {
+  if (a.world < 1 || a.local < 1 || a.world * a.local > kMoeMaxExperts || a.tiles < 0 || !a.chunks || !a.group_of ||
+      !a.seg)
+    return cudaErrorInvalidValue;
+  layout_kernel<<<1, kLayoutThreads, 0, s>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t moe_permute(const void* src, void* dst, const int64_t* seg, const int64_t* chunks, int chunks_n,
+                        int64_t max_rows, size_t row_bytes, bool to_experts, cudaStream_t s) {
+  if (chunks_n < 1 || row_bytes % 16 != 0) return cudaErrorInvalidValue;
+  if (max_rows <= 0) return cudaSuccess;
+  const int grid = static_cast<int>(std::min<int64_t>((max_rows + 7) / 8, 1056));
+  permute_kernel<<<grid, 256, 0, s>>>(static_cast<const uint4*>(src), static_cast<uint4*>(dst), seg, chunks, chunks_n,
+                                      max_rows, static_cast<int>(row_bytes / 16), to_experts);
+  return cudaGetLastError();
+}
+
+cudaError_t moe_swiglu(const void* h, void* act, const int32_t* group_of, int tiles, int ffn, dev::DType t,
+                       cudaStream_t s) {
+  if (ffn % 8 != 0 || ffn <= 0 || tiles < 0) return cudaErrorInvalidValue;
+  if (tiles == 0) return cudaSuccess;
+  const int vecs = ffn / 8;
+  const int grid = static_cast<int>(std::min<int64_t>(static_cast<int64_t>(tiles) * kMoeBlockRows, 4224));
+  const auto* hv = static_cast<const uint4*>(h);
+  auto* av = static_cast<uint4*>(act);
+  if (t == dev::DType::kBF16)
+    swiglu_kernel<dev::bf16_t><<<grid, 256, 0, s>>>(hv, av, group_of, tiles, vecs);
+  else if (t == dev::DType::kF16)
+    swiglu_kernel<dev::f16_t><<<grid, 256, 0, s>>>(hv, av, group_of, tiles, vecs);
+  else
+    return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
 
 cudaError_t moe_route(const MoeRouteArgs& a, cudaStream_t s) {
   if (a.experts < 1 || a.experts > kMoeMaxExperts || a.world < 1 || a.experts % a.world != 0 || a.tokens < 0 ||
@@ -496,9 +642,9 @@ cudaError_t moe_combine(const void* back, const int32_t* pos, const float* weigh
 
 namespace {
 bool direct_args_ok(const MoeDirectArgs& a) {
-  return a.ctx.world >= 1 && a.ctx.world <= kMoeDirectMaxWorld && a.local >= 1 &&
-         a.hidden % 8 == 0 && (static_cast<size_t>(a.hidden) * dev::dtype_size(a.dtype)) % 16 == 0 && a.tokens >= 0 &&
-         a.calls && a.slice_counts && a.chunks && a.ret && a.refused;
+  return a.ctx.world >= 1 && a.ctx.world <= kMoeDirectMaxWorld && a.local >= 1 && a.hidden % 8 == 0 &&
+         (static_cast<size_t>(a.hidden) * dev::dtype_size(a.dtype)) % 16 == 0 && a.tokens >= 0 && a.calls &&
+         a.slice_counts && a.chunks && a.ret && a.refused;
 }
 }  // namespace
 
@@ -529,8 +675,8 @@ cudaError_t moe_combine_direct(const MoeDirectArgs& a, cudaStream_t s) {
   const cudaError_t e = cudaGetLastError();
   const int vecs = static_cast<int>(static_cast<size_t>(a.hidden) * dev::dtype_size(a.dtype) / 16);
   if (e != cudaSuccess || static_cast<int64_t>(a.tokens) * vecs <= 4ll * kMoeDirectCtas * kDirectThreads) return e;
-  return combine_launch(a.ctx.local<const void>(a.back_off), a.route.pos, a.weights, a.y, a.tokens, a.top_k,
-                        a.hidden, a.dtype, a.refused, s);
+  return combine_launch(a.ctx.local<const void>(a.back_off), a.route.pos, a.weights, a.y, a.tokens, a.top_k, a.hidden,
+                        a.dtype, a.refused, s);
 }
 
 }  // namespace weft::kernels

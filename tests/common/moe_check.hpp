@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -149,6 +150,91 @@ inline void run_and_check(Backend& b, MoeDispatchCombine& op, const Routing& w, 
       WEFT_CHECK(get(y.p(), i * H + h, t) == want,
                  fmt::format("{}: y[{}][{}] = {}, expected {}", what, i, h, get(y.p(), i * H + h, t), want));
     }
+}
+
+// The layer's expert weights, known to every rank: W_up[e] [2F, H], W_down[e] [H, F].
+inline float w_up(int64_t e, int64_t j, int64_t h) { return 0.125f * static_cast<float>((e + 2 * j + 3 * h) % 5 - 2); }
+inline float w_down(int64_t e, int64_t i, int64_t j) { return 0.25f * static_cast<float>((2 * e + i + 3 * j) % 5 - 2); }
+
+// One MoeLayer::forward of call w.e on this rank, y checked against a per-token reference of
+// every rank's inputs and weights: `rounded` -- the op's rounding points (h, SiLU * up and the
+// expert's output rounded to the dtype, fp32 sums in index order): exact (tol 0) on the host
+// backend; else an fp32 reference without them, within tol * (largest |y|).
+inline void run_and_check_layer(Backend& b, ops::MoeLayer& layer, const Routing& w, int64_t max_tokens,
+                                ops::MoeLayerMethod m, dev::DType t, int64_t F, const std::string& what, const Mem& mem,
+                                bool rounded, float tol) {
+  const int r = b.rank();
+  const int64_t L = w.E / w.world, H = w.H, k = w.k;
+  const int64_t T = w.tokens(r, max_tokens);
+  const size_t eb = dev::dtype_size(t);
+  Rows x(T, H, t), wu(L * 2 * F, H, t), wd(L * H, F, t);
+  std::vector<int32_t> ids(static_cast<size_t>(std::max<int64_t>(T * k, 1)));
+  std::vector<float> wt(static_cast<size_t>(std::max<int64_t>(T * k, 1)));
+  for (int64_t i = 0; i < T; ++i) {
+    for (int64_t h = 0; h < H; ++h) put(x.p(), i * H + h, w.x(r, i, h), t);
+    for (int64_t j = 0; j < k; ++j) {
+      ids[static_cast<size_t>(i * k + j)] = w.id(r, i, j);
+      wt[static_cast<size_t>(i * k + j)] = w.w(r, i, j);
+    }
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    for (int64_t j = 0; j < 2 * F; ++j)
+      for (int64_t h = 0; h < H; ++h) put(wu.p(), (l * 2 * F + j) * H + h, w_up(r * L + l, j, h), t);
+    for (int64_t i = 0; i < H; ++i)
+      for (int64_t j = 0; j < F; ++j) put(wd.p(), (l * H + i) * F + j, w_down(r * L + l, i, j), t);
+  }
+  const size_t xb = static_cast<size_t>(T * H) * eb, pb = static_cast<size_t>(T * k);
+  const size_t ub = static_cast<size_t>(L * 2 * F * H) * eb, db = static_cast<size_t>(L * H * F) * eb;
+  void* x_op = mem.alloc(std::max<size_t>(xb, 16));
+  auto* ids_op = static_cast<int32_t*>(mem.alloc(std::max<size_t>(pb * 4, 16)));
+  auto* wt_op = static_cast<float*>(mem.alloc(std::max<size_t>(pb * 4, 16)));
+  void* wu_op = mem.alloc(ub);
+  void* wd_op = mem.alloc(db);
+  void* y_op = mem.alloc(std::max<size_t>(xb, 16));
+  mem.to(x_op, x.p(), xb);
+  mem.to(ids_op, ids.data(), pb * 4);
+  mem.to(wt_op, wt.data(), pb * 4);
+  mem.to(wu_op, wu.p(), ub);
+  mem.to(wd_op, wd.p(), db);
+  layer.forward(x_op, ids_op, wt_op, wu_op, wd_op, y_op, {.method = m, .tokens = T, .stream = mem.stream});
+  Rows y(T, H, t);
+  mem.from(y.p(), y_op, xb);
+  auto rnd = [&](float v) {
+    if (!rounded || t == dev::DType::kF32) return v;
+    return t == dev::DType::kF16 ? dev::to_float(dev::from_float<dev::f16_t>(v))
+                                 : dev::to_float(dev::from_float<dev::bf16_t>(v));
+  };
+  std::vector<float> hv(static_cast<size_t>(2 * F)), a(static_cast<size_t>(F));
+  std::vector<float> want(static_cast<size_t>(std::max<int64_t>(T * H, 1)), 0.f);
+  float scale = 0;
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = w.id(r, i, j);
+      auto xin = [&](int64_t h) { return rnd(w.x(r, i, h)); };
+      for (int64_t q = 0; q < 2 * F; ++q) {
+        float acc = 0;
+        for (int64_t h = 0; h < H; ++h) acc += xin(h) * rnd(w_up(e, q, h));
+        hv[static_cast<size_t>(q)] = rnd(acc);
+      }
+      for (int64_t q = 0; q < F; ++q) {
+        const float g = hv[static_cast<size_t>(q)], u = hv[static_cast<size_t>(F + q)];
+        a[static_cast<size_t>(q)] = rnd(g / (1.f + std::exp(-g)) * u);
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        float acc = 0;
+        for (int64_t q = 0; q < F; ++q) acc += a[static_cast<size_t>(q)] * rnd(w_down(e, h, q));
+        want[static_cast<size_t>(i * H + h)] += w.w(r, i, j) * rnd(acc);
+      }
+    }
+  for (int64_t i = 0; i < T * H; ++i) {
+    want[static_cast<size_t>(i)] = rnd(want[static_cast<size_t>(i)]);
+    scale = std::max(scale, std::fabs(want[static_cast<size_t>(i)]));
+  }
+  for (int64_t i = 0; i < T * H; ++i) {
+    const float got = get(y.p(), i, t), ref = want[static_cast<size_t>(i)];
+    WEFT_CHECK(std::fabs(got - ref) <= tol * std::max(scale, 1e-2f),
+               fmt::format("{}: y[{}][{}] = {}, expected {} (scale {})", what, i / H, i % H, got, ref, scale));
+  }
 }
 
 // The host backend's Mem: vectors that live as long as it does.

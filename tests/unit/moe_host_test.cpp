@@ -189,3 +189,77 @@ TEST(MoeHostErrors, BadCallsAreRefusedOnEveryRank) {
                    "combine of the dispatched rows themselves: the row times the sum of the weights");
   }));
 }
+
+class MoeLayerHost : public ::testing::TestWithParam<int> {};
+
+// The layer (dispatch, each expert's SwiGLU FFN, combine) exact against a per-token reference
+// with the op's rounding points, both methods, bf16 and f32, mixed and skewed routing, top-k 1
+// and 2 (8 where there are experts for it), T changing between calls (0 among them).
+TEST_P(MoeLayerHost, ForwardMatchesThePerTokenReference) {
+  const int world = GetParam();
+  expect_all_ok(run_host(world, [world] {
+    auto b = make_backend();
+    struct Shape {
+      int64_t L, k;
+    };
+    std::vector<Shape> shapes = {{1, 1}, {2, 2}};
+    if (2 * world >= 8) shapes.push_back({2, 8});
+    for (const Shape& sh : shapes)
+      for (dev::DType t : {dev::DType::kBF16, dev::DType::kF32}) {
+        ops::MoeLayerConfig cfg;
+        cfg.moe.hidden = 16;
+        cfg.moe.experts = sh.L * world;
+        cfg.moe.top_k = sh.k;
+        cfg.moe.max_tokens = 5;
+        cfg.moe.dtype = t;
+        cfg.ffn = 8;
+        ops::MoeLayer layer(*b, cfg);
+        HostMem mem;
+        Routing w;
+        w.world = world;
+        w.E = cfg.moe.experts;
+        w.k = sh.k;
+        w.H = cfg.moe.hidden;
+        for (Route route : {Route::kMixed, Route::kSkewed})
+          for (int64_t e = 0; e < 3; ++e)
+            for (ops::MoeLayerMethod m : {ops::MoeLayerMethod::kBaseline, ops::MoeLayerMethod::kDecomposed}) {
+              w.route = route;
+              w.e = e;
+              run_and_check_layer(
+                  *b, layer, w, cfg.moe.max_tokens, m, t, cfg.ffn,
+                  fmt::format("layer world {} E {} top-{} {} {} call {} {}", world, w.E, w.k,
+                              route == Route::kSkewed ? "skewed" : "mixed", dev::dtype_name(t), e, to_string(m)),
+                  mem, true, 0.f);
+            }
+      }
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, MoeLayerHost, ::testing::Values(1, 2, 3, 4, 8));
+
+// Bad layer arguments: refused on every rank (one rank's bad weights included), the layer goes on.
+TEST(MoeLayerHostErrors, BadArgumentsAreRefusedOnEveryRank) {
+  expect_all_ok(run_host(2, [] {
+    auto b = make_backend();
+    const int r = b->rank();
+    ops::MoeLayerConfig cfg;
+    cfg.moe.hidden = 8;
+    cfg.moe.experts = 2;
+    cfg.moe.max_tokens = 2;
+    cfg.ffn = 12;
+    expect_message([&] { ops::MoeLayer layer(*b, cfg); }, "moe_layer: ffn must be a positive multiple of 8, got 12");
+    cfg.ffn = r == 0 ? 8 : 16;
+    expect_message([&] { ops::MoeLayer layer(*b, cfg); }, "moe_layer: ranks disagree on the ffn");
+    cfg.ffn = 8;
+    ops::MoeLayer layer(*b, cfg);
+    Rows x(2, 8, dev::DType::kBF16), wu(2 * 8, 8, dev::DType::kBF16), wd(8, 8, dev::DType::kBF16),
+        y(2, 8, dev::DType::kBF16);
+    std::vector<int32_t> ids = {0, 1};
+    std::vector<float> wt = {1.f, 1.f};
+    expect_message(
+        [&] { layer.forward(x.p(), ids.data(), wt.data(), r == 1 ? nullptr : wu.p(), wd.p(), y.p(), {.tokens = 2}); },
+        r == 1 ? "moe_layer: w_up: null pointer"
+               : "moe_layer: ranks disagree on whether the layer's weights are valid");
+    layer.forward(x.p(), ids.data(), wt.data(), wu.p(), wd.p(), y.p(), {.tokens = 2});
+  }));
+}

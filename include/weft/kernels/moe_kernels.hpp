@@ -38,9 +38,9 @@ struct MoeDirectArgs {
   MoeRouteArgs route;  // dispatch: the routing (ids, pos, expert_counts, bad); combine: pos
   int local = 1, top_k = 1, hidden = 8, tokens = 0;
   dev::DType dtype = dev::DType::kBF16;
-  uint64_t capacity = 0;    // rows each rank may receive
-  uint64_t recv_off = 0;    // [capacity, hidden]: dispatch's rows, rank-major, expert-grouped
-  uint64_t back_off = 0;    // [tokens * top_k, hidden]: combine's rows, in send order
+  uint64_t capacity = 0;  // rows each rank may receive
+  uint64_t recv_off = 0;  // [capacity, hidden]: dispatch's rows, rank-major, expert-grouped
+  uint64_t back_off = 0;  // [tokens * top_k, hidden]: combine's rows, in send order
   // [2 parities][world src][world dst][local] uint64: every rank's chunk counts as tagged words,
   // (call number << 32) | rows, each its own "arrived" flag.
   uint64_t counts_off = 0;
@@ -48,18 +48,43 @@ struct MoeDirectArgs {
   // [3]: dispatches and combines made, and dispatch's CTAs through its routing barrier (all
   // counted by the kernels themselves, so graph replays count too).
   uint64_t* calls = nullptr;
-  uint32_t* slice_counts = nullptr;  // [kMoeDirectCtas][experts]: dispatch's per-slice expert counts
-  int64_t* chunks = nullptr;                // out: [world][local] rows received (recv_counts())
-  int64_t* ret = nullptr;                   // [world][3]: rows before source s in recv, s's send offset of
-                                            // this rank's rows, rows from s (dispatch writes, combine reads)
-  unsigned long long* refused = nullptr;    // ~0: none; else (rank << 40 | rows) of the first rank over capacity
-  const void* x = nullptr;                  // dispatch: [tokens, hidden]
-  const void* expert_out = nullptr;         // combine: [rows, hidden] in recv's layout
-  const float* weights = nullptr;           // combine: [tokens, top_k]
-  void* y = nullptr;                        // combine: [tokens, hidden]
+  uint32_t* slice_counts = nullptr;       // [kMoeDirectCtas][experts]: dispatch's per-slice expert counts
+  int64_t* chunks = nullptr;              // out: [world][local] rows received (recv_counts())
+  int64_t* ret = nullptr;                 // [world][3]: rows before source s in recv, s's send offset of
+                                          // this rank's rows, rows from s (dispatch writes, combine reads)
+  unsigned long long* refused = nullptr;  // ~0: none; else (rank << 40 | rows) of the first rank over capacity
+  const void* x = nullptr;                // dispatch: [tokens, hidden]
+  const void* expert_out = nullptr;       // combine: [rows, hidden] in recv's layout
+  const float* weights = nullptr;         // combine: [tokens, top_k]
+  void* y = nullptr;                      // combine: [tokens, hidden]
+};
+
+// The experts' layout of one rank's received rows (ops::MoeLayer; docs/moe.md, "Layer"): local
+// expert l's rows -- those from source 0, then source 1, ... -- in a block of whole 128-row
+// M-blocks (kernels::kGemmTileM), the blocks in expert order; the grouped GEMM reads it in place.
+inline constexpr int kMoeBlockRows = 128;
+struct MoeLayoutArgs {
+  const int64_t* chunks = nullptr;  // [world][local] rows received (recv_counts())
+  int world = 1, local = 1;
+  int tiles = 0;                // M-blocks of the expert-major buffer (group_of's length)
+  int32_t* group_of = nullptr;  // out [tiles]: each M-block's local expert, -1 past the last
+  int64_t* seg = nullptr;       // out [world * local][2]: chunk (s, l)'s first row in recv, in the experts' buffer
 };
 
 #ifdef WEFT_HAVE_CUDA
+// One CTA: the layout above from the chunk counts (world * local <= kMoeMaxExperts).
+cudaError_t moe_expert_layout(const MoeLayoutArgs& a, cudaStream_t s);
+// Rows of row_bytes (a multiple of 16) between recv's rank-major layout and the experts' layout
+// (seg, chunks: as moe_expert_layout's): to_experts: dst[seg[i][1] + j] = src[seg[i][0] + j],
+// else the reverse, for every row j of every chunk i. A fixed grid over `max_rows` rows (the
+// capacity): capturable, the counts read on the device.
+cudaError_t moe_permute(const void* src, void* dst, const int64_t* seg, const int64_t* chunks, int chunks_n,
+                        int64_t max_rows, size_t row_bytes, bool to_experts, cudaStream_t s);
+// act[r][j] = silu(h[r][j]) * h[r][ffn + j] (fp32, __expf, rounded once) for the rows of the M-blocks
+// whose group_of is >= 0; h [tiles * 128, 2 * ffn], act [tiles * 128, ffn]; bf16 or f16, ffn % 8 == 0.
+cudaError_t moe_swiglu(const void* h, void* act, const int32_t* group_of, int tiles, int ffn, dev::DType t,
+                       cudaStream_t s);
+
 // One CTA: validates the ids (outside 0 .. experts - 1, or repeated within a token: left out,
 // the first such pair recorded in *bad), counts them per expert, and gives every valid pair its
 // place: experts in order, each expert's pairs in (token, slot) order. experts <= kMoeMaxExperts.

@@ -29,8 +29,8 @@
 // own call's arguments, an invalid id is found on the device (MoeConfig::check_ids), an overflow
 // is refused -- direct: on every rank alike, nothing moves, recv_counts() zero, combine's y zero,
 // and an eager call with check_ids throws; decomposed: by the all-to-all's capacity check (the
-// error slot names the rank). The grouped
-// GEMM, moe_layer and the fused method are not built yet (docs/moe.md, "Status").
+// error slot names the rank). The layer (dispatch, the experts' FFNs, combine): MoeLayer below;
+// its fused method is not built yet (docs/moe.md, "Status").
 //
 // Construction, dispatch and combine are collective: every rank makes the same calls in the
 // same order with the same configuration and method.
@@ -110,6 +110,64 @@ class MoeDispatchCombine {
   const MoeConfig& config() const;
   int64_t local_experts() const;
   int64_t recv_capacity() const;
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// The MoE layer (issue 25; docs/moe.md, "Layer"): dispatch -> each local expert's FFN ->
+// combine. Expert e's FFN: h = x W_up[e]^T ([2F] per row: the gate's F, then the up
+// projection's F), a = silu(h_gate) * h_up, out = a W_down[e]^T; the GEMMs accumulate in fp32
+// and round their outputs to the dtype (h, then a, then out), combine sums in fp32 and rounds
+// once. Methods:
+//   baseline    the exchange by the library's all-to-all (MoeMethod::kBaseline), the received
+//               counts read by the host, the received rows regrouped expert-major, a cuBLAS GEMM
+//               per expert (the PyTorch-style path; not capturable);
+//   decomposed  the exchange by weft's direct kernels, the rows regrouped on the device into
+//               whole 128-row blocks per expert, weft's grouped GEMM (one launch for every expert,
+//               the blocks' experts read on the device), SiLU * up, the second grouped GEMM,
+//               back to recv's layout, combine: no host synchronisation, capturable;
+//   auto        decomposed.
+// On the host backend both compute the same values (CPU GEMMs, the same rounding points).
+enum class MoeLayerMethod { kAuto, kBaseline, kDecomposed };
+inline constexpr Named<MoeLayerMethod> kMoeLayerMethodNames[] = {{MoeLayerMethod::kAuto, "auto"},
+                                                                 {MoeLayerMethod::kBaseline, "baseline"},
+                                                                 {MoeLayerMethod::kDecomposed, "decomposed"}};
+inline const char* to_string(MoeLayerMethod m) { return name_in(kMoeLayerMethodNames, m); }
+inline MoeLayerMethod parse_moe_layer_method(const std::string& s) {
+  return parse_in(kMoeLayerMethodNames, s, "method");
+}
+
+struct MoeLayerConfig {
+  MoeConfig moe;    // the exchange (hidden, experts, top_k, max_tokens, recv_capacity, dtype)
+  int64_t ffn = 0;  // F: the experts' intermediate size, a multiple of 8
+};
+
+struct MoeLayerRunOptions {
+  MoeLayerMethod method = MoeLayerMethod::kAuto;
+  int64_t tokens = -1;     // T of this call, 0 ... max_tokens (-1: max_tokens)
+  void* stream = nullptr;  // cudaStream_t on the nccl backend
+};
+
+class MoeLayer {
+ public:
+  // Collective. Throws InvalidArgument as MoeDispatchCombine does, and for ffn < 8 or not a
+  // multiple of 8, a dtype other than bf16 or f16 on GPUs.
+  MoeLayer(Backend& backend, const MoeLayerConfig& config);
+  ~MoeLayer();
+  MoeLayer(const MoeLayer&) = delete;
+  MoeLayer& operator=(const MoeLayer&) = delete;
+
+  // x [T, H], ids [T, top_k] int32 global expert ids, weights [T, top_k] fp32 (the router's),
+  // w_up [E / world, 2F, H] and w_down [E / world, H, F]: this rank's experts (rank p holds
+  // experts p * E/world ...), y [T, H]; all in the backend's memory, 16-byte aligned. Throws
+  // InvalidArgument as dispatch and combine do, and for null or misaligned weights.
+  void forward(const void* x, const int32_t* ids, const float* weights, const void* w_up, const void* w_down, void* y,
+               const MoeLayerRunOptions& opt = {});
+
+  const MoeLayerConfig& config() const;
+  MoeDispatchCombine& exchange();  // the token exchange the layer runs (its recv(), recv_counts())
   struct Impl;
 
  private:
