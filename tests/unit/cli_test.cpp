@@ -106,7 +106,8 @@ TEST(Cli, BenchGemvArOnTwoHostRanks) {
   run(std::string("rm -rf ") + dir);
 }
 
-// `weft bench moe --quick` on two host ranks: every method and part ran, the table, the JSON;
+// `weft bench moe --quick` on two host ranks: every method and part ran (the layer's too), the
+// table, the JSON;
 // an unknown shape is refused before the ranks start.
 TEST(Cli, BenchMoeOnTwoHostRanks) {
   char dir[] = "/tmp/weft-cli-moe-XXXXXX";
@@ -126,6 +127,8 @@ TEST(Cli, BenchMoeOnTwoHostRanks) {
   }
   for (const char* m : {"baseline", "decomposed", "direct"})
     for (const char* part : {"dispatch", "combine", "both"}) EXPECT_EQ(seen[std::string(m) + " " + part], 1) << m << part;
+  for (const char* m : {"baseline", "decomposed"}) EXPECT_EQ(seen[std::string(m) + " layer"], 1) << m << " layer";
+  EXPECT_NE(r.out.find("layer"), std::string::npos) << r.out;
   run(std::string("rm -rf ") + dir);
   r = run(kWeft + " bench moe --shapes llama --out /tmp");
   EXPECT_EQ(r.status, 2) << r.out;

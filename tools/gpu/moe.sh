@@ -2,10 +2,12 @@
 # The MoE exchange (issue 25) on the device machine, in one call of the device tool:
 #   here:        bash tools/gpu/build.sh && bash tools/gpu/pack.sh .gpu
 #   device run:  bash tools/gpu/moe.sh .gpu          (carry .gpu)
-# The C++ GPU tests of ops::MoeDispatchCombine (1 and all GPUs; memcheck of the graph test with
-# MEMCHECK=1; SKIP_TESTS=1: none), `weft bench moe` on the first 2, then 4 GPUs (WORLDS; JSON in
-# $OUT/results; BENCH_ARGS, e.g. "--shapes mixtral --ms 128"), then the PyTorch MoE layer
-# (tools/gpu/moe_peer.sh) unless SKIP_PEER=1. Logs in $OUT; the tables last.
+# The C++ GPU tests of ops::MoeDispatchCombine and the grouped GEMM (1 and all GPUs; memcheck of
+# the graph test with MEMCHECK=1; SKIP_TESTS=1: none), `weft bench moe` on the first 2, then 4
+# GPUs (WORLDS; JSON in $OUT/results; BENCH_ARGS, e.g. "--shapes mixtral --ms 128"), then
+# torch._grouped_mm on the same per-rank expert GEMMs (bench/torch_grouped_mm_peer.py, GPU 0;
+# SKIP_GROUPED_PEER=1: not), then the PyTorch MoE layer (tools/gpu/moe_peer.sh) unless
+# SKIP_PEER=1. Logs in $OUT; the tables last.
 set -uo pipefail
 BIN=${1:-.gpu}
 source "$(dirname "$0")/env.sh"
@@ -15,7 +17,7 @@ export WEFT_TIMEOUT_MS=${WEFT_TIMEOUT_MS:-30000}
 status=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   step "C++ GPU tests (moe)"
-  timeout -s KILL 300 "$d/weft_gpu_tests" --gtest_filter='*Moe*' > "$OUT/moe_tests.log" 2>&1 || status=1
+  timeout -s KILL 300 "$d/weft_gpu_tests" --gtest_filter='*Moe*:GemmGpu.Grouped*' > "$OUT/moe_tests.log" 2>&1 || status=1
   pkill -9 -x weft_gpu_tests 2>/dev/null || true
   grep -E "^\[ *(OK|FAILED|PASSED|SKIPPED)|tests? from .* ran|Failure|checks passed|rank [0-9]+:" "$OUT/moe_tests.log" |
     head -40
@@ -37,5 +39,11 @@ for n in ${WORLDS:-2 4}; do
   tail -3 "$OUT/bench_moe_progress_${n}.log"
   grep -v "^wrote" "$OUT/bench_moe_${n}.log"
 done
+if [ "${SKIP_GROUPED_PEER:-0}" != 1 ]; then
+  step "torch._grouped_mm on the same experts' GEMMs (GPU 0)"
+  CUDA_VISIBLE_DEVICES=0 timeout -s KILL 240 python3 bench/torch_grouped_mm_peer.py --worlds "$(echo ${WORLDS:-2 4} | tr ' ' ,)" \
+    ${GROUPED_PEER_ARGS:-} --out "$OUT/results/torch-grouped-mm.json" > "$OUT/grouped_peer.log" 2>&1 || status=1
+  cat "$OUT/grouped_peer.log"
+fi
 [ "${SKIP_PEER:-0}" = 1 ] || bash "$(dirname "$0")/moe_peer.sh" || status=1
 exit $status

@@ -3,7 +3,9 @@
 // DeepSeek-V3-like) at T tokens a rank, bf16, uniform random top-k routing (seeded per rank).
 // GPU: decomposed and direct timed in CUDA graphs, baseline eagerly (its counts go through the host), the
 // slowest rank's median; the bytes of rows that cross the link and the GB/s they give. Host
-// backend: eager calls, wall clock (a smoke test, CPU figures).
+// backend: eager calls, wall clock (a smoke test, CPU figures). GPUs, after each shape's
+// exchange: the experts' two GEMMs on each rank (gate/up and down, fixed per-expert row counts
+// near uniform routing's), weft's grouped GEMM beside a cuBLAS call per expert.
 #pragma once
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -18,6 +20,9 @@ struct MoeBenchOptions {
   bool quick = false;
   std::vector<std::string> shapes;  // mixtral, qwen3-30b-a3b, deepseek-v3-like; empty: all (GPU) or a small one (host)
   std::vector<int64_t> tokens;      // tokens a rank; empty: 128 and 4096 (GPU) or 5 (host)
+  // GPUs: also time the experts' GEMMs on each rank (parts experts-up, experts-down; methods
+  // weft -- the grouped GEMM -- and cublas -- a call per expert).
+  bool experts = true;
   std::function<void(const std::string&)> progress;
 };
 
@@ -27,6 +32,8 @@ struct MoePoint {
   double median_us = 0;
   double link_bytes = 0;  // rows a rank sends to other ranks, bytes (mean over ranks)
   double gbps = 0;        // link_bytes / median (dispatch, combine)
+  int64_t rows = 0;       // experts' parts: rows this rank multiplies (without the blocks' padding)
+  double tflops = 0;      // experts' parts: 2 * rows * K * N / median
 };
 
 struct MoeBenchResult {
