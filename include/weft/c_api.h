@@ -218,6 +218,21 @@ int weft_moe_combine(weft_moe* m, const void* expert_out, const float* weights, 
 int weft_moe_buffers(const weft_moe* m, const void** recv, const int64_t** recv_counts, int64_t* recv_capacity,
                      int64_t* local_experts);
 
+/* ---- MoE layer (ops::MoeLayer, docs/moe.md "Layer") ---------------------------------------
+ * dispatch -> each local expert's FFN (h = x W_up[e]^T, a = silu(h[:, :ffn]) * h[:, ffn:],
+ * out = a W_down[e]^T) -> combine. w_up [experts / world, 2 ffn, hidden], w_down
+ * [experts / world, hidden, ffn]: this rank's experts; weights [T, top_k] fp32; y [T, hidden].
+ * The exchange's configuration as weft_moe's; GPUs take bf16 or f16. */
+typedef struct weft_moe_layer weft_moe_layer;
+/* Collective. ffn: a multiple of 8. */
+int weft_moe_layer_create(weft_world* w, const weft_moe_config* cfg, int64_t ffn, weft_moe_layer** out);
+int weft_moe_layer_destroy(weft_moe_layer* m);
+/* Collective. tokens: T (0 ... max_tokens; -1: max_tokens); method "auto" (or NULL),
+ * "baseline", "decomposed". */
+int weft_moe_layer_forward(weft_moe_layer* m, const void* x, const int32_t* ids, const float* weights,
+                           const void* w_up, const void* w_down, void* y, int64_t tokens, const char* method,
+                           void* stream);
+
 #ifdef __cplusplus
 }
 #endif

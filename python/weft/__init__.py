@@ -18,7 +18,7 @@ from . import _lib
 
 __all__ = [
     "F32", "F16", "BF16", "WeftError", "InvalidArgument", "PeerTimeout", "World", "Collectives", "GemmOverlap",
-    "GemvAllReduce", "MoeDispatchCombine",
+    "GemvAllReduce", "MoeDispatchCombine", "MoeLayer",
     "has_cuda", "library_path",
 ]
 
@@ -375,6 +375,34 @@ class MoeDispatchCombine(_Op):
         _check(self._world._lib.weft_moe_buffers(self.handle, ctypes.byref(recv), ctypes.byref(counts),
                                                  ctypes.byref(cap), ctypes.byref(local)))
         return recv.value, counts.value, cap.value, local.value
+
+
+class MoeLayer(_Op):
+    """The MoE layer (collective to create; docs/moe.md, "Layer"): dispatch, each local expert's
+    SwiGLU FFN (w_up [experts / world, 2 ffn, hidden]: the gate's ffn rows, then the up
+    projection's; w_down [experts / world, hidden, ffn]), combine with the router's weights.
+    Methods auto (= decomposed: no host synchronisation, capturable), baseline, decomposed.
+    dtype BF16 or F16 on GPUs (F32 too on the host backend)."""
+
+    _destroy = "weft_moe_layer_destroy"
+
+    def __init__(self, world, hidden, ffn, experts, top_k, max_tokens, dtype, *, recv_capacity=0, check_ids=True):
+        super().__init__(world)
+        cfg = _lib.MoeConfig(hidden=int(hidden), experts=int(experts), top_k=int(top_k), max_tokens=int(max_tokens),
+                             recv_capacity=int(recv_capacity), dtype=int(dtype), check_ids=1 if check_ids else 0)
+        h = ctypes.c_void_p()
+        _check(world._lib.weft_moe_layer_create(world.handle, ctypes.byref(cfg), int(ffn), ctypes.byref(h)))
+        self._handle = h.value
+        self.hidden, self.ffn, self.experts = int(hidden), int(ffn), int(experts)
+        self.top_k, self.max_tokens = int(top_k), int(max_tokens)
+        world._register(self)
+
+    def forward(self, x_ptr, ids_ptr, weights_ptr, w_up_ptr, w_down_ptr, y_ptr, tokens=-1, method=None, stream=0):
+        """Collective: x [T, hidden], ids [T, top_k] int32, weights [T, top_k] fp32, the weights,
+        y [T, hidden] (T = tokens; -1: max_tokens)."""
+        _check(self._world._lib.weft_moe_layer_forward(self.handle, _ptr(x_ptr), _ptr(ids_ptr), _ptr(weights_ptr),
+                                                       _ptr(w_up_ptr), _ptr(w_down_ptr), _ptr(y_ptr), int(tokens),
+                                                       _text(method), _ptr(stream)))
 
 
 class GemvAllReduce(_Op):

@@ -120,6 +120,9 @@ _SIGNATURES = {
     "weft_moe_dispatch": (c_int, [_p, _p, _p, c_int64, c_char_p, _p]),
     "weft_moe_combine": (c_int, [_p, _p, _p, _p, c_int64, c_char_p, _p]),
     "weft_moe_buffers": (c_int, [_p, POINTER(c_void_p), POINTER(c_void_p), _i64p, _i64p]),
+    "weft_moe_layer_create": (c_int, [_p, POINTER(MoeConfig), c_int64, POINTER(c_void_p)]),
+    "weft_moe_layer_destroy": (c_int, [_p]),
+    "weft_moe_layer_forward": (c_int, [_p, _p, _p, _p, _p, _p, _p, c_int64, c_char_p, _p]),
 }
 
 

@@ -136,6 +136,11 @@ struct weft_moe {
   std::unique_ptr<ops::MoeDispatchCombine> op;
 };
 
+struct weft_moe_layer {
+  weft_world* w = nullptr;
+  std::unique_ptr<ops::MoeLayer> op;
+};
+
 namespace {
 
 // The staging of this shape; `need`: this rank's output is outside the heap. The first call of
@@ -636,21 +641,27 @@ WEFT_API int weft_gemv_auto_method(const weft_gemv* g, int64_t m, const char** m
 }
 
 // ---- MoE token exchange -------------------------------------------------------------------------
+namespace {
+ops::MoeConfig moe_config(const weft_moe_config& c, const char* fn) {
+  ops::MoeConfig oc;
+  oc.hidden = c.hidden;
+  oc.experts = c.experts;
+  oc.top_k = c.top_k;
+  oc.max_tokens = c.max_tokens;
+  oc.recv_capacity = c.recv_capacity;
+  oc.dtype = to_dtype(c.dtype, fn);
+  oc.check_ids = c.check_ids != 0;
+  return oc;
+}
+}  // namespace
+
 WEFT_API int weft_moe_create(weft_world* w, const weft_moe_config* cfg, weft_moe** out) {
   return guard([&] {
     require_arg(w != nullptr && cfg != nullptr && out != nullptr,
                 "weft_moe_create: the world, config and out must not be null");
-    ops::MoeConfig oc;
-    oc.hidden = cfg->hidden;
-    oc.experts = cfg->experts;
-    oc.top_k = cfg->top_k;
-    oc.max_tokens = cfg->max_tokens;
-    oc.recv_capacity = cfg->recv_capacity;
-    oc.dtype = to_dtype(cfg->dtype, "weft_moe_create");
-    oc.check_ids = cfg->check_ids != 0;
     auto m = std::make_unique<weft_moe>();
     m->w = w;
-    m->op = std::make_unique<ops::MoeDispatchCombine>(*w->backend, oc);
+    m->op = std::make_unique<ops::MoeDispatchCombine>(*w->backend, moe_config(*cfg, "weft_moe_create"));
     *out = m.release();
     ++w->live_ops;
   });
@@ -689,5 +700,39 @@ WEFT_API int weft_moe_buffers(const weft_moe* m, const void** recv, const int64_
     if (recv_counts) *recv_counts = m->op->recv_counts();
     if (recv_capacity) *recv_capacity = m->op->recv_capacity();
     if (local_experts) *local_experts = m->op->local_experts();
+  });
+}
+
+// ---- MoE layer ----------------------------------------------------------------------------------
+WEFT_API int weft_moe_layer_create(weft_world* w, const weft_moe_config* cfg, int64_t ffn, weft_moe_layer** out) {
+  return guard([&] {
+    require_arg(w != nullptr && cfg != nullptr && out != nullptr,
+                "weft_moe_layer_create: the world, config and out must not be null");
+    ops::MoeLayerConfig lc;
+    lc.moe = moe_config(*cfg, "weft_moe_layer_create");
+    lc.ffn = ffn;
+    auto m = std::make_unique<weft_moe_layer>();
+    m->w = w;
+    m->op = std::make_unique<ops::MoeLayer>(*w->backend, lc);
+    *out = m.release();
+    ++w->live_ops;
+  });
+}
+
+WEFT_API int weft_moe_layer_destroy(weft_moe_layer* m) {
+  return guard([&] {
+    if (!m) return;
+    std::unique_ptr<weft_moe_layer> own(m);
+    --m->w->live_ops;
+  });
+}
+
+WEFT_API int weft_moe_layer_forward(weft_moe_layer* m, const void* x, const int32_t* ids, const float* weights,
+                                    const void* w_up, const void* w_down, void* y, int64_t tokens,
+                                    const char* method, void* stream) {
+  return guard([&] {
+    require_arg(m != nullptr, "weft_moe_layer_forward: the weft_moe_layer handle is null");
+    m->op->forward(x, ids, weights, w_up, w_down, y,
+                   {.method = ops::parse_moe_layer_method(text_or(method, "auto")), .tokens = tokens, .stream = stream});
   });
 }

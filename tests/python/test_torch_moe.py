@@ -143,3 +143,114 @@ def _rank_moe_compile(backend):
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_moe_compile_fullgraph(pools, backend):
     pools.get(2).run(_rank_moe_compile, backend, timeout=300)
+
+
+# ---- the layer ------------------------------------------------------------------------------
+
+FFN = 8
+
+
+def _expert_weights(e, dtype):
+    """Expert e's w_up [2 FFN, H] and w_down [H, FFN] (quarters: exact in bf16), known to every rank."""
+    g = torch.Generator().manual_seed(5000 + e)
+    up = (torch.randint(-2, 3, (2 * FFN, H), generator=g).float() / 4).to(dtype)
+    down = (torch.randint(-2, 3, (H, FFN), generator=g).float() / 4).to(dtype)
+    return up, down
+
+
+def _layer_reference(x, ids, w, dtype):
+    """Each token through its experts' SwiGLU FFNs with the op's rounding points (h, SiLU * up and
+    the expert's output rounded to the dtype), summed with its weights in fp32."""
+    y = torch.zeros(x.shape, dtype=torch.float32)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            up, down = _expert_weights(int(ids[t, j]), dtype)
+            h = (x[t].float() @ up.float().t()).to(dtype).float()
+            a = (torch.nn.functional.silu(h[:FFN]) * h[FFN:]).to(dtype).float()
+            y[t] += w[t, j] * (a @ down.float().t()).to(dtype).float()
+    return y.to(dtype)
+
+
+def _rank_moe_layer(dtype_name, methods):
+    import weft.torch as wt
+
+    dtype = getattr(torch, dtype_name)
+    r, n = dist.get_rank(), dist.get_world_size()
+    experts = 2 * n
+    local = experts // n
+    w_up = torch.stack([_expert_weights(r * local + le, dtype)[0] for le in range(local)])
+    w_down = torch.stack([_expert_weights(r * local + le, dtype)[1] for le in range(local)])
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    for method in methods:
+        for call in range(3):
+            x, ids, w = _inputs(r, call, _tokens(r, call), experts, dtype)
+            y = wt.moe_layer(x, ids, w, w_up, w_down, experts, MAX_T, method=method)
+            assert y.shape == x.shape and y.dtype == dtype
+            torch.testing.assert_close(y.float(), _layer_reference(x, ids, w, dtype).float(), rtol=tol, atol=tol)
+    return True
+
+
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_moe_layer_matches_reference(pools, size):
+    assert pools.get(size).run(_rank_moe_layer, "bfloat16", ("auto", "baseline")) == [True] * size
+
+
+def test_moe_layer_f32(pools):
+    pools.get(2).run(_rank_moe_layer, "float32", ("decomposed",))
+
+
+def _rank_moe_layer_errors():
+    import weft
+    import weft.torch as wt
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    experts = 2 * n
+    local = experts // n
+    ops = torch.ops.weft
+    x, ids, w = _inputs(r, 0, 4, experts, torch.bfloat16)
+    up = torch.zeros(local, 2 * FFN, H, dtype=torch.bfloat16)
+    down = torch.zeros(local, H, FFN, dtype=torch.bfloat16)
+    with pytest.raises(weft.InvalidArgument, match=r"w_up must be \[experts / world = 2, 2 \* ffn, hidden = 16\]"):
+        ops.moe_layer(x, ids, w, up[:1], down, experts, MAX_T, 0, "auto", "")
+    with pytest.raises(weft.InvalidArgument, match=r"w_down must be \[2, 16, 8\]"):
+        ops.moe_layer(x, ids, w, up, down[:, :, :4], experts, MAX_T, 0, "auto", "")
+    with pytest.raises(weft.InvalidArgument, match="w_up has dtype torch.float32"):
+        ops.moe_layer(x, ids, w, up.float(), down, experts, MAX_T, 0, "auto", "")
+    with pytest.raises(weft.InvalidArgument, match="unknown method 'direct'"):
+        ops.moe_layer(x, ids, w, up, down, experts, MAX_T, 0, "direct", "")
+    with pytest.raises(weft.InvalidArgument, match=r"ids and weights \[T, top_k\]"):
+        ops.moe_layer(x, ids, w[:2], up, down, experts, MAX_T, 0, "auto", "")
+    with pytest.raises(RuntimeError, match="no backward yet"):
+        ops.moe_layer(x.float().requires_grad_(), ids, w, up.float(), down.float(), experts, MAX_T, 0, "auto", "")
+    # The layer goes on after the refusals; zero weights give zero.
+    y = wt.moe_layer(x, ids, w, up, down, experts, MAX_T)
+    assert torch.equal(y, torch.zeros_like(x))
+    return r
+
+
+def test_moe_layer_bad_inputs(pools):
+    assert pools.get(2).run(_rank_moe_layer_errors) == [0, 1]
+
+
+def _rank_moe_layer_compile():
+    import torch._dynamo
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    torch._dynamo.reset()
+    experts = 2 * n
+    local = experts // n
+    up = torch.stack([_expert_weights(r * local + le, torch.bfloat16)[0] for le in range(local)])
+    down = torch.stack([_expert_weights(r * local + le, torch.bfloat16)[1] for le in range(local)])
+
+    def f(x, ids, w):
+        return torch.ops.weft.moe_layer(x * 1, ids, w, up, down, experts, MAX_T, 0, "auto", "") + 1
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    for call in range(2):
+        x, ids, w = _inputs(r, call, 5, experts, torch.bfloat16)
+        assert torch.equal(compiled(x, ids, w), f(x, ids, w))
+    return True
+
+
+def test_moe_layer_compile_fullgraph(pools):
+    pools.get(2).run(_rank_moe_layer_compile, timeout=300)

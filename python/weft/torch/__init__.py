@@ -100,8 +100,17 @@ def moe_combine(expert_out, weights, experts, max_tokens=0, recv_capacity=0, met
                                       group_name(group))
 
 
+def moe_layer(x, ids, weights, w_up, w_down, experts, max_tokens=0, recv_capacity=0, method="auto", group=None):
+    """A mixture-of-experts layer with expert parallelism: x [T, hidden] through the SwiGLU
+    experts of its ids [T, top_k] (w_up [experts / world, 2 ffn, hidden], w_down
+    [experts / world, hidden, ffn]: this rank's), summed with weights [T, top_k] (fp32) ->
+    y [T, hidden]; docs/moe.md, "Layer". max_tokens 0: a bucket of T (pass it for CUDA graphs)."""
+    return torch.ops.weft.moe_layer(x, ids, weights, w_up, w_down, int(experts), int(max_tokens), int(recv_capacity),
+                                    method, group_name(group))
+
+
 from . import nn  # noqa: E402
 
 __all__ = ["init", "world", "shutdown", "TorchWorld", "group_name", "empty", "is_symmetric", "prepare",
            "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_v", "ag_gemm", "ag_gemm_gathered",
-           "gemm_rs", "gemm_ar", "gemv_ar", "moe_dispatch", "moe_combine", "nn"]
+           "gemm_rs", "gemm_ar", "gemv_ar", "moe_dispatch", "moe_combine", "moe_layer", "nn"]

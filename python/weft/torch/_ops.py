@@ -671,6 +671,96 @@ moe_dispatch.register_autograd(_moe_bwd, setup_context=_moe_no_grad)
 moe_combine.register_autograd(_moe_bwd, setup_context=_moe_no_grad)
 
 
+# ---- MoE layer ---------------------------------------------------------------------------------
+# One weft.MoeLayer per (hidden, ffn, experts, top_k, max_tokens, recv_capacity, dtype, group),
+# max_tokens bucketed as moe_dispatch's.
+
+MOE_LAYER_METHODS = ("auto", "baseline", "decomposed")
+
+
+def _moe_layer_operands(x, ids, weights, w_up, w_down, experts, max_tokens, recv_capacity, method, group):
+    wd = _world.lookup(group)
+    _check_method("moe_layer", method, MOE_LAYER_METHODS)
+    x = _check_input(wd, "moe_layer", "x", x, _MOE_DTYPES)
+    ids = _check_input(wd, "moe_layer", "ids", ids, (torch.int32, torch.int64))
+    weights = _check_input(wd, "moe_layer", "weights", weights, (torch.float32,))
+    w_up = _check_input(wd, "moe_layer", "w_up", w_up, (x.dtype,))
+    w_down = _check_input(wd, "moe_layer", "w_down", w_down, (x.dtype,))
+    if x.dim() != 2 or ids.dim() != 2 or weights.shape != ids.shape or ids.shape[0] != x.shape[0]:
+        raise weft.InvalidArgument(f"weft.moe_layer: x must be [T, hidden], ids and weights [T, top_k] (x "
+                                   f"{tuple(x.shape)}, ids {tuple(ids.shape)}, weights {tuple(weights.shape)})")
+    t, hidden = x.shape
+    top_k = ids.shape[1]
+    if experts < 1 or experts % wd.size:
+        raise weft.InvalidArgument(f"weft.moe_layer: experts must be a positive multiple of the world size "
+                                   f"{wd.size}, got {experts}")
+    local = experts // wd.size
+    if w_up.dim() != 3 or w_up.shape[0] != local or w_up.shape[2] != hidden or w_up.shape[1] % 2:
+        raise weft.InvalidArgument(f"weft.moe_layer: w_up must be [experts / world = {local}, 2 * ffn, hidden = "
+                                   f"{hidden}], got {tuple(w_up.shape)}")
+    ffn = w_up.shape[1] // 2
+    if tuple(w_down.shape) != (local, hidden, ffn):
+        raise weft.InvalidArgument(f"weft.moe_layer: w_down must be [{local}, {hidden}, {ffn}] (experts / world, "
+                                   f"hidden, ffn), got {tuple(w_down.shape)}")
+    mt = _moe_max_tokens(t, max_tokens)
+    if t > mt:
+        raise weft.InvalidArgument(f"weft.moe_layer: {t} tokens, more than max_tokens {mt}")
+    return wd, x, ids, weights, w_up, w_down, t, hidden, ffn, top_k, mt
+
+
+def _moe_layer_object(wd, hidden, ffn, experts, top_k, max_tokens, recv_capacity, dtype, t, capture_check=True):
+    if recv_capacity < 0:
+        raise weft.InvalidArgument(f"weft.moe: recv_capacity must be >= 0, got {recv_capacity}")
+    key = ("moe_layer", hidden, ffn, experts, top_k, max_tokens, recv_capacity, dtype)
+    m = wd._gemms.get(key)
+    if m is None:
+        if capture_check and _capturing(t):
+            raise _not_prepared("moe_layer", f"hidden={hidden}, ffn={ffn}, experts={experts}, top_k={top_k}, "
+                                             f"max_tokens={max_tokens}, {dtype}")
+        m = weft.MoeLayer(wd.world, hidden, ffn, experts, top_k, max_tokens, _WEFT_DTYPE[dtype],
+                          recv_capacity=recv_capacity)
+        wd._gemms[key] = m
+    return m
+
+
+@torch.library.custom_op("weft::moe_layer", mutates_args=())
+def moe_layer(x: Tensor, ids: Tensor, weights: Tensor, w_up: Tensor, w_down: Tensor, experts: int,
+              max_tokens: int = 0, recv_capacity: int = 0, method: str = "auto", group: str = "") -> Tensor:
+    """A mixture-of-experts layer with expert parallelism (docs/moe.md, "Layer"): each token of
+    x [T, hidden] to its experts ids [T, top_k] (experts / world a rank), each expert's SwiGLU
+    FFN (w_up [experts / world, 2 ffn, hidden]: gate rows, then up rows; w_down
+    [experts / world, hidden, ffn]: this rank's experts), the outputs back and summed with the
+    router's weights [T, top_k] fp32 -> y [T, hidden]. bf16/f16 (f32 on the host backend).
+    No autograd yet."""
+    wd, x, ids, weights, w_up, w_down, t, hidden, ffn, top_k, mt = _moe_layer_operands(
+        x, ids, weights, w_up, w_down, experts, max_tokens, recv_capacity, method, group)
+    ids32 = ids if ids.dtype == torch.int32 else ids.to(torch.int32)
+    m = _moe_layer_object(wd, hidden, ffn, experts, top_k, mt, recv_capacity, x.dtype, x)
+    y = x.new_empty((t, hidden))
+    m.forward(x.data_ptr() if t else 0, ids32.data_ptr() if t else 0, weights.data_ptr() if t else 0,
+              w_up.data_ptr(), w_down.data_ptr(), y.data_ptr() if t else 0, t, method, _stream(x))
+    return y
+
+
+@moe_layer.register_fake
+def _(x, ids, weights, w_up, w_down, experts, max_tokens=0, recv_capacity=0, method="auto", group=""):
+    wd, x, ids, weights, w_up, w_down, t, hidden, ffn, top_k, mt = _moe_layer_operands(
+        x, ids, weights, w_up, w_down, experts, max_tokens, recv_capacity, method, group)
+    return x.new_empty((t, hidden))
+
+
+def _moe_layer_no_grad(ctx, inputs, output):
+    raise RuntimeError("weft.moe_layer has no backward yet: call it under torch.no_grad() or "
+                       "torch.inference_mode(), or with inputs that do not require grad")
+
+
+def _moe_layer_bwd(ctx, *grads):
+    raise RuntimeError("weft.moe_layer has no backward yet")
+
+
+moe_layer.register_autograd(_moe_layer_bwd, setup_context=_moe_layer_no_grad)
+
+
 # ---- prepare: create an op's state ahead (for CUDA graph capture) ---------------------------
 
 _PREPARE_PARAMS = {
@@ -686,6 +776,8 @@ _PREPARE_PARAMS = {
     "gemv_ar": ("x", "w", "method", "group"),
     "gemv_ar_rmsnorm": ("x", "w", "residual", "gamma", "eps", "method", "group"),
     "moe_dispatch": ("x", "ids", "experts", "max_tokens", "recv_capacity", "method", "group"),
+    "moe_layer": ("x", "ids", "weights", "w_up", "w_down", "experts", "max_tokens", "recv_capacity", "method",
+                  "group"),
 }
 
 
@@ -728,6 +820,16 @@ def prepare(op: str, *args, **kwargs) -> None:
         mt = _moe_max_tokens(x.shape[0], int(vals.get("max_tokens", 0)))
         _moe_object(op, w, x.shape[1], experts, ids.shape[1], mt, int(vals.get("recv_capacity", 0)), x.dtype, x,
                     capture_check=False)
+        return
+    if op == "moe_layer":  # shapes and dtypes only (meta tensors do)
+        _check_method(op, method, MOE_LAYER_METHODS)
+        x, ids, w_up = vals["x"], vals["ids"], vals["w_up"]
+        if x.dtype not in _MOE_DTYPES or x.dim() != 2 or ids.dim() != 2 or w_up.dim() != 3:
+            raise weft.InvalidArgument("weft.prepare: moe_layer takes x [T, hidden] (bf16/f16/f32), ids [T, top_k] "
+                                       "and w_up [experts / world, 2 ffn, hidden]")
+        mt = _moe_max_tokens(x.shape[0], int(vals.get("max_tokens", 0)))
+        _moe_layer_object(w, x.shape[1], w_up.shape[1] // 2, int(vals["experts"]), ids.shape[1], mt,
+                          int(vals.get("recv_capacity", 0)), x.dtype, x, capture_check=False)
         return
     if op in ("ag_gemm", "gemm_rs", "gemm_ar"):
         _check_method(op, method, GEMM_METHODS)
