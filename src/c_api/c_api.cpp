@@ -732,7 +732,7 @@ WEFT_API int weft_moe_layer_forward(weft_moe_layer* m, const void* x, const int3
                                     const char* method, void* stream) {
   return guard([&] {
     require_arg(m != nullptr, "weft_moe_layer_forward: the weft_moe_layer handle is null");
-    m->op->forward(x, ids, weights, w_up, w_down, y,
-                   {.method = ops::parse_moe_layer_method(text_or(method, "auto")), .tokens = tokens, .stream = stream});
+    const ops::MoeLayerMethod how = ops::parse_moe_layer_method(text_or(method, "auto"));
+    m->op->forward(x, ids, weights, w_up, w_down, y, {.method = how, .tokens = tokens, .stream = stream});
   });
 }
