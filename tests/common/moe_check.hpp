@@ -59,6 +59,7 @@ struct Rows {  // 16-byte aligned rows of any dtype
   unsigned char* p() {
     return reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(v.data()) + 15) & ~uintptr_t{15});
   }
+  const unsigned char* p() const { return const_cast<Rows*>(this)->p(); }
 };
 inline void put(unsigned char* base, int64_t i, float f, dev::DType t) {
   if (t == dev::DType::kF32) return std::memcpy(base + 4 * i, &f, 4), void();
@@ -76,6 +77,26 @@ inline float get(const unsigned char* base, int64_t i, dev::DType t) {
   return t == dev::DType::kF16 ? dev::to_float(dev::f16_t{b}) : dev::to_float(dev::bf16_t{b});
 }
 
+// Rank r's inputs of call w.e with T tokens: x [T, H], ids and weights [T, top_k].
+struct CallInputs {
+  Rows x;
+  std::vector<int32_t> ids;
+  std::vector<float> wt;
+};
+inline CallInputs inputs_of(const Routing& w, int r, int64_t T, dev::DType t) {
+  const int64_t k = w.k, H = w.H;
+  CallInputs in{Rows(T, H, t), std::vector<int32_t>(static_cast<size_t>(std::max<int64_t>(T * k, 1))),
+                std::vector<float>(static_cast<size_t>(std::max<int64_t>(T * k, 1)))};
+  for (int64_t i = 0; i < T; ++i) {
+    for (int64_t h = 0; h < H; ++h) put(in.x.p(), i * H + h, w.x(r, i, h), t);
+    for (int64_t j = 0; j < k; ++j) {
+      in.ids[static_cast<size_t>(i * k + j)] = w.id(r, i, j);
+      in.wt[static_cast<size_t>(i * k + j)] = w.w(r, i, j);
+    }
+  }
+  return in;
+}
+
 // One dispatch + combine of call w.e on this rank, checked exactly: recv's rows and counts
 // against the layout the header promises, y against the weighted sums (small integers and
 // halves: exact in every dtype).
@@ -84,16 +105,10 @@ inline void run_and_check(Backend& b, MoeDispatchCombine& op, const Routing& w, 
   const int r = b.rank();
   const int64_t L = w.E / w.world, H = w.H, k = w.k;
   const int64_t T = w.tokens(r, max_tokens);
-  Rows x(T, H, t);
-  std::vector<int32_t> ids(static_cast<size_t>(std::max<int64_t>(T * k, 1)));
-  std::vector<float> wt(static_cast<size_t>(std::max<int64_t>(T * k, 1)));
-  for (int64_t i = 0; i < T; ++i) {
-    for (int64_t h = 0; h < H; ++h) put(x.p(), i * H + h, w.x(r, i, h), t);
-    for (int64_t j = 0; j < k; ++j) {
-      ids[static_cast<size_t>(i * k + j)] = w.id(r, i, j);
-      wt[static_cast<size_t>(i * k + j)] = w.w(r, i, j);
-    }
-  }
+  CallInputs in = inputs_of(w, r, T, t);
+  Rows& x = in.x;
+  const std::vector<int32_t>& ids = in.ids;
+  const std::vector<float>& wt = in.wt;
   const size_t eb = dev::dtype_size(t), xb = static_cast<size_t>(T * H) * eb, pb = static_cast<size_t>(T * k);
   void* x_op = mem.alloc(std::max<size_t>(xb, 16));
   auto* ids_op = static_cast<int32_t*>(mem.alloc(std::max<size_t>(pb * 4, 16)));
@@ -167,16 +182,8 @@ inline void run_and_check_layer(Backend& b, ops::MoeLayer& layer, const Routing&
   const int64_t L = w.E / w.world, H = w.H, k = w.k;
   const int64_t T = w.tokens(r, max_tokens);
   const size_t eb = dev::dtype_size(t);
-  Rows x(T, H, t), wu(L * 2 * F, H, t), wd(L * H, F, t);
-  std::vector<int32_t> ids(static_cast<size_t>(std::max<int64_t>(T * k, 1)));
-  std::vector<float> wt(static_cast<size_t>(std::max<int64_t>(T * k, 1)));
-  for (int64_t i = 0; i < T; ++i) {
-    for (int64_t h = 0; h < H; ++h) put(x.p(), i * H + h, w.x(r, i, h), t);
-    for (int64_t j = 0; j < k; ++j) {
-      ids[static_cast<size_t>(i * k + j)] = w.id(r, i, j);
-      wt[static_cast<size_t>(i * k + j)] = w.w(r, i, j);
-    }
-  }
+  CallInputs in = inputs_of(w, r, T, t);
+  Rows wu(L * 2 * F, H, t), wd(L * H, F, t);
   for (int64_t l = 0; l < L; ++l) {
     for (int64_t j = 0; j < 2 * F; ++j)
       for (int64_t h = 0; h < H; ++h) put(wu.p(), (l * 2 * F + j) * H + h, w_up(r * L + l, j, h), t);
@@ -191,9 +198,9 @@ inline void run_and_check_layer(Backend& b, ops::MoeLayer& layer, const Routing&
   void* wu_op = mem.alloc(ub);
   void* wd_op = mem.alloc(db);
   void* y_op = mem.alloc(std::max<size_t>(xb, 16));
-  mem.to(x_op, x.p(), xb);
-  mem.to(ids_op, ids.data(), pb * 4);
-  mem.to(wt_op, wt.data(), pb * 4);
+  mem.to(x_op, in.x.p(), xb);
+  mem.to(ids_op, in.ids.data(), pb * 4);
+  mem.to(wt_op, in.wt.data(), pb * 4);
   mem.to(wu_op, wu.p(), ub);
   mem.to(wd_op, wd.p(), db);
   layer.forward(x_op, ids_op, wt_op, wu_op, wd_op, y_op, {.method = m, .tokens = T, .stream = mem.stream});

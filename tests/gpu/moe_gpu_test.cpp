@@ -238,19 +238,10 @@ TEST(MoeGpuGraph, CapturedDispatchAndCombineReplay) {
     w.H = H;
     auto load = [&](int64_t e) {
       w.e = e;
-      Rows xh(T, H, dev::DType::kBF16);
-      std::vector<int32_t> idh(T * k);
-      std::vector<float> wh(T * k);
-      for (int64_t i = 0; i < T; ++i) {
-        for (int64_t h = 0; h < H; ++h) put(xh.p(), i * H + h, w.x(r, i, h), dev::DType::kBF16);
-        for (int64_t j = 0; j < k; ++j) {
-          idh[static_cast<size_t>(i * k + j)] = w.id(r, i, j);
-          wh[static_cast<size_t>(i * k + j)] = w.w(r, i, j);
-        }
-      }
-      mem.to(x, xh.p(), T * H * 2);
-      mem.to(ids, idh.data(), T * k * 4);
-      mem.to(wt, wh.data(), T * k * 4);
+      const CallInputs in = inputs_of(w, r, T, dev::DType::kBF16);
+      mem.to(x, in.x.p(), T * H * 2);
+      mem.to(ids, in.ids.data(), T * k * 4);
+      mem.to(wt, in.wt.data(), T * k * 4);
     };
     for (MoeMethod m : {MoeMethod::kDecomposed, MoeMethod::kDirect}) {
       // Identity experts: combine reads recv itself; y = x * (sum of the weights).
@@ -353,19 +344,10 @@ TEST_P(MoeLayerGpu, ForwardIsCloseToTheReferenceAndCapturable) {
       w.route = Route::kMixed;
       auto load = [&](int64_t e) {
         w.e = e;
-        Rows xh(T, H, dev::DType::kBF16);
-        std::vector<int32_t> idh(T * k);
-        std::vector<float> wh(T * k);
-        for (int64_t i = 0; i < T; ++i) {
-          for (int64_t h = 0; h < H; ++h) put(xh.p(), i * H + h, w.x(r, i, h), dev::DType::kBF16);
-          for (int64_t j = 0; j < k; ++j) {
-            idh[static_cast<size_t>(i * k + j)] = w.id(r, i, j);
-            wh[static_cast<size_t>(i * k + j)] = w.w(r, i, j);
-          }
-        }
-        mem.to(x, xh.p(), T * H * 2);
-        mem.to(ids, idh.data(), T * k * 4);
-        mem.to(wt, wh.data(), T * k * 4);
+        const CallInputs in = inputs_of(w, r, T, dev::DType::kBF16);
+        mem.to(x, in.x.p(), T * H * 2);
+        mem.to(ids, in.ids.data(), T * k * 4);
+        mem.to(wt, in.wt.data(), T * k * 4);
       };
       const ops::MoeLayerRunOptions o{.method = ops::MoeLayerMethod::kDecomposed, .tokens = T, .stream = s};
       load(7);

@@ -556,17 +556,23 @@ def _moe_capacity(wd, experts, top_k, max_tokens, recv_capacity):
     return wd.size * max_tokens * min(top_k, max(experts // wd.size, 1))
 
 
-def _moe_object(op, wd, hidden, experts, top_k, max_tokens, recv_capacity, dtype, t, capture_check=True):
-    key = ("moe", hidden, experts, top_k, max_tokens, recv_capacity, dtype)
+def _cached_object(op, wd, key, shape, make, t, capture_check):
+    """The world's object for `key`, made by make() the first time -- outside a CUDA graph
+    capture (a capture must not allocate: prepare() first, or an eager call)."""
     m = wd._gemms.get(key)
     if m is None:
         if capture_check and _capturing(t):
-            raise _not_prepared(op, f"hidden={hidden}, experts={experts}, top_k={top_k}, max_tokens={max_tokens}, "
-                                    f"{dtype}")
-        m = weft.MoeDispatchCombine(wd.world, hidden, experts, top_k, max_tokens, _WEFT_DTYPE[dtype],
-                                    recv_capacity=recv_capacity)
-        wd._gemms[key] = m
+            raise _not_prepared(op, shape)
+        m = wd._gemms[key] = make()
     return m
+
+
+def _moe_object(op, wd, hidden, experts, top_k, max_tokens, recv_capacity, dtype, t, capture_check=True):
+    return _cached_object(
+        op, wd, ("moe", hidden, experts, top_k, max_tokens, recv_capacity, dtype),
+        f"hidden={hidden}, experts={experts}, top_k={top_k}, max_tokens={max_tokens}, {dtype}",
+        lambda: weft.MoeDispatchCombine(wd.world, hidden, experts, top_k, max_tokens, _WEFT_DTYPE[dtype],
+                                        recv_capacity=recv_capacity), t, capture_check)
 
 
 def _moe_dispatch_operands(x, ids, experts, max_tokens, recv_capacity, method, group):
@@ -711,16 +717,11 @@ def _moe_layer_operands(x, ids, weights, w_up, w_down, experts, max_tokens, recv
 def _moe_layer_object(wd, hidden, ffn, experts, top_k, max_tokens, recv_capacity, dtype, t, capture_check=True):
     if recv_capacity < 0:
         raise weft.InvalidArgument(f"weft.moe: recv_capacity must be >= 0, got {recv_capacity}")
-    key = ("moe_layer", hidden, ffn, experts, top_k, max_tokens, recv_capacity, dtype)
-    m = wd._gemms.get(key)
-    if m is None:
-        if capture_check and _capturing(t):
-            raise _not_prepared("moe_layer", f"hidden={hidden}, ffn={ffn}, experts={experts}, top_k={top_k}, "
-                                             f"max_tokens={max_tokens}, {dtype}")
-        m = weft.MoeLayer(wd.world, hidden, ffn, experts, top_k, max_tokens, _WEFT_DTYPE[dtype],
-                          recv_capacity=recv_capacity)
-        wd._gemms[key] = m
-    return m
+    return _cached_object(
+        "moe_layer", wd, ("moe_layer", hidden, ffn, experts, top_k, max_tokens, recv_capacity, dtype),
+        f"hidden={hidden}, ffn={ffn}, experts={experts}, top_k={top_k}, max_tokens={max_tokens}, {dtype}",
+        lambda: weft.MoeLayer(wd.world, hidden, ffn, experts, top_k, max_tokens, _WEFT_DTYPE[dtype],
+                              recv_capacity=recv_capacity), t, capture_check)
 
 
 @torch.library.custom_op("weft::moe_layer", mutates_args=())
