@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 
+#include "weft/bench/bench_buffer.hpp"
 #include "weft/bench/devapi_bench.hpp"
 #include "weft/bench/gemm_overlap_bench.hpp"
 #include "weft/core/env.hpp"
@@ -29,55 +30,11 @@ using ops::GemvMethod;
 
 
 
-// One operand of `n` bf16 values: device memory (GPU) or 16-byte aligned host memory.
-class Buf {
- public:
-  Buf(bool gpu, size_t n) : gpu_(gpu), n_(n) {
-#ifdef WEFT_HAVE_CUDA
-    if (gpu) {
-      WEFT_CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(n, 8) * 2));
-      WEFT_CUDA_CHECK(cudaMemset(p_, 0, std::max<size_t>(n, 8) * 2));
-      return;
-    }
-#endif
-    host_.assign(n + 8, 0);
-    p_ = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(host_.data()) + 15) & ~uintptr_t{15});
-  }
-  ~Buf() {
-#ifdef WEFT_HAVE_CUDA
-    if (gpu_) cudaFree(p_);
-#endif
-  }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  void* get() const { return p_; }
-  void upload(const std::vector<uint16_t>& v) {
-#ifdef WEFT_HAVE_CUDA
-    if (gpu_) {
-      WEFT_CUDA_CHECK(cudaMemcpy(p_, v.data(), n_ * 2, cudaMemcpyHostToDevice));
-      return;
-    }
-#endif
-    std::memcpy(p_, v.data(), n_ * 2);
-  }
-  // The first `n` values (the caller has synchronised the stream that wrote them).
-  std::vector<uint16_t> download(size_t n) const {
-    std::vector<uint16_t> out(n);
-#ifdef WEFT_HAVE_CUDA
-    if (gpu_) {
-      WEFT_CUDA_CHECK(cudaMemcpy(out.data(), p_, n * 2, cudaMemcpyDeviceToHost));
-      return out;
-    }
-#endif
-    std::memcpy(out.data(), p_, n * 2);
-    return out;
-  }
-
- private:
-  bool gpu_;
-  size_t n_;
-  void* p_ = nullptr;
-  std::vector<uint16_t> host_;
+// One operand of `n` bf16 values in the backend's memory.
+struct Buf : BenchBuffer {
+  Buf(bool gpu, size_t n) : BenchBuffer(gpu, n * 2) {}
+  void upload(const std::vector<uint16_t>& v) { load(v.data(), v.size() * 2); }
+  std::vector<uint16_t> download(size_t n) const { return read<uint16_t>(n); }
 };
 
 // This rank's memory bandwidth in GB/s: a large copy (GPU: device to device, cudaMemcpyAsync

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 
+#include "weft/bench/bench_buffer.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ops/moe.hpp"
 
@@ -37,42 +38,7 @@ struct MoeShape {
 constexpr MoeShape kShapes[] = {
     {"mixtral", 4096, 8, 2, 14336}, {"qwen3-30b-a3b", 2048, 128, 8, 768}, {"deepseek-v3-like", 7168, 64, 8, 2048}};
 
-// Bytes in the backend's memory (device on GPUs), zeroed.
-class Mem {
- public:
-  Mem(bool gpu, size_t n) : gpu_(gpu) {
-#ifdef WEFT_HAVE_CUDA
-    if (gpu) {
-      WEFT_CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(n, 16)));
-      WEFT_CUDA_CHECK(cudaMemset(p_, 0, std::max<size_t>(n, 16)));
-      return;
-    }
-#endif
-    host_.assign(n + 16, 0);
-    p_ = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(host_.data()) + 15) & ~uintptr_t{15});
-  }
-  ~Mem() {
-#ifdef WEFT_HAVE_CUDA
-    if (gpu_) cudaFree(p_);
-#endif
-  }
-  Mem(const Mem&) = delete;
-  void load(const void* src, size_t n) {
-#ifdef WEFT_HAVE_CUDA
-    if (gpu_) {
-      WEFT_CUDA_CHECK(cudaMemcpy(p_, src, n, cudaMemcpyHostToDevice));
-      return;
-    }
-#endif
-    std::memcpy(p_, src, n);
-  }
-  void* get() const { return p_; }
-
- private:
-  bool gpu_;
-  void* p_ = nullptr;
-  std::vector<unsigned char> host_;
-};
+using Mem = BenchBuffer;  // bytes in the backend's memory
 
 // Rank r's routing: top_k distinct uniform experts per token (a seeded LCG).
 std::vector<int32_t> routing(int r, int64_t tokens, int64_t experts, int64_t k) {
