@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../common/op_base.hpp"
+#include "rows.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device/dtype.hpp"
 #include "weft/kernels/moe_kernels.hpp"
@@ -262,26 +263,12 @@ void MoeLayer::forward(const void* x, const int32_t* ids, const float* weights, 
         gemm_cpu(CpuGemm{t, t, false, recv + static_cast<size_t>(r0 * H) * I.eb, H,
                          wu + static_cast<size_t>(l * 2 * F * H) * I.eb, H, h.data(), 2 * F, H},
                  rows, 2 * F);
-        auto elem = [&](const std::vector<unsigned char>& v, int64_t i) {
-          if (t == dev::DType::kF32) {
-            float f;
-            std::memcpy(&f, v.data() + 4 * i, 4);
-            return f;
-          }
-          uint16_t bits;
-          std::memcpy(&bits, v.data() + 2 * i, 2);
-          return dev::from_bits16(bits, t);
-        };
         for (int64_t r = 0; r < rows; ++r)
-          for (int64_t j = 0; j < F; ++j) {
-            const float v = silu_mul(elem(h, r * 2 * F + j), elem(h, r * 2 * F + F + j));
-            if (t == dev::DType::kF32) {
-              std::memcpy(act.data() + 4 * (r * F + j), &v, 4);
-            } else {
-              const uint16_t bits = dev::to_bits16(v, t);
-              std::memcpy(act.data() + 2 * (r * F + j), &bits, 2);
-            }
-          }
+          for (int64_t j = 0; j < F; ++j)
+            moe_rows::store(
+                act.data(), r * F + j,
+                silu_mul(moe_rows::load(h.data(), r * 2 * F + j, t), moe_rows::load(h.data(), r * 2 * F + F + j, t)),
+                t);
         gemm_cpu(CpuGemm{t, t, false, act.data(), F, wd + static_cast<size_t>(l * H * F) * I.eb, F,
                          I.h_out.data() + static_cast<size_t>(r0 * H) * I.eb, H, F},
                  rows, H);

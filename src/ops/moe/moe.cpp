@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../common/op_base.hpp"
+#include "rows.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device/dtype.hpp"
 #include "weft/kernels/moe_kernels.hpp"
@@ -51,25 +52,8 @@ void validate(const MoeConfig& c, int world) {
                "moe: dtype must be bf16, f16 or f32");
 }
 
-// Element i of a row of t's type (f32, or a 16-bit type through dtype.hpp's bit helpers).
-float load(const unsigned char* row, int64_t i, dev::DType t) {
-  if (t == dev::DType::kF32) {
-    float f;
-    std::memcpy(&f, row + 4 * i, 4);
-    return f;
-  }
-  uint16_t b;
-  std::memcpy(&b, row + 2 * i, 2);
-  return dev::from_bits16(b, t);
-}
-void store(unsigned char* row, int64_t i, float f, dev::DType t) {
-  if (t == dev::DType::kF32) {
-    std::memcpy(row + 4 * i, &f, 4);
-    return;
-  }
-  const uint16_t b = dev::to_bits16(f, t);
-  std::memcpy(row + 2 * i, &b, 2);
-}
+using moe_rows::load;
+using moe_rows::store;
 
 }  // namespace
 
