@@ -14,6 +14,7 @@
 
 #include "weft/core/error.hpp"
 #include "weft/device/dtype.hpp"
+#include "weft/kernels/moe_kernels.hpp"
 #include "weft/ops/moe.hpp"
 #include "weft/runtime/backend.hpp"
 
@@ -131,11 +132,45 @@ inline void run_and_check(Backend& b, MoeDispatchCombine& op, const Routing& w, 
   for (size_t i = 0; i < want_counts.size(); ++i)
     WEFT_CHECK(counts[i] == want_counts[i],
                fmt::format("{}: recv_counts[{}] = {}, expected {}", what, i, counts[i], want_counts[i]));
-  Rows recv(rows, H, t);
-  mem.from(recv.p(), op.recv(), static_cast<size_t>(rows * H) * eb);
-  int64_t row = 0;
+  // Where chunk (s, le) starts in recv: rank-major, or (expert_blocks) in expert le's block --
+  // whole kMoeBlockRows-row blocks in expert order -- after the lower sources' chunks.
+  const bool blocks = op.config().expert_blocks;
+  const int64_t BR = kernels::kMoeBlockRows;
+  std::vector<int64_t> start(want_counts.size(), 0);
+  int64_t extent = 0;  // rows of recv in use
+  if (blocks) {
+    for (int64_t le = 0; le < L; ++le) {
+      int64_t at = extent;
+      for (int s = 0; s < w.world; ++s) {
+        start[static_cast<size_t>(s * L + le)] = at;
+        at += want_counts[static_cast<size_t>(s * L + le)];
+      }
+      extent += (at - extent + BR - 1) / BR * BR;
+    }
+    std::vector<int32_t> groups(static_cast<size_t>((op.recv_capacity() + BR - 1) / BR));
+    mem.from(groups.data(), op.recv_groups(), groups.size() * 4);
+    for (size_t b = 0; b < groups.size(); ++b) {
+      int32_t want = -1;
+      for (int64_t le = 0; le < L; ++le) {
+        int64_t n = 0;
+        for (int s = 0; s < w.world; ++s) n += want_counts[static_cast<size_t>(s * L + le)];
+        const int64_t first = start[static_cast<size_t>(le)];  // source 0's chunk: the block's start
+        if (n > 0 && static_cast<int64_t>(b) * BR >= first && static_cast<int64_t>(b) * BR < first + n)
+          want = static_cast<int32_t>(le);
+      }
+      WEFT_CHECK(groups[b] == want, fmt::format("{}: recv_groups[{}] = {}, expected {}", what, b, groups[b], want));
+    }
+  } else {
+    for (size_t c = 0; c < start.size(); ++c) {
+      start[c] = extent;
+      extent += want_counts[c];
+    }
+  }
+  Rows recv(extent, H, t);
+  mem.from(recv.p(), op.recv(), static_cast<size_t>(extent * H) * eb);
   for (int s = 0; s < w.world; ++s)
-    for (int64_t le = 0; le < L; ++le)
+    for (int64_t le = 0; le < L; ++le) {
+      int64_t row = start[static_cast<size_t>(s * L + le)];
       for (int64_t i = 0; i < w.tokens(s, max_tokens); ++i)
         for (int64_t j = 0; j < k; ++j) {
           if (w.id(s, i, j) != r * L + le) continue;
@@ -144,17 +179,20 @@ inline void run_and_check(Backend& b, MoeDispatchCombine& op, const Routing& w, 
                        fmt::format("{}: recv row {} (source {} token {} slot {}) element {}", what, row, s, i, j, h));
           ++row;
         }
-  // The experts: row times factor(expert), into a buffer of the test's.
-  Rows out(rows, H, t);
-  int64_t at = 0;
+    }
+  // The experts: row times factor(expert), into a buffer of the test's (recv's layout; the
+  // blocks' padding rows zero).
+  Rows out(extent, H, t);
   for (int s = 0; s < w.world; ++s)
     for (int64_t le = 0; le < L; ++le)
-      for (int64_t q = 0; q < want_counts[static_cast<size_t>(s * L + le)]; ++q, ++at)
+      for (int64_t q = 0; q < want_counts[static_cast<size_t>(s * L + le)]; ++q) {
+        const int64_t at = start[static_cast<size_t>(s * L + le)] + q;
         for (int64_t h = 0; h < H; ++h)
           put(out.p(), at * H + h, get(recv.p(), at * H + h, t) * Routing::factor(r * L + le), t);
-  void* out_op = mem.alloc(std::max<size_t>(static_cast<size_t>(rows * H) * eb, 16));
+      }
+  void* out_op = mem.alloc(std::max<size_t>(static_cast<size_t>(extent * H) * eb, 16));
   void* y_op = mem.alloc(std::max<size_t>(xb, 16));
-  mem.to(out_op, out.p(), static_cast<size_t>(rows * H) * eb);
+  mem.to(out_op, out.p(), static_cast<size_t>(extent * H) * eb);
   op.combine(out_op, wt_op, y_op, {.method = m, .tokens = T, .stream = mem.stream});
   Rows y(T, H, t);
   mem.from(y.p(), y_op, xb);

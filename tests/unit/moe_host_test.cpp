@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -82,6 +83,51 @@ TEST_P(MoeHost, DispatchAndCombineAreExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, MoeHost, ::testing::Values(1, 2, 3, 4, 8));
+
+// expert_blocks: recv in whole 128-row blocks per local expert (sources in order within), the
+// blocks' experts in recv_groups(), combine from that layout -- exact, worlds 1 ... 8, experts
+// that receive nothing (skewed), T changing; the default capacity fits any routing with the
+// padding; baseline and decomposed refuse the layout.
+TEST_P(MoeHost, ExpertBlocksAreExact) {
+  const int world = GetParam();
+  expect_all_ok(run_host(world, [world] {
+    auto b = make_backend();
+    for (const int64_t L : {int64_t{1}, int64_t{3}})
+      for (const int64_t k : {int64_t{1}, int64_t{2}}) {
+        if (k > L * world) continue;
+        MoeConfig cfg;
+        cfg.hidden = 16;
+        cfg.experts = L * world;
+        cfg.top_k = k;
+        cfg.max_tokens = 70;  // sources' chunks that cross a block's end (world * 70 * k rows an expert at most)
+        cfg.expert_blocks = true;
+        MoeDispatchCombine op(*b, cfg);
+        WEFT_CHECK(op.recv_capacity() == world * 70 * std::min(k, L) + L * 127, "expert_blocks' default capacity");
+        HostMem mem;
+        Routing w;
+        w.world = world;
+        w.E = cfg.experts;
+        w.k = k;
+        w.H = cfg.hidden;
+        for (Route route : {Route::kMixed, Route::kSkewed})
+          for (int64_t e : {0, 1, 5, 70})
+            for (MoeMethod m : {MoeMethod::kAuto, MoeMethod::kDirect}) {
+              w.route = route;
+              w.e = e;
+              run_and_check(*b, op, w, cfg.max_tokens, m, dev::DType::kBF16,
+                            fmt::format("blocks world {} E {} top-{} {} call {} {}", world, w.E, k,
+                                        route == Route::kSkewed ? "skewed" : "mixed", e, to_string(m)),
+                            mem);
+            }
+        Rows x(1, 16, dev::DType::kBF16);
+        std::vector<int32_t> ids(static_cast<size_t>(k), 0);
+        for (int64_t j = 0; j < k; ++j) ids[static_cast<size_t>(j)] = static_cast<int32_t>(j);
+        for (MoeMethod m : {MoeMethod::kBaseline, MoeMethod::kDecomposed})
+          expect_message([&] { op.dispatch(x.p(), ids.data(), {.method = m, .tokens = 1}); },
+                         "moe: expert_blocks places rows by method direct only");
+      }
+  }));
+}
 
 // A routing that overflows one rank's capacity is refused on every rank, naming that rank, and
 // the op goes on serving calls that fit.

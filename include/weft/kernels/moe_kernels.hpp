@@ -28,6 +28,9 @@ struct MoeRouteArgs {
   unsigned long long* bad = nullptr;  // the first invalid pair's index (atomicMin; ~0: none), never reset here
 };
 
+// The rows of an expert block (MoeConfig::expert_blocks, the layer's layout): the GEMM's M tile.
+inline constexpr int kMoeBlockRows = 128;
+
 // Method direct (docs/moe.md, "Direct"): one kernel a direction, every row stored straight into
 // its final place in the peer's symmetric buffer. Symmetric heap offsets (the same on every
 // rank) and this rank's device state.
@@ -53,6 +56,13 @@ struct MoeDirectArgs {
   int64_t* ret = nullptr;                 // [world][3]: rows before source s in recv, s's send offset of
                                           // this rank's rows, rows from s (dispatch writes, combine reads)
   unsigned long long* refused = nullptr;  // ~0: none; else (rank << 40 | rows) of the first rank over capacity
+  // ops::MoeConfig::expert_blocks: recv in expert blocks of kMoeBlockRows rows; dispatch writes
+  // groups [groups_n] (each block's local expert, -1 past the last) and chunk_rows [world][local]
+  // (chunk (s, l)'s first row in recv, and its rows' offset among source s's: combine reads it).
+  bool blocks = false;
+  int32_t* groups = nullptr;
+  int groups_n = 0;
+  int64_t* chunk_rows = nullptr;  // [world * local][2]
   const void* x = nullptr;                // dispatch: [tokens, hidden]
   const void* expert_out = nullptr;       // combine: [rows, hidden] in recv's layout
   const float* weights = nullptr;         // combine: [tokens, top_k]
@@ -62,7 +72,6 @@ struct MoeDirectArgs {
 // The experts' layout of one rank's received rows (ops::MoeLayer; docs/moe.md, "Layer"): local
 // expert l's rows -- those from source 0, then source 1, ... -- in a block of whole 128-row
 // M-blocks (kernels::kGemmTileM), the blocks in expert order; the grouped GEMM reads it in place.
-inline constexpr int kMoeBlockRows = 128;
 struct MoeLayoutArgs {
   const int64_t* chunks = nullptr;  // [world][local] rows received (recv_counts())
   int world = 1, local = 1;

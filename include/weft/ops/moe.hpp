@@ -70,6 +70,14 @@ struct MoeConfig {
   // Off, or in a capture, an invalid pair is left out silently (its row goes nowhere, its
   // weight counts for nothing), and so is every row of a refused direct dispatch.
   bool check_ids = true;
+  // recv's layout (method direct, and auto on GPUs): false -- rank-major, expert-grouped (above);
+  // true -- expert blocks: local expert l's rows (from source 0, then 1, ...; each source's in
+  // its (token, slot) order) in whole blocks of kernels::kMoeBlockRows rows starting on a block
+  // boundary, the blocks in expert order, the rows up to the block's end padding (never
+  // written): the layout a grouped GEMM reads in place (recv_groups()). recv_capacity counts
+  // the padding; its default adds (kMoeBlockRows - 1) rows an expert. baseline and decomposed
+  // refuse it.
+  bool expert_blocks = false;
 };
 
 struct MoeRunOptions {
@@ -101,6 +109,10 @@ class MoeDispatchCombine {
   const void* recv() const;
   const int64_t* recv_counts() const;
   int64_t recv_rows() const;
+  // expert_blocks: after a dispatch, each block's local expert (-1: no expert's rows) --
+  // int32 [ceil(recv_capacity / kMoeBlockRows)] in the backend's memory (the grouped GEMM's
+  // GemmArgs::group_of); null without expert_blocks.
+  const int32_t* recv_groups() const;
   // expert_out [recv_rows(), H] in recv()'s layout (may be recv() itself), weights [T, top_k],
   // y [T, H] (T: the last dispatch's). Throws InvalidArgument without a dispatch before it, for
   // another T or method than that dispatch's, null or misaligned pointers, y overlapping

@@ -35,8 +35,8 @@ static_assert(kMoeMaxTopK <= kernels::kMoeMaxSlots, "the kernels take every slot
 namespace {
 
 std::string describe(const MoeConfig& c) {
-  return fmt::format("hidden {} experts {} top_k {} max_tokens {} recv_capacity {} {}", c.hidden, c.experts, c.top_k,
-                     c.max_tokens, c.recv_capacity, dev::dtype_name(c.dtype));
+  return fmt::format("hidden {} experts {} top_k {} max_tokens {} recv_capacity {} {}{}", c.hidden, c.experts, c.top_k,
+                     c.max_tokens, c.recv_capacity, dev::dtype_name(c.dtype), c.expert_blocks ? " expert_blocks" : "");
 }
 
 void validate(const MoeConfig& c, int world) {
@@ -89,6 +89,11 @@ struct MoeDispatchCombine::Impl {
   std::vector<uint64_t> got_rows;  // rows from each rank (combine sends as many back)
   std::vector<uint64_t> ret_off;   // direct: where each rank's rows to this rank start in its send order
   std::vector<int64_t> counts;  // [world][local]: recv_counts()
+  // expert_blocks (host backend): each block's local expert (recv_groups()), and each chunk's
+  // (source, local expert) first row in recv.
+  std::vector<int32_t> groups;
+  std::vector<uint64_t> chunk_start;
+  int64_t extent = 0;  // rows of recv the last dispatch used (with blocks: their padding too)
   int64_t rows = 0;
   std::vector<unsigned char> send;  // [T * top_k, H]: dispatch's rows in send order
   std::vector<std::string> agreed;  // "dispatch <method>" / "combine <method>" once checked
@@ -110,6 +115,8 @@ struct MoeDispatchCombine::Impl {
   int64_t* d_ret = nullptr;                 // [world][3]
   unsigned long long* d_refused = nullptr;  // [1]
   uint32_t* d_slices = nullptr;             // [kMoeDirectCtas][experts]
+  int32_t* d_groups = nullptr;              // expert_blocks: [groups_n()] (recv_groups())
+  int64_t* d_chunk_rows = nullptr;          // expert_blocks: [world * local][2]
   uint64_t sig_off = 0;                     // [2][world] signals
   ~Impl() {
 #ifdef WEFT_HAVE_CUDA
@@ -127,9 +134,13 @@ struct MoeDispatchCombine::Impl {
   Method coll_method(MoeMethod m) const { return m == MoeMethod::kDecomposed ? Method::kDirect : Method::kBaseline; }
   // auto: direct (on GPUs up to kernels::kMoeDirectMaxWorld ranks, else decomposed).
   MoeMethod resolve(MoeMethod m) const {
-    if (m != MoeMethod::kAuto) return m;
-    return gpu && world > kernels::kMoeDirectMaxWorld ? MoeMethod::kDecomposed : MoeMethod::kDirect;
+    if (m == MoeMethod::kAuto)
+      m = gpu && world > kernels::kMoeDirectMaxWorld && !cfg.expert_blocks ? MoeMethod::kDecomposed : MoeMethod::kDirect;
+    WEFT_REQUIRE(m == MoeMethod::kDirect || !cfg.expert_blocks,
+                 fmt::format("moe: expert_blocks places rows by method direct only, not {}", to_string(m)));
+    return m;
   }
+  int64_t groups_n() const { return (capacity + kernels::kMoeBlockRows - 1) / kernels::kMoeBlockRows; }
   int64_t tokens_of(const MoeRunOptions& o) const {
     const int64_t t = o.tokens < 0 ? cfg.max_tokens : o.tokens;
     WEFT_REQUIRE(t <= cfg.max_tokens, fmt::format("moe: tokens must be in 0 ... {}, got {}", cfg.max_tokens, o.tokens));
@@ -181,7 +192,9 @@ MoeDispatchCombine::MoeDispatchCombine(Backend& backend, const MoeConfig& config
   I.eb = dev::dtype_size(config.dtype);
   I.capacity = config.recv_capacity > 0
                    ? config.recv_capacity
-                   : static_cast<int64_t>(I.world) * config.max_tokens * std::min(config.top_k, I.local);
+                   : static_cast<int64_t>(I.world) * config.max_tokens * std::min(config.top_k, I.local) +
+                         (config.expert_blocks ? I.local * (kernels::kMoeBlockRows - 1) : 0);
+  if (config.expert_blocks) I.groups.assign(static_cast<size_t>(I.groups_n()), -1);
   I.recv_off = I.op.workspace(I.recv_elems() * I.eb, "recv");
   I.back_off = I.op.workspace(I.back_elems() * I.eb, "back");
   I.counts_off = I.op.workspace(2ull * static_cast<uint64_t>(I.world * I.world * I.local) * 8, "counts");
@@ -209,7 +222,9 @@ MoeDispatchCombine::MoeDispatchCombine(Backend& backend, const MoeConfig& config
                               up(24),
                               up(W * 3 * 8),
                               up(8),
-                              up(static_cast<uint64_t>(kernels::kMoeDirectCtas) * config.experts * 4)};
+                              up(static_cast<uint64_t>(kernels::kMoeDirectCtas) * config.experts * 4),
+                              up(static_cast<uint64_t>(std::max<int64_t>(1, I.groups_n())) * 4),
+                              up(static_cast<uint64_t>(config.experts) * 16)};
     uint64_t total = 0;
     for (uint64_t b : sizes) total += b;
     WEFT_CUDA_CHECK(cudaMalloc(&I.dev_mem, total));
@@ -231,7 +246,10 @@ MoeDispatchCombine::MoeDispatchCombine(Backend& backend, const MoeConfig& config
     I.d_ret = reinterpret_cast<int64_t*>(take(9));
     I.d_refused = reinterpret_cast<unsigned long long*>(take(10));
     I.d_slices = reinterpret_cast<uint32_t*>(take(11));
+    I.d_groups = reinterpret_cast<int32_t*>(take(12));
+    I.d_chunk_rows = reinterpret_cast<int64_t*>(take(13));
     WEFT_CUDA_CHECK(cudaMemset(I.dev_mem, 0, total));
+    WEFT_CUDA_CHECK(cudaMemset(I.d_groups, 0xFF, static_cast<size_t>(std::max<int64_t>(1, I.groups_n())) * 4));
     WEFT_CUDA_CHECK(cudaMemset(I.d_bad, 0xFF, 8));
     WEFT_CUDA_CHECK(cudaMemset(I.d_refused, 0xFF, 8));
     WEFT_CUDA_CHECK(cudaDeviceSynchronize());  // before any stream's call (torch's streams do not wait)
@@ -265,6 +283,10 @@ kernels::MoeDirectArgs direct_args(const MoeDispatchCombine::Impl& I, int64_t T)
   a.chunks = I.d_chunks;
   a.ret = I.d_ret;
   a.refused = I.d_refused;
+  a.blocks = I.cfg.expert_blocks;
+  a.groups = I.d_groups;
+  a.groups_n = static_cast<int>(I.groups_n());
+  a.chunk_rows = I.d_chunk_rows;
   return a;
 }
 
@@ -430,25 +452,30 @@ void MoeDispatchCombine::dispatch(const void* x, const int32_t* ids, const MoeRu
     ++I.calls;
     std::vector<uint64_t> sent_rows(static_cast<size_t>(I.world), 0);
     I.got_rows.assign(static_cast<size_t>(I.world), 0);
+    const uint64_t BR = kernels::kMoeBlockRows;
     for (int d = 0; d < I.world; ++d) {
       uint64_t total = 0;
-      for (int s = 0; s < I.world; ++s)
-        for (int64_t e = 0; e < L; ++e) {
+      for (int64_t e = 0; e < L; ++e) {
+        uint64_t expert_rows = 0;
+        for (int s = 0; s < I.world; ++s) {
           const uint64_t n = I.counts_at(I.rank, par, s, d)[e];
-          total += n;
+          expert_rows += n;
           if (s == I.rank) sent_rows[static_cast<size_t>(d)] += n;
           if (d == I.rank) {
             I.got_rows[static_cast<size_t>(s)] += n;
             I.counts[static_cast<size_t>(s * L + e)] = static_cast<int64_t>(n);
           }
         }
+        total += c.expert_blocks ? (expert_rows + BR - 1) / BR * BR : expert_rows;  // blocks: with the padding
+      }
+      if (d == I.rank) I.extent = static_cast<int64_t>(total);
       if (total > static_cast<uint64_t>(I.capacity)) {
         I.routed = false;
         throw_invalid(
             __FILE__, __LINE__,
-            fmt::format("moe: dispatch refused: rank {} would receive {} rows, more than its recv_capacity {} (raise "
-                        "MoeConfig::recv_capacity; 0 sizes it for any routing)",
-                        d, total, I.capacity));
+            fmt::format("moe: dispatch refused: rank {} would receive {} rows{}, more than its recv_capacity {} "
+                        "(raise MoeConfig::recv_capacity; 0 sizes it for any routing)",
+                        d, total, c.expert_blocks ? " in expert blocks" : "", I.capacity));
       }
     }
     if (m == MoeMethod::kDirect) {
@@ -467,9 +494,42 @@ void MoeDispatchCombine::dispatch(const void* x, const int32_t* ids, const MoeRu
         for (int q = 0; q < d; ++q) off[static_cast<size_t>(d)] += rows_of(I.rank, q);
         for (int q = 0; q < I.rank; ++q) I.ret_off[static_cast<size_t>(d)] += rows_of(d, q);
       }
+      // expert_blocks: chunk (s, l)'s first row in rank d's recv -- expert l's block start, then
+      // the rows of lower sources -- for this rank's chunks to every d (place[d][l]) and for
+      // every source's chunk to this rank (chunk_start[s][l], combine's).
+      std::vector<uint64_t> place(static_cast<size_t>(I.world * L), 0);
+      if (c.expert_blocks) {
+        I.chunk_start.assign(static_cast<size_t>(I.world * L), 0);
+        for (int d = 0; d < I.world; ++d) {
+          uint64_t block = 0;
+          for (int64_t e = 0; e < L; ++e) {
+            uint64_t at = block * BR, total = 0;
+            for (int src = 0; src < I.world; ++src) {
+              const uint64_t n = I.counts_at(I.rank, par, src, d)[e];
+              if (src == I.rank) place[static_cast<size_t>(d * L + e)] = at;
+              if (d == I.rank) I.chunk_start[static_cast<size_t>(src * L + e)] = at;
+              at += n;
+              total += n;
+            }
+            if (d == I.rank)
+              for (uint64_t b = block; b < block + (total + BR - 1) / BR; ++b)
+                I.groups[static_cast<size_t>(b)] = static_cast<int32_t>(e);
+            block += (total + BR - 1) / BR;
+          }
+          if (d == I.rank)
+            for (size_t b = block; b < I.groups.size(); ++b) I.groups[b] = -1;
+        }
+      }
       for (int64_t i = 0; i < T * k; ++i) {
         const size_t d = static_cast<size_t>(ids[i] / L);
-        const uint64_t at = base[d] + static_cast<uint64_t>(I.pos[static_cast<size_t>(i)]) - off[d];
+        const int64_t e = ids[i] % L;
+        // Rank-major: after the lower ranks' rows, at the pair's send-order place among this
+        // rank's rows to d. Blocks: its chunk's place, then its place within the chunk.
+        const uint64_t at =
+            c.expert_blocks
+                ? place[d * static_cast<size_t>(L) + static_cast<size_t>(e)] + static_cast<uint64_t>(I.pos[static_cast<size_t>(i)]) -
+                      static_cast<uint64_t>(per_expert[static_cast<size_t>(ids[i])])
+                : base[d] + static_cast<uint64_t>(I.pos[static_cast<size_t>(i)]) - off[d];
         std::memcpy(I.b.ctx().ptr<unsigned char>(static_cast<int>(d), I.recv_off) + at * row,
                     xb + static_cast<size_t>(i / k) * row, row);
       }
@@ -501,6 +561,10 @@ void MoeDispatchCombine::dispatch(const void* x, const int32_t* ids, const MoeRu
 
 const void* MoeDispatchCombine::recv() const { return impl_->b.ctx().local<const unsigned char>(impl_->recv_off); }
 const int64_t* MoeDispatchCombine::recv_counts() const { return impl_->gpu ? impl_->d_chunks : impl_->counts.data(); }
+const int32_t* MoeDispatchCombine::recv_groups() const {
+  if (!impl_->cfg.expert_blocks) return nullptr;
+  return impl_->gpu ? impl_->d_groups : impl_->groups.data();
+}
 int64_t MoeDispatchCombine::recv_rows() const {
   Impl& I = *impl_;
 #ifdef WEFT_HAVE_CUDA
@@ -532,12 +596,12 @@ void MoeDispatchCombine::combine(const void* expert_out, const float* weights, v
       WEFT_REQUIRE(T == I.tokens, fmt::format("moe: combine of {} tokens after a dispatch of {}", T, I.tokens));
       WEFT_REQUIRE(m == I.method,
                    fmt::format("moe: combine by {} after a dispatch by {}", to_string(m), to_string(I.method)));
-      if (I.rows > 0) I.op.check_ptr(expert_out, 16, "expert_out");
+      if (I.extent > 0) I.op.check_ptr(expert_out, 16, "expert_out");
       if (T > 0) {
         I.op.check_ptr(weights, 4, "weights");
         I.op.check_ptr(y, 16, "y");
         WEFT_REQUIRE(
-            !detail::ranges_overlap(y, static_cast<uint64_t>(T) * row, expert_out, static_cast<uint64_t>(I.rows) * row),
+            !detail::ranges_overlap(y, static_cast<uint64_t>(T) * row, expert_out, static_cast<uint64_t>(I.extent) * row),
             "moe: y overlaps expert_out");
       }
     });
@@ -549,9 +613,16 @@ void MoeDispatchCombine::combine(const void* expert_out, const float* weights, v
       uint64_t before = 0;
       for (int src = 0; src < I.world; ++src) {
         const uint64_t n = I.got_rows[static_cast<size_t>(src)];
-        if (n)
-          std::memcpy(I.b.ctx().ptr<unsigned char>(src, I.back_off) + I.ret_off[static_cast<size_t>(src)] * row,
-                      eo + before * row, n * row);
+        unsigned char* to = I.b.ctx().ptr<unsigned char>(src, I.back_off) + I.ret_off[static_cast<size_t>(src)] * row;
+        if (c.expert_blocks) {  // source src's rows: a chunk in each expert's block, in expert order
+          for (int64_t e = 0; e < I.local; ++e) {
+            const uint64_t m = static_cast<uint64_t>(I.counts[static_cast<size_t>(src * I.local + e)]);
+            if (m) std::memcpy(to, eo + I.chunk_start[static_cast<size_t>(src * I.local + e)] * row, m * row);
+            to += m * row;
+          }
+        } else if (n) {
+          std::memcpy(to, eo + before * row, n * row);
+        }
         before += n;
       }
       I.b.barrier();  // every rank's rows are back
