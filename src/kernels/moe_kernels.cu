@@ -335,6 +335,13 @@ __global__ void __launch_bounds__(kDirectThreads) dispatch_direct_kernel(const _
   // Every rank's matrix is the same: every rank finds the same places and the same verdict.
   const uint64_t* M = a.ctx.local<const uint64_t>(a.counts_off + 8ull * (par * W * WL));
   auto chunk_rows = [&](int s, int d) { return static_cast<uint64_t>(rows_sd[s * W + d]); };
+  auto words = [&](int s, int d, int l) {
+    return static_cast<uint64_t>(static_cast<uint32_t>(M[(s * W + d) * L + l]));
+  };
+  // expert_blocks: this rank's chunk (d, l)'s row in d's recv less its first send-order place
+  // (a pair's row = place + its send-order place), and this rank's experts' first blocks.
+  __shared__ int64_t place[kMoeMaxExperts];
+  __shared__ int32_t bstart[kMoeMaxExperts + 1];
   if (tid < W) {
     const int d = tid;
     uint64_t before = 0, total = 0, off = 0;
@@ -346,6 +353,23 @@ __global__ void __launch_bounds__(kDirectThreads) dispatch_direct_kernel(const _
     for (int q = 0; q < d; ++q) off += chunk_rows(me, q);
     base[d] = before;
     send_off[d] = off;
+    if (a.blocks) {  // expert l's block: whole kMoeBlockRows blocks, sources in order within
+      uint64_t block = 0, sent = off;
+      for (int l = 0; l < L; ++l) {
+        uint64_t rows = 0, lower = 0;
+        for (int s = 0; s < W; ++s) {
+          const uint64_t v = words(s, d, l);
+          rows += v;
+          lower += s < me ? v : 0;
+        }
+        place[d * L + l] = static_cast<int64_t>(block * kMoeBlockRows + lower) - static_cast<int64_t>(sent);
+        sent += words(me, d, l);
+        if (d == me) bstart[l] = static_cast<int32_t>(block);
+        block += (rows + kMoeBlockRows - 1) / kMoeBlockRows;
+      }
+      if (d == me) bstart[L] = static_cast<int32_t>(block);
+      total = block * kMoeBlockRows;  // with the padding
+    }
     if (total > a.capacity) atomicMin(&refused, (static_cast<unsigned long long>(d) << 40) | total);
   }
   __syncthreads();
@@ -362,7 +386,34 @@ __global__ void __launch_bounds__(kDirectThreads) dispatch_direct_kernel(const _
       a.ret[3 * s] = static_cast<int64_t>(before);
       a.ret[3 * s + 1] = static_cast<int64_t>(off);
       a.ret[3 * s + 2] = ok ? static_cast<int64_t>(chunk_rows(s, me)) : 0;
+      if (a.blocks) {  // source s's chunk of each local expert: its first row here, its rows before it from s
+        uint64_t prefix = 0;
+        for (int l = 0; l < L; ++l) {
+          uint64_t lower = 0;
+          for (int q = 0; q < s; ++q) lower += words(q, me, l);
+          a.chunk_rows[2 * (s * L + l)] =
+              static_cast<int64_t>(static_cast<uint64_t>(bstart[l]) * kMoeBlockRows + lower);
+          a.chunk_rows[2 * (s * L + l) + 1] = static_cast<int64_t>(prefix);
+          prefix += words(s, me, l);
+        }
+      }
     }
+    if (a.blocks)  // each block's local expert (a refused routing: none)
+      for (int b = tid; b < a.groups_n; b += kDirectThreads) {
+        int g = -1;
+        if (ok && b < bstart[L]) {
+          int lo = 0, hi = L - 1;  // the last expert whose first block is <= b (an empty one shares its successor's)
+          while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (bstart[mid] <= b)
+              lo = mid;
+            else
+              hi = mid - 1;
+          }
+          g = lo;
+        }
+        a.groups[b] = g;
+      }
   }
   if (ok) {
     const int vecs = a.hidden * (a.dtype == dev::DType::kF32 ? 4 : 2) / 16;
@@ -376,7 +427,8 @@ __global__ void __launch_bounds__(kDirectThreads) dispatch_direct_kernel(const _
       const int p = pos[i];
       if (p < 0) continue;
       const int d = a.route.ids[i] / L;
-      const uint64_t row = base[d] + (static_cast<uint64_t>(p) - send_off[d]);
+      const uint64_t row = a.blocks ? static_cast<uint64_t>(place[a.route.ids[i]] + p)  // ids[i] = d * L + l
+                                    : base[d] + (static_cast<uint64_t>(p) - send_off[d]);
       warp_copy_part(a.ctx.ptr<uint4>(d, a.recv_off + row * row_bytes),
                      static_cast<const uint4*>(a.x) + static_cast<size_t>(i / a.top_k) * vecs, vecs, w % parts, parts,
                      lane);
@@ -413,8 +465,22 @@ __global__ void __launch_bounds__(kDirectThreads) combine_direct_kernel(const __
       const int64_t item = w / parts, j = item / W;
       const int s = static_cast<int>((item % W + a.ctx.rank) % W);
       if (j >= a.ret[3 * s + 2]) continue;
+      int64_t from = a.ret[3 * s] + j;  // rank-major: source s's rows in a run
+      if (a.blocks) {  // expert blocks: row j of source s is in the chunk of the last expert whose rows before it are
+                       // <= j
+        const int64_t* cr = a.chunk_rows + 2ll * s * a.local;
+        int lo = 0, hi = a.local - 1;
+        while (lo < hi) {
+          const int mid = (lo + hi + 1) / 2;
+          if (cr[2 * mid + 1] <= j)
+            lo = mid;
+          else
+            hi = mid - 1;
+        }
+        from = cr[2 * lo] + (j - cr[2 * lo + 1]);
+      }
       warp_copy_part(a.ctx.ptr<uint4>(s, a.back_off + static_cast<uint64_t>(a.ret[3 * s + 1] + j) * row_bytes),
-                     static_cast<const uint4*>(a.expert_out) + static_cast<size_t>(a.ret[3 * s] + j) * vecs, vecs,
+                     static_cast<const uint4*>(a.expert_out) + static_cast<size_t>(from) * vecs, vecs,
                      static_cast<int>(w % parts), parts, lane);
     }
   }
@@ -644,7 +710,8 @@ namespace {
 bool direct_args_ok(const MoeDirectArgs& a) {
   return a.ctx.world >= 1 && a.ctx.world <= kMoeDirectMaxWorld && a.local >= 1 && a.hidden % 8 == 0 &&
          (static_cast<size_t>(a.hidden) * dev::dtype_size(a.dtype)) % 16 == 0 && a.tokens >= 0 && a.calls &&
-         a.slice_counts && a.chunks && a.ret && a.refused;
+         a.slice_counts && a.chunks && a.ret && a.refused &&
+         (!a.blocks || (a.groups && a.chunk_rows && a.groups_n >= 0));
 }
 }  // namespace
 

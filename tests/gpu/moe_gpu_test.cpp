@@ -68,33 +68,36 @@ TEST_P(MoeGpu, DispatchAndCombineAreExact) {
     };
     int checks = 0;
     for (const Shape& sh : std::vector<Shape>{{1, 1, 16}, {2, 2, 64}, {8, 8, 16}, {3, 1, 1024}})
-      for (dev::DType t : {dev::DType::kBF16, dev::DType::kF32}) {
-        MoeConfig cfg;
-        cfg.hidden = sh.H;
-        cfg.experts = sh.L * world;
-        cfg.top_k = sh.k;
-        cfg.max_tokens = 40;
-        cfg.dtype = t;
-        MoeDispatchCombine op(*b, cfg);
-        DevMem mem(s);
-        Routing w;
-        w.world = world;
-        w.E = cfg.experts;
-        w.k = sh.k;
-        w.H = sh.H;
-        for (Route route : {Route::kMixed, Route::kSkewed})
-          for (int64_t e : {0, 1, 2, 40})  // T = (3 rank + e) % 41: 0, 1, 2, 40 on rank 0
-            for (MoeMethod m : {MoeMethod::kBaseline, MoeMethod::kDecomposed, MoeMethod::kDirect}) {
-              w.route = route;
-              w.e = e;
-              run_and_check(
-                  *b, op, w, cfg.max_tokens, m, t,
-                  fmt::format("gpu world {} E {} top-{} H {} {} {} call {} {}", world, w.E, w.k, w.H,
-                              route == Route::kSkewed ? "skewed" : "mixed", dev::dtype_name(t), e, to_string(m)),
-                  mem);
-              ++checks;
-            }
-      }
+      for (dev::DType t : {dev::DType::kBF16, dev::DType::kF32})
+        for (bool blocks : {false, true}) {  // recv rank-major, or in expert blocks (direct only)
+          MoeConfig cfg;
+          cfg.hidden = sh.H;
+          cfg.experts = sh.L * world;
+          cfg.top_k = sh.k;
+          cfg.max_tokens = 40;
+          cfg.dtype = t;
+          cfg.expert_blocks = blocks;
+          MoeDispatchCombine op(*b, cfg);
+          DevMem mem(s);
+          Routing w;
+          w.world = world;
+          w.E = cfg.experts;
+          w.k = sh.k;
+          w.H = sh.H;
+          for (Route route : {Route::kMixed, Route::kSkewed})
+            for (int64_t e : {0, 1, 2, 40})  // T = (3 rank + e) % 41: 0, 1, 2, 40 on rank 0
+              for (MoeMethod m : {MoeMethod::kBaseline, MoeMethod::kDecomposed, MoeMethod::kDirect}) {
+                if (blocks && m != MoeMethod::kDirect) continue;
+                w.route = route;
+                w.e = e;
+                run_and_check(*b, op, w, cfg.max_tokens, m, t,
+                              fmt::format("gpu world {} E {} top-{} H {} {} {} call {} {}{}", world, w.E, w.k, w.H,
+                                          route == Route::kSkewed ? "skewed" : "mixed", dev::dtype_name(t), e,
+                                          to_string(m), blocks ? " blocks" : ""),
+                              mem);
+                ++checks;
+              }
+        }
     if (b->rank() == 0) std::printf("[gpu] moe: %d ranks, %d checks passed\n", world, checks);
     WEFT_CUDA_CHECK(cudaStreamDestroy(s));
   }));

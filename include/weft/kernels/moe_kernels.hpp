@@ -62,11 +62,11 @@ struct MoeDirectArgs {
   bool blocks = false;
   int32_t* groups = nullptr;
   int groups_n = 0;
-  int64_t* chunk_rows = nullptr;  // [world * local][2]
-  const void* x = nullptr;                // dispatch: [tokens, hidden]
-  const void* expert_out = nullptr;       // combine: [rows, hidden] in recv's layout
-  const float* weights = nullptr;         // combine: [tokens, top_k]
-  void* y = nullptr;                      // combine: [tokens, hidden]
+  int64_t* chunk_rows = nullptr;     // [world * local][2]
+  const void* x = nullptr;           // dispatch: [tokens, hidden]
+  const void* expert_out = nullptr;  // combine: [rows, hidden] in recv's layout
+  const float* weights = nullptr;    // combine: [tokens, top_k]
+  void* y = nullptr;                 // combine: [tokens, hidden]
 };
 
 // The experts' layout of one rank's received rows (ops::MoeLayer; docs/moe.md, "Layer"): local

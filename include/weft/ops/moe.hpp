@@ -136,10 +136,12 @@ class MoeDispatchCombine {
 //   baseline    the exchange by the library's all-to-all (MoeMethod::kBaseline), the received
 //               counts read by the host, the received rows regrouped expert-major, a cuBLAS GEMM
 //               per expert (the PyTorch-style path; not capturable);
-//   decomposed  the exchange by weft's direct kernels, the rows regrouped on the device into
-//               whole 128-row blocks per expert, weft's grouped GEMM (one launch for every expert,
-//               the blocks' experts read on the device), SiLU * up, the second grouped GEMM,
-//               back to recv's layout, combine: no host synchronisation, capturable;
+//   decomposed  the exchange by weft's direct kernels with recv in expert blocks
+//               (MoeConfig::expert_blocks: dispatch stores each row straight into its expert's
+//               whole 128-row blocks), weft's grouped GEMM on those rows in place (one launch
+//               for every expert, the blocks' experts read on the device), SiLU * up, the
+//               second grouped GEMM, combine from the same blocks: no host synchronisation, no
+//               regrouping pass, capturable (GPUs; the host backend runs it rank-major);
 //   auto        decomposed.
 // On the host backend both compute the same values (CPU GEMMs, the same rounding points).
 enum class MoeLayerMethod { kAuto, kBaseline, kDecomposed };

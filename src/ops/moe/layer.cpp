@@ -50,7 +50,10 @@ struct MoeLayer::Impl {
   Backend& b;
   MoeLayerConfig cfg;
   detail::OpBase op;
-  MoeDispatchCombine ex;
+  MoeDispatchCombine ex;  // rank-major (baseline; the host backend's both methods)
+  // GPUs, decomposed: the exchange in expert blocks (MoeConfig::expert_blocks): the grouped GEMM
+  // reads dispatch's rows in place and combine takes the down projection's output as it is.
+  std::unique_ptr<MoeDispatchCombine> blocks;
   bool gpu = false;
   int64_t local = 0, capacity = 0, tiles = 0;
   size_t eb = 2;
@@ -89,7 +92,14 @@ MoeLayer::MoeLayer(Backend& backend, const MoeLayerConfig& config) {
   I.capacity = I.ex.recv_capacity();
   I.eb = dev::dtype_size(config.moe.dtype);
   // Whole 128-row blocks per expert: at most capacity + local * 127 rows.
-  I.tiles = (I.capacity + I.local * (kernels::kMoeBlockRows - 1) + kernels::kMoeBlockRows - 1) / kernels::kMoeBlockRows;
+  const int64_t padded = I.capacity + I.local * (kernels::kMoeBlockRows - 1);
+  I.tiles = (padded + kernels::kMoeBlockRows - 1) / kernels::kMoeBlockRows;
+  if (I.gpu) {  // as many rows as the rank-major exchange's, with room for the blocks' padding
+    MoeConfig bc = config.moe;
+    bc.expert_blocks = true;
+    bc.recv_capacity = I.tiles * kernels::kMoeBlockRows;  // recv_groups(): I.tiles blocks
+    I.blocks = std::make_unique<MoeDispatchCombine>(backend, bc);
+  }
   if (!I.gpu) {
     I.h_out.assign(static_cast<size_t>(std::max<int64_t>(1, I.capacity) * config.moe.hidden) * I.eb, 0);
     return;
@@ -134,7 +144,8 @@ MoeDispatchCombine& MoeLayer::exchange() { return impl_->ex; }
 #ifdef WEFT_HAVE_CUDA
 namespace {
 
-kernels::GemmArgs grouped(const MoeLayer::Impl& I, const void* a, const void* w, void* c, int64_t n, int64_t k) {
+kernels::GemmArgs grouped(const MoeLayer::Impl& I, const int32_t* group_of, const void* a, const void* w, void* c,
+                          int64_t n, int64_t k) {
   kernels::GemmArgs g;
   g.m = static_cast<int>(I.tiles * kernels::kMoeBlockRows);
   g.n = static_cast<int>(n);
@@ -146,7 +157,7 @@ kernels::GemmArgs grouped(const MoeLayer::Impl& I, const void* a, const void* w,
   g.ldb = k;
   g.c[0] = c;
   g.ldc = n;
-  g.group_of = I.group_of;
+  g.group_of = group_of;
   g.groups = static_cast<int>(I.local);
   return g;
 }
@@ -165,7 +176,20 @@ void cublas_expert(MoeLayer::Impl& I, const unsigned char* a, const unsigned cha
                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-void gpu_experts(MoeLayer::Impl& I, const void* w_up, const void* w_down, MoeLayerMethod m, cudaStream_t s) {
+// decomposed: the grouped GEMMs on the blocks exchange's recv in place (its blocks' experts read
+// on the device); the down projection's output, in the same blocks, is what its combine takes.
+void gpu_decomposed_experts(MoeLayer::Impl& I, const void* w_up, const void* w_down, cudaStream_t s) {
+  const int64_t H = I.cfg.moe.hidden, F = I.cfg.ffn;
+  const int32_t* groups = I.blocks->recv_groups();
+  gemm_gpu(grouped(I, groups, I.blocks->recv(), w_up, I.h, 2 * F, H), {}, s);
+  WEFT_CUDA_CHECK(
+      kernels::moe_swiglu(I.h, I.act, groups, static_cast<int>(I.tiles), static_cast<int>(F), I.cfg.moe.dtype, s));
+  gemm_gpu(grouped(I, groups, I.act, w_down, I.o, H, F), {}, s);
+}
+
+// baseline: the rank-major rows regrouped expert-major (the PyTorch path's permute), a cuBLAS
+// GEMM per expert with the counts read by the host, back to recv's layout.
+void gpu_baseline_experts(MoeLayer::Impl& I, const void* w_up, const void* w_down, cudaStream_t s) {
   const int64_t H = I.cfg.moe.hidden, F = I.cfg.ffn, W = I.b.size(), L = I.local;
   const int64_t* chunks = I.ex.recv_counts();
   kernels::MoeLayoutArgs la;
@@ -179,12 +203,7 @@ void gpu_experts(MoeLayer::Impl& I, const void* w_up, const void* w_down, MoeLay
   const size_t row = static_cast<size_t>(H) * I.eb;
   WEFT_CUDA_CHECK(
       kernels::moe_permute(I.ex.recv(), I.xs, I.seg, chunks, static_cast<int>(W * L), I.capacity, row, true, s));
-  if (m == MoeLayerMethod::kDecomposed) {
-    gemm_gpu(grouped(I, I.xs, w_up, I.h, 2 * F, H), {}, s);
-    WEFT_CUDA_CHECK(kernels::moe_swiglu(I.h, I.act, I.group_of, static_cast<int>(I.tiles), static_cast<int>(F),
-                                        I.cfg.moe.dtype, s));
-    gemm_gpu(grouped(I, I.act, w_down, I.o, H, F), {}, s);
-  } else {
+  {
     // The counts by the host (the baseline's exchange read them already), a cuBLAS call per expert.
     std::vector<int64_t> c(static_cast<size_t>(W * L));
     WEFT_CUDA_CHECK(cudaMemcpyAsync(c.data(), chunks, c.size() * 8, cudaMemcpyDeviceToHost, s));
@@ -236,14 +255,22 @@ void MoeLayer::forward(const void* x, const int32_t* ids, const float* weights, 
       I.agreed.push_back(what);
     }
     const MoeRunOptions eo{.method = I.exchange_method(m), .tokens = opt.tokens, .stream = opt.stream};
-    I.ex.dispatch(x, ids, eo);
 #ifdef WEFT_HAVE_CUDA
     if (I.gpu) {
-      gpu_experts(I, w_up, w_down, m, static_cast<cudaStream_t>(opt.stream));
-      I.ex.combine(I.eo, weights, y, eo);
+      const cudaStream_t s = static_cast<cudaStream_t>(opt.stream);
+      if (m == MoeLayerMethod::kDecomposed) {
+        I.blocks->dispatch(x, ids, eo);
+        gpu_decomposed_experts(I, w_up, w_down, s);
+        I.blocks->combine(I.o, weights, y, eo);
+      } else {
+        I.ex.dispatch(x, ids, eo);
+        gpu_baseline_experts(I, w_up, w_down, s);
+        I.ex.combine(I.eo, weights, y, eo);
+      }
       return;
     }
 #endif
+    I.ex.dispatch(x, ids, eo);
     // Host: each chunk's rows (source s, local expert l) through expert l's FFN, in place in
     // recv's layout.
     const int64_t H = I.cfg.moe.hidden, F = I.cfg.ffn, W = I.b.size(), L = I.local;

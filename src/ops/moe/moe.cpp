@@ -88,7 +88,7 @@ struct MoeDispatchCombine::Impl {
   std::vector<int64_t> pos;
   std::vector<uint64_t> got_rows;  // rows from each rank (combine sends as many back)
   std::vector<uint64_t> ret_off;   // direct: where each rank's rows to this rank start in its send order
-  std::vector<int64_t> counts;  // [world][local]: recv_counts()
+  std::vector<int64_t> counts;     // [world][local]: recv_counts()
   // expert_blocks (host backend): each block's local expert (recv_groups()), and each chunk's
   // (source, local expert) first row in recv.
   std::vector<int32_t> groups;
@@ -135,7 +135,8 @@ struct MoeDispatchCombine::Impl {
   // auto: direct (on GPUs up to kernels::kMoeDirectMaxWorld ranks, else decomposed).
   MoeMethod resolve(MoeMethod m) const {
     if (m == MoeMethod::kAuto)
-      m = gpu && world > kernels::kMoeDirectMaxWorld && !cfg.expert_blocks ? MoeMethod::kDecomposed : MoeMethod::kDirect;
+      m = gpu && world > kernels::kMoeDirectMaxWorld && !cfg.expert_blocks ? MoeMethod::kDecomposed
+                                                                           : MoeMethod::kDirect;
     WEFT_REQUIRE(m == MoeMethod::kDirect || !cfg.expert_blocks,
                  fmt::format("moe: expert_blocks places rows by method direct only, not {}", to_string(m)));
     return m;
@@ -327,8 +328,8 @@ void gpu_dispatch(MoeDispatchCombine::Impl& I, const void* x, const int32_t* ids
     // The chunk counts (uint32 bit patterns moved as f32 elements: an all-to-all copies, never adds).
     I.coll.all_to_all(I.d_expert_counts, I.chunk_off, static_cast<uint64_t>(I.local), dev::DType::kF32,
                       I.coll_method(m), s);
-    I.coll.all_to_all_v(I.d_send, I.d_send_elems, I.recv_off, I.recv_elems(), I.d_recv_elems, c.dtype,
-                        I.coll_method(m), s);
+    I.coll.all_to_all_v(I.d_send, I.d_send_elems, I.recv_off, I.recv_elems(), I.d_recv_elems, c.dtype, I.coll_method(m),
+                        s);
     WEFT_CUDA_CHECK(kernels::moe_widen_counts(I.b.ctx().local<const uint32_t>(I.chunk_off), I.d_chunks,
                                               static_cast<int>(I.world * I.local), s));
   }
@@ -435,8 +436,7 @@ void MoeDispatchCombine::dispatch(const void* x, const int32_t* ids, const MoeRu
     for (int64_t i = 0; i < T * k; ++i) {
       const int64_t p = next[static_cast<size_t>(ids[i])]++;
       I.pos[static_cast<size_t>(i)] = p;
-      if (pack)
-        std::memcpy(I.send.data() + static_cast<size_t>(p) * row, xb + static_cast<size_t>(i / k) * row, row);
+      if (pack) std::memcpy(I.send.data() + static_cast<size_t>(p) * row, xb + static_cast<size_t>(i / k) * row, row);
     }
     // The chunk counts: this rank's [dst][local] row into every rank's matrix, so that every
     // rank sees every destination's total and refuses an overflow alike.
@@ -525,11 +525,10 @@ void MoeDispatchCombine::dispatch(const void* x, const int32_t* ids, const MoeRu
         const int64_t e = ids[i] % L;
         // Rank-major: after the lower ranks' rows, at the pair's send-order place among this
         // rank's rows to d. Blocks: its chunk's place, then its place within the chunk.
-        const uint64_t at =
-            c.expert_blocks
-                ? place[d * static_cast<size_t>(L) + static_cast<size_t>(e)] + static_cast<uint64_t>(I.pos[static_cast<size_t>(i)]) -
-                      static_cast<uint64_t>(per_expert[static_cast<size_t>(ids[i])])
-                : base[d] + static_cast<uint64_t>(I.pos[static_cast<size_t>(i)]) - off[d];
+        const uint64_t at = c.expert_blocks ? place[d * static_cast<size_t>(L) + static_cast<size_t>(e)] +
+                                                  static_cast<uint64_t>(I.pos[static_cast<size_t>(i)]) -
+                                                  static_cast<uint64_t>(per_expert[static_cast<size_t>(ids[i])])
+                                            : base[d] + static_cast<uint64_t>(I.pos[static_cast<size_t>(i)]) - off[d];
         std::memcpy(I.b.ctx().ptr<unsigned char>(static_cast<int>(d), I.recv_off) + at * row,
                     xb + static_cast<size_t>(i / k) * row, row);
       }
@@ -600,9 +599,9 @@ void MoeDispatchCombine::combine(const void* expert_out, const float* weights, v
       if (T > 0) {
         I.op.check_ptr(weights, 4, "weights");
         I.op.check_ptr(y, 16, "y");
-        WEFT_REQUIRE(
-            !detail::ranges_overlap(y, static_cast<uint64_t>(T) * row, expert_out, static_cast<uint64_t>(I.extent) * row),
-            "moe: y overlaps expert_out");
+        WEFT_REQUIRE(!detail::ranges_overlap(y, static_cast<uint64_t>(T) * row, expert_out,
+                                             static_cast<uint64_t>(I.extent) * row),
+                     "moe: y overlaps expert_out");
       }
     });
     I.agree_method("combine", m);
