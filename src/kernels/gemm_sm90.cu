@@ -81,6 +81,12 @@ struct KernelParams {
   int src_row0, src_rows;   // GemmArgs::src_row0 / src_rows (src_rows resolved: > 0)
   int a2_row0, a2_rows;     // GemmArgs::a2's rows (a2_rows 0: none)
   const int32_t* group_of;  // GemmArgs::group_of (null: one B)
+  // GemmArgs::swiglu: a tile is 128 output columns from 128 gate and 128 up rows of B (the
+  // second B box starts n rows after the first); a group's B is 2n rows.
+  int swiglu;
+  int tile_cols;   // output columns a tile: 256, or 128 with swiglu
+  int b_second;    // rows from a tile's first B box to its second: 128, or n with swiglu
+  int group_rows;  // rows of B a group: n, or 2n with swiglu
   GemmHooks hooks;
 };
 
@@ -151,12 +157,12 @@ struct BTile {
 };
 template <int CM>
 __device__ inline BTile b_tile(const KernelParams& p, int mb, int nb) {
-  if (!p.group_of) return {nb * BN, true, CM == 2};
+  if (!p.group_of) return {nb * p.tile_cols, true, CM == 2};
   const int own = mb < p.tiles_m ? p.group_of[mb] : -1;
-  if (CM == 1) return {own * p.n + nb * BN, own >= 0, false};
+  if (CM == 1) return {own * p.group_rows + nb * p.tile_cols, own >= 0, false};
   const int mate = (mb ^ 1) < p.tiles_m ? p.group_of[mb ^ 1] : -1;
   const int g = own >= 0 ? own : mate;
-  return {g * p.n + nb * BN, g >= 0, own == mate};
+  return {g * p.group_rows + nb * p.tile_cols, g >= 0, own == mate};
 }
 __device__ inline void hook_notify(const KernelParams& p, int pos) {
   const GemmHooks& h = p.hooks;
@@ -345,7 +351,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                             kb * BK, 0x3);
             } else {
               ptx::cp_async_bulk_tensor_2d_load_multicast(bs + crank * (BN / 2) * kRow, &maps.b, &full[s], kb * BK,
-                                                          bt.row + crank * (BN / 2), 0x3);
+                                                          bt.row + static_cast<int>(crank) * p.b_second, 0x3);
             }
           } else if (BKN) {
 #pragma unroll
@@ -354,7 +360,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           } else {
             // All of B into this CTA alone (single CTAs; a pair whose M-blocks' groups differ).
             ptx::cp_async_bulk_tensor_2d_load(bs, &maps.b, &full[s], kb * BK, bt.row);
-            ptx::cp_async_bulk_tensor_2d_load(bs + (BN / 2) * kRow, &maps.b, &full[s], kb * BK, bt.row + BN / 2);
+            ptx::cp_async_bulk_tensor_2d_load(bs + (BN / 2) * kRow, &maps.b, &full[s], kb * BK, bt.row + p.b_second);
           }
         }
       }
@@ -545,8 +551,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       // ---- epilogue: two halves of 64 x 128, each as two swizzled 64 x 64 boxes, TMA ----
       const CUtensorMap* cmap = &maps.c[dest];
       const int row0 = static_cast<int>(static_cast<int64_t>(mb) * BM + wg * 64 - p.c_row0[dest]);
+      if (p.swiglu) {
+        // Columns 0..127 of the accumulator are the gate's, 128..255 the up projection's for the
+        // same output columns (n8 blocks j and j + 16 of this thread): each product rounded to
+        // the type (the unfused path's h), then silu(gate) * up into the first half.
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const float g = static_cast<float>(static_cast<T>(d[4 * j + q]));
+            const float u = static_cast<float>(static_cast<T>(d[4 * (j + 16) + q]));
+            d[4 * j + q] = g / (1.f + __expf(-g)) * u;
+          }
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
+        if (h == 1 && p.swiglu) break;  // one half: 128 output columns
         if (p.src_tma && tile_src) {
           // Source 0's half h is (or, for h = 1, is now being) loaded into the buffer, in the
           // layout this thread writes: add what sits at the addresses it is about to write.
@@ -580,7 +600,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         ptx::fence_proxy_async_shared_cta();
         ptx::bar_sync(1 + wg, 128);
         if (tid == 0) {
-          const int col = nb * BN + h * kEpiCols;
+          const int col = nb * p.tile_cols + h * kEpiCols;
           if (reduce) {
             ptx::cp_reduce_async_bulk_tensor_2d_add(cmap, epi, col, row0);
             ptx::cp_reduce_async_bulk_tensor_2d_add(cmap, epi + 64 * 128, col + 64, row0);
@@ -625,6 +645,7 @@ __global__ void __launch_bounds__(256) gemm_portable_kernel(const KernelParams p
   constexpr int TM = 64, TN = 64, TK = 16;
   __shared__ float as[TK][TM + 1];
   __shared__ float bs[TK][TN + 1];
+  __shared__ float bsu[TK][TN + 1];  // swiglu: the up projection's B
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   for (int pos = blockIdx.x; pos < p.num_positions; pos += gridDim.x) {
     int mb, nb;
@@ -633,16 +654,17 @@ __global__ void __launch_bounds__(256) gemm_portable_kernel(const KernelParams p
     const BTile bt = b_tile<1>(p, mb, 0);  // B's first row for this M-block (grouped: its group's)
     if (!bt.run) continue;
     const int brow0 = bt.row;
+    const int tn = p.tile_cols;  // a tile's output columns (swiglu: 128, from 128 gate and 128 up rows)
     if (threadIdx.x == 0) hook_wait(p, pos, mb);
     if (threadIdx.x == 0 && p.hooks.trace) p.hooks.trace[3 * pos] = ptx::globaltimer_ns();
     __syncthreads();
     const int dest = dest_index(hook_dest_bits(p, pos));
     T* c = static_cast<T*>(args.c[dest]);
     const int64_t rows = args.c_rows[dest];
-    for (int sub = 0; sub < (BM / TM) * (BN / TN); ++sub) {
-      const int m0 = mb * BM + (sub / (BN / TN)) * TM, n0 = nb * BN + (sub % (BN / TN)) * TN;
+    for (int sub = 0; sub < (BM / TM) * (tn / TN); ++sub) {
+      const int m0 = mb * BM + (sub / (tn / TN)) * TM, n0 = nb * tn + (sub % (tn / TN)) * TN;
       if (m0 >= p.m || n0 >= p.n) continue;
-      float acc[4][4] = {};
+      float acc[4][4] = {}, accu[4][4] = {};  // accu: swiglu's up projection
       for (int k0 = 0; k0 < p.k; k0 += TK) {
         for (int i = threadIdx.x; i < TM * TK; i += 256) {
           const int r = i / TK, kk = i % TK;
@@ -651,10 +673,13 @@ __global__ void __launch_bounds__(256) gemm_portable_kernel(const KernelParams p
                               ? static_cast<const T*>(args.a2) + static_cast<int64_t>(gm - p.a2_row0) * lda
                               : a + static_cast<int64_t>(gm) * lda;
           as[kk][r] = (gm < p.m && gk < p.k) ? ld_f(arow + gk) : 0.f;
-          float bv = 0.f;
-          if (gn < p.n && gk < p.k)
+          float bv = 0.f, bu = 0.f;
+          if (gn < p.n && gk < p.k) {
             bv = p.b_kn ? ld_f(b + gk * ldb + gn) : ld_f(b + static_cast<int64_t>(brow0 + gn) * ldb + gk);
+            if (p.swiglu) bu = ld_f(b + static_cast<int64_t>(brow0 + p.n + gn) * ldb + gk);
+          }
           bs[kk][r] = bv;
+          bsu[kk][r] = bu;
         }
         __syncthreads();
 #pragma unroll
@@ -662,7 +687,10 @@ __global__ void __launch_bounds__(256) gemm_portable_kernel(const KernelParams p
 #pragma unroll
           for (int i = 0; i < 4; ++i)
 #pragma unroll
-            for (int j = 0; j < 4; ++j) acc[i][j] += as[kk][ty * 4 + i] * bs[kk][tx * 4 + j];
+            for (int j = 0; j < 4; ++j) {
+              acc[i][j] += as[kk][ty * 4 + i] * bs[kk][tx * 4 + j];
+              if (p.swiglu) accu[i][j] += as[kk][ty * 4 + i] * bsu[kk][tx * 4 + j];
+            }
         __syncthreads();
       }
       for (int i = 0; i < 4; ++i)
@@ -672,6 +700,10 @@ __global__ void __launch_bounds__(256) gemm_portable_kernel(const KernelParams p
           if (gm >= p.m || gn >= p.n || lr < 0 || lr >= rows) continue;
           T* out = c + lr * args.ldc + gn;
           float v = acc[i][j];
+          if (p.swiglu) {  // the products rounded to T, then silu(gate) * up (the sm_90a epilogue's)
+            const float g = static_cast<float>(static_cast<T>(v)), u = static_cast<float>(static_cast<T>(accu[i][j]));
+            v = g / (1.f + __expf(-g)) * u;
+          }
           if (has_src(p, mb))
             for (int q = 0; q < p.num_src; ++q) v += src_elem<T>(p, q, gm, gn);
           if (dest_reduce(p, hook_dest_bits(p, pos)))
@@ -770,10 +802,10 @@ cudaError_t launch(const GemmArgs& a, const KernelParams& kp, bool sm90, cudaStr
     const auto sw = bk == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
     bool ok = make_map(&maps.a, dt, a.a, a.m, a.k, a.lda, BM, bk, sw);
     if (ok && kp.a2_rows > 0) ok = make_map(&maps.a2, dt, a.a2, a.a2_rows, a.k, a.lda, BM, bk, sw);
-    ok = ok &&
-         (a.b_layout == GemmBLayout::kKN ? make_map(&maps.b, dt, a.b, a.k, a.n, a.ldb, bk, 64)
-                                         : make_map(&maps.b, dt, a.b, static_cast<int64_t>(a.n) * std::max(1, a.groups),
-                                                    a.k, a.ldb, BN / 2, bk, sw));
+    ok = ok && (a.b_layout == GemmBLayout::kKN
+                    ? make_map(&maps.b, dt, a.b, a.k, a.n, a.ldb, bk, 64)
+                    : make_map(&maps.b, dt, a.b, static_cast<int64_t>(a.swiglu ? 2 * a.n : a.n) * std::max(1, a.groups),
+                               a.k, a.ldb, BN / 2, bk, sw));
     for (int d = 0; ok && !kp.direct_c && d < a.num_dests; ++d)
       ok = make_map(&maps.c[d], dt, a.c[d], a.c_rows[d], a.n, a.ldc, 64, 64);
     if (ok && kp.src_tma) ok = make_map(&maps.src, dt, a.src[0], kp.src_rows, a.n, a.ld_src, 64, 64);
@@ -870,6 +902,8 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   if (a.k_block != 0 && a.k_block != 32 && a.k_block != 64) return refuse("k_block must be 0 (auto), 32 or 64");
   if (a.cluster_m == 0 && h.order) return refuse("with an order table, say which cluster_m the table was built for");
   if (a.group_of && a.groups < 1) return refuse("a grouped GEMM needs groups >= 1");
+  if (a.swiglu && (a.b_layout != GemmBLayout::kNK || a.num_src > 0 || a.out != GemmOut::kStore || a.num_dests != 1))
+    return refuse("swiglu takes B as W[2N,K] (kNK), one destination, stores, no sources");
   if (a.group_of && a.b_layout != GemmBLayout::kNK) return refuse("a grouped GEMM takes B as W[N,K] (kNK) only");
   if (a.num_src < 0 || a.num_src > kGemmMaxSrcs) return refuse("num_src must be in [0, 7]");
   if (a.num_src > 0 && a.ld_src < a.n) return refuse("ld_src is smaller than the row");
@@ -885,12 +919,17 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
     if (misaligned(a.src[i]) || a.ld_src % 8 != 0) direct_c = true;
   }
 
+  if (a.swiglu && direct_c) return refuse("swiglu stores C by TMA: C and its rows must be 16-byte aligned");
   KernelParams kp{};
   kp.m = a.m;
   kp.n = a.n;
   kp.k = a.k;
   kp.tiles_m = gemm_tiles_m(a.m);
-  kp.tiles_n = gemm_tiles_n(a.n);
+  kp.swiglu = a.swiglu ? 1 : 0;
+  kp.tile_cols = a.swiglu ? BN / 2 : BN;
+  kp.b_second = a.swiglu ? a.n : BN / 2;
+  kp.group_rows = a.swiglu ? 2 * a.n : a.n;
+  kp.tiles_n = gemm_tiles_n(a.swiglu ? 2 * a.n : a.n);  // swiglu: 128-column tiles
   const bool sm90 = !force_portable && tma_ab && gemm_sm90_available();
   // Automatic: CTA pairs sharing B by multicast where there are M-blocks to pair (an odd
   // count leaves one phantom partner: accepted from 9 M-blocks). Under a sustained load the
@@ -909,7 +948,7 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   if (a.k_block == 0 && env_k_block == 32) kp.k_block = 32;
   if (kp.k_block == 32) kp.cluster = kp.cluster == 2 && h.order ? -1 : 1;
   if (kp.cluster < 0) return refuse("k_block 32 runs single CTAs: the order table was built for CTA pairs");
-  kp.num_positions = gemm_positions(a.m, a.n, kp.cluster);
+  kp.num_positions = gemm_positions(a.m, a.swiglu ? 2 * a.n : a.n, kp.cluster);
   kp.group_m = a.group_m > 0 ? a.group_m : 16;
   // Experiments: WEFT_GEMM_GROUP_M=g overrides the closed-form raster's group (not a table's).
   if (env_group_m > 0 && !h.order) kp.group_m = static_cast<int>(env_group_m);

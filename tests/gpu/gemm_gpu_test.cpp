@@ -18,6 +18,7 @@
 #include "weft/core/cuda_check.hpp"
 #include "weft/core/error.hpp"
 #include "weft/kernels/gemm.hpp"
+#include "weft/kernels/moe_kernels.hpp"
 #include "weft/kernels/runtime_kernels.hpp"
 #include "weft/ops/gemm.hpp"
 #include "weft/runtime/backend.hpp"
@@ -696,6 +697,63 @@ TEST(GemmGpu, GroupedRowsMultiplyTheirGroupsMatrix) {
     }
     WEFT_REQUIRE(refused, "a grouped GEMM with B[K,N] was not refused");
     std::printf("[gpu] grouped gemm: %d exact group checks passed\n", checks);
+  });
+}
+
+// SwiGLU in the epilogue (GemmArgs::swiglu), grouped: C = silu(A W_g^T) * (A W_u^T) from B's
+// 2n rows a group, bitwise equal to the unfused path -- the same kernel's plain grouped GEMM
+// into h [m, 2n], then kernels::moe_swiglu -- for every kernel, n not a multiple of the tile.
+TEST(GemmGpu, SwigluEpilogueEqualsTheUnfusedPath) {
+  if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
+  in_child([] {
+    const std::vector<int> counts = {0, 1, 127, 128, 129, 300, 5};
+    const int G = static_cast<int>(counts.size()), n = 136, k = 136;
+    std::vector<int32_t> group_of;
+    for (int g = 0; g < G; ++g)
+      for (int b = 0; b < (counts[g] + kernels::kGemmTileM - 1) / kernels::kGemmTileM; ++b) group_of.push_back(g);
+    group_of.push_back(-1);
+    const int m = static_cast<int>(group_of.size()) * kernels::kGemmTileM;
+    const dev::DType t = dev::DType::kBF16;
+    std::vector<uint16_t> ha = fill(t, static_cast<size_t>(m) * k, 5, false), hb(static_cast<size_t>(G) * 2 * n * k);
+    {
+      const auto r = fill(t, hb.size(), 6, false);
+      for (size_t i = 0; i < hb.size(); ++i) hb[i] = enc(t, dec(t, r[i]) / 4.f);  // moderate products
+    }
+    DevBuf<uint16_t> a(ha.size()), b(hb.size()), h(static_cast<size_t>(m) * 2 * n), want(static_cast<size_t>(m) * n),
+        got(static_cast<size_t>(m) * n);
+    DevBuf<int32_t> groups(group_of.size());
+    a.put(ha);
+    b.put(hb);
+    groups.put(group_of);
+    int checks = 0;
+    for (int kernel : {0, 1, 2, 3}) {
+      auto plain = args_for(t, false, Case{m, 2 * n, k}, a.p, b.p, h.p);
+      use_kernel(plain, kernel);
+      plain.group_of = groups.p;
+      plain.groups = G;
+      ops::gemm_gpu(plain, {}, nullptr, kernel == 2);
+      WEFT_CUDA_CHECK(kernels::moe_swiglu(h.p, want.p, groups.p, static_cast<int>(group_of.size()), n, t, nullptr));
+      auto fused = args_for(t, false, Case{m, n, k}, a.p, b.p, got.p);
+      use_kernel(fused, kernel);
+      fused.group_of = groups.p;
+      fused.groups = G;
+      fused.swiglu = true;
+      ops::gemm_gpu(fused, {}, nullptr, kernel == 2);
+      WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto w = want.get(), o = got.get();
+      int row = 0;
+      for (int g = 0; g < G; ++g) {
+        for (int r = row; r < row + counts[g]; ++r)
+          for (int c = 0; c < n; ++c) {
+            const size_t i = static_cast<size_t>(r) * n + c;
+            WEFT_REQUIRE(o[i] == w[i], fmt::format("swiglu kernel {} group {} row {} col {}: {:#06x}, unfused {:#06x}",
+                                                   kernel, g, r - row, c, o[i], w[i]));
+          }
+        row += (counts[g] + kernels::kGemmTileM - 1) / kernels::kGemmTileM * kernels::kGemmTileM;
+        ++checks;
+      }
+    }
+    std::printf("[gpu] swiglu epilogue: %d group checks equal to the unfused path\n", checks);
   });
 }
 

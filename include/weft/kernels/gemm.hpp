@@ -108,6 +108,13 @@ struct GemmArgs {
   // own (an expert's blocks starting on an even M-block share throughout).
   const int32_t* group_of = nullptr;
   int groups = 0;
+  // SwiGLU (a gated MLP's gate/up projection, its activation in the epilogue): B holds 2n rows
+  // (per group, grouped) -- the gate's W_g [n, K], then the up projection's W_u [n, K] -- and
+  // C[m, n] = silu(A W_g^T) * (A W_u^T), each product rounded to the type first (the unfused
+  // path's rounding points), silu by the fast exponential, the result rounded once. A tile is
+  // 128 output columns (its 256 accumulator columns: 128 gate, 128 up). kNK, one destination,
+  // stores, no sources, C by TMA.
+  bool swiglu = false;
 };
 
 struct GemmHooks {

@@ -139,9 +139,10 @@ class MoeDispatchCombine {
 //   decomposed  the exchange by weft's direct kernels with recv in expert blocks
 //               (MoeConfig::expert_blocks: dispatch stores each row straight into its expert's
 //               whole 128-row blocks), weft's grouped GEMM on those rows in place (one launch
-//               for every expert, the blocks' experts read on the device), SiLU * up, the
-//               second grouped GEMM, combine from the same blocks: no host synchronisation, no
-//               regrouping pass, capturable (GPUs; the host backend runs it rank-major);
+//               for every expert, the blocks' experts read on the device, SiLU * up in its
+//               epilogue), the second grouped GEMM, combine from the same blocks: no host
+//               synchronisation, no regrouping pass, capturable (GPUs; the host backend runs it
+//               rank-major);
 //   auto        decomposed.
 // On the host backend both compute the same values (CPU GEMMs, the same rounding points).
 enum class MoeLayerMethod { kAuto, kBaseline, kDecomposed };

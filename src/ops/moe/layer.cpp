@@ -177,13 +177,14 @@ void cublas_expert(MoeLayer::Impl& I, const unsigned char* a, const unsigned cha
 }
 
 // decomposed: the grouped GEMMs on the blocks exchange's recv in place (its blocks' experts read
-// on the device); the down projection's output, in the same blocks, is what its combine takes.
+// on the device), SiLU * up in the gate/up GEMM's epilogue; the down projection's output, in the
+// same blocks, is what its combine takes.
 void gpu_decomposed_experts(MoeLayer::Impl& I, const void* w_up, const void* w_down, cudaStream_t s) {
   const int64_t H = I.cfg.moe.hidden, F = I.cfg.ffn;
   const int32_t* groups = I.blocks->recv_groups();
-  gemm_gpu(grouped(I, groups, I.blocks->recv(), w_up, I.h, 2 * F, H), {}, s);
-  WEFT_CUDA_CHECK(
-      kernels::moe_swiglu(I.h, I.act, groups, static_cast<int>(I.tiles), static_cast<int>(F), I.cfg.moe.dtype, s));
+  kernels::GemmArgs up = grouped(I, groups, I.blocks->recv(), w_up, I.act, F, H);
+  up.swiglu = true;  // silu(gate) * up in the epilogue: no h, no pass over it
+  gemm_gpu(up, {}, s);
   gemm_gpu(grouped(I, groups, I.act, w_down, I.o, H, F), {}, s);
 }
 
