@@ -15,6 +15,21 @@ namespace {
 
 constexpr int kRouteThreads = 1024;  // moe_route: one CTA of 32 warps
 
+// The last i in [0, n) with v[stride * i] <= x (v ascending, n >= 1; 0 where none is): the
+// expert, chunk or block that holds position x where empty ones share their successor's start.
+template <class T>
+__device__ __forceinline__ int last_at_most(const T* v, int n, int64_t x, int stride = 1) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (static_cast<int64_t>(v[stride * mid]) <= x)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 // Whether pair i (token i / k, slot i % k) names a valid expert: in range and not named by an
 // earlier slot of the same token.
 __device__ __forceinline__ bool valid_pair(const int32_t* ids, int i, int k, int experts) {
@@ -401,17 +416,7 @@ __global__ void __launch_bounds__(kDirectThreads) dispatch_direct_kernel(const _
     if (a.blocks)  // each block's local expert (a refused routing: none)
       for (int b = tid; b < a.groups_n; b += kDirectThreads) {
         int g = -1;
-        if (ok && b < bstart[L]) {
-          int lo = 0, hi = L - 1;  // the last expert whose first block is <= b (an empty one shares its successor's)
-          while (lo < hi) {
-            const int mid = (lo + hi + 1) / 2;
-            if (bstart[mid] <= b)
-              lo = mid;
-            else
-              hi = mid - 1;
-          }
-          g = lo;
-        }
+        if (ok && b < bstart[L]) g = last_at_most(bstart, L, b);
         a.groups[b] = g;
       }
   }
@@ -466,18 +471,10 @@ __global__ void __launch_bounds__(kDirectThreads) combine_direct_kernel(const __
       const int s = static_cast<int>((item % W + a.ctx.rank) % W);
       if (j >= a.ret[3 * s + 2]) continue;
       int64_t from = a.ret[3 * s] + j;  // rank-major: source s's rows in a run
-      if (a.blocks) {  // expert blocks: row j of source s is in the chunk of the last expert whose rows before it are
-                       // <= j
+      if (a.blocks) {  // expert blocks: row j of source s is in the last chunk whose rows before it are <= j
         const int64_t* cr = a.chunk_rows + 2ll * s * a.local;
-        int lo = 0, hi = a.local - 1;
-        while (lo < hi) {
-          const int mid = (lo + hi + 1) / 2;
-          if (cr[2 * mid + 1] <= j)
-            lo = mid;
-          else
-            hi = mid - 1;
-        }
-        from = cr[2 * lo] + (j - cr[2 * lo + 1]);
+        const int l = last_at_most(cr + 1, a.local, j, 2);
+        from = cr[2 * l] + (j - cr[2 * l + 1]);
       }
       warp_copy_part(a.ctx.ptr<uint4>(s, a.back_off + static_cast<uint64_t>(a.ret[3 * s + 1] + j) * row_bytes),
                      static_cast<const uint4*>(a.expert_out) + static_cast<size_t>(from) * vecs, vecs,
@@ -536,17 +533,7 @@ __global__ void __launch_bounds__(kLayoutThreads) layout_kernel(const MoeLayoutA
   }
   for (int t = tid; t < a.tiles; t += kLayoutThreads) {
     int g = -1;
-    if (t < block_start[L]) {  // the expert whose blocks hold t (binary search over block_start)
-      int lo = 0, hi = L - 1;
-      while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (block_start[mid] <= t)
-          lo = mid;
-        else
-          hi = mid - 1;
-      }
-      g = lo;
-    }
+    if (t < block_start[L]) g = last_at_most(block_start, L, t);  // the expert whose blocks hold t
     a.group_of[t] = g;
   }
 }
@@ -560,14 +547,7 @@ __global__ void __launch_bounds__(256)
   const int64_t total = seg[2 * (n - 1)] + chunks[n - 1];
   const int64_t warps = static_cast<int64_t>(gridDim.x) * 8;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32; r < max_rows && r < total; r += warps) {
-    int lo = 0, hi = n - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (seg[2 * mid] <= r)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
+    const int lo = last_at_most(seg, n, r, 2);
     const int64_t e = seg[2 * lo + 1] + (r - seg[2 * lo]);
     const uint4* from = src + (to_experts ? r : e) * vecs;
     uint4* to = dst + (to_experts ? e : r) * vecs;
