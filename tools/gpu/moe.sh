@@ -3,7 +3,7 @@
 #   here:        bash tools/gpu/build.sh && bash tools/gpu/pack.sh .gpu
 #   device run:  bash tools/gpu/moe.sh .gpu          (carry .gpu)
 # The C++ GPU tests of ops::MoeDispatchCombine and the grouped GEMM (1 and all GPUs; memcheck of
-# the graph test with MEMCHECK=1; SKIP_TESTS=1: none), `weft bench moe` on the first 2, then 4
+# the graph, grouped-GEMM and layer tests with MEMCHECK=1, MEMCHECK_FILTER to choose; SKIP_TESTS=1: none), `weft bench moe` on the first 2, then 4
 # GPUs (WORLDS; JSON in $OUT/results; BENCH_ARGS, e.g. "--shapes mixtral --ms 128"), then
 # torch._grouped_mm on the same per-rank expert GEMMs (bench/torch_grouped_mm_peer.py, GPU 0;
 # SKIP_GROUPED_PEER=1: not), then the PyTorch MoE layer (tools/gpu/moe_peer.sh) unless
@@ -23,10 +23,11 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     head -40
 fi
 if [ "${MEMCHECK:-0}" = 1 ]; then
-  step "compute-sanitizer memcheck: MoeGpuGraph"
+  mfilter=${MEMCHECK_FILTER:-'MoeGpuGraph.*:*MoeGpu.*/0:GemmGpu.Grouped*:GemmGpu.Swiglu*:*MoeLayerGpu*/0'}
+  step "compute-sanitizer memcheck: $mfilter"
   WEFT_TEST_TIMEOUT_MS=120000 timeout -s KILL 300 compute-sanitizer --tool memcheck --report-api-errors no \
     --target-processes all "$d/weft_gpu_tests" \
-    --gtest_filter='MoeGpuGraph.*:*MoeGpu.*/0' > "$OUT/moe_memcheck.log" 2>&1 || status=1
+    --gtest_filter="$mfilter" > "$OUT/moe_memcheck.log" 2>&1 || status=1
   grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/moe_memcheck.log" | head -10
 fi
 NGPU=$(nvidia-smi -L | wc -l)
