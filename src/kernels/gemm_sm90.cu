@@ -84,9 +84,10 @@ struct KernelParams {
   // GemmArgs::swiglu: a tile is 128 output columns from 128 gate and 128 up rows of B (the
   // second B box starts n rows after the first); a group's B is 2n rows.
   int swiglu;
-  int tile_cols;   // output columns a tile: 256, or 128 with swiglu
-  int b_second;    // rows from a tile's first B box to its second: 128, or n with swiglu
-  int group_rows;  // rows of B a group: n, or 2n with swiglu
+  int tile_cols;            // output columns a tile: 256, or 128 with swiglu
+  int b_second;             // rows from a tile's first B box to its second: 128, or n with swiglu
+  int group_rows;           // rows of B a group: n, or 2n with swiglu
+  const uint64_t* row_dst;  // GemmArgs::row_dst (null: C by destination)
   GemmHooks hooks;
 };
 
@@ -597,6 +598,25 @@ __global__ void __launch_bounds__(kThreads, 1)
           *reinterpret_cast<uint32_t*>(box + (r + 8) * 128 + chunk * 16 + t0 * 4) =
               pack2<T>(d[4 * jj + 2], d[4 * jj + 3]);
         }
+        if (p.row_dst) {
+          // GemmArgs::row_dst: 16 threads a row, each a 16-byte piece (the swizzle undone),
+          // rows in turn: 256 contiguous bytes of a destination row per 16 threads.
+          ptx::bar_sync(1 + wg, 128);
+          const int col0 = nb * p.tile_cols + h * kEpiCols;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const int idx = tid + 128 * i, rr = idx / 16, q = idx % 16;
+            const int64_t grow = static_cast<int64_t>(mb) * BM + wg * 64 + rr;
+            const int col = col0 + (q / 8) * 64 + (q % 8) * 8;
+            if (grow >= p.m || col >= p.n) continue;
+            const uint64_t to = p.row_dst[grow];
+            if (to == 0) continue;
+            const uint4 v =
+                *reinterpret_cast<const uint4*>(epi + (q / 8) * (64 * 128) + rr * 128 + ((q % 8) ^ (rr % 8)) * 16);
+            *reinterpret_cast<uint4*>(to + static_cast<uint64_t>(col) * sizeof(T)) = v;
+          }
+          continue;  // the next half (or tile) rewrites the buffer after its barrier
+        }
         ptx::fence_proxy_async_shared_cta();
         ptx::bar_sync(1 + wg, 128);
         if (tid == 0) {
@@ -697,8 +717,10 @@ __global__ void __launch_bounds__(256) gemm_portable_kernel(const KernelParams p
         for (int j = 0; j < 4; ++j) {
           const int gm = m0 + ty * 4 + i, gn = n0 + tx * 4 + j;
           const int64_t lr = gm - p.c_row0[dest];
-          if (gm >= p.m || gn >= p.n || lr < 0 || lr >= rows) continue;
-          T* out = c + lr * args.ldc + gn;
+          if (gm >= p.m || gn >= p.n) continue;
+          if (!p.row_dst && (lr < 0 || lr >= rows)) continue;
+          if (p.row_dst && p.row_dst[gm] == 0) continue;  // GemmArgs::row_dst: the row goes nowhere
+          T* out = p.row_dst ? reinterpret_cast<T*>(p.row_dst[gm]) + gn : c + lr * args.ldc + gn;
           float v = acc[i][j];
           if (p.swiglu) {  // the products rounded to T, then silu(gate) * up (the sm_90a epilogue's)
             const float g = static_cast<float>(static_cast<T>(v)), u = static_cast<float>(static_cast<T>(accu[i][j]));
@@ -806,7 +828,7 @@ cudaError_t launch(const GemmArgs& a, const KernelParams& kp, bool sm90, cudaStr
                     ? make_map(&maps.b, dt, a.b, a.k, a.n, a.ldb, bk, 64)
                     : make_map(&maps.b, dt, a.b, static_cast<int64_t>(a.swiglu ? 2 * a.n : a.n) * std::max(1, a.groups),
                                a.k, a.ldb, BN / 2, bk, sw));
-    for (int d = 0; ok && !kp.direct_c && d < a.num_dests; ++d)
+    for (int d = 0; ok && !kp.direct_c && !a.row_dst && d < a.num_dests; ++d)
       ok = make_map(&maps.c[d], dt, a.c[d], a.c_rows[d], a.n, a.ldc, 64, 64);
     if (ok && kp.src_tma) ok = make_map(&maps.src, dt, a.src[0], kp.src_rows, a.n, a.ld_src, 64, 64);
     if (!ok) {
@@ -877,7 +899,8 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   if (a.k % 8 != 0) return refuse("K must be a multiple of 8 (16-byte rows for TMA)");
   if (a.num_dests < 1 || a.num_dests > kGemmMaxDests) return refuse("num_dests must be in [1, 8]");
   const int64_t bcols = a.b_layout == GemmBLayout::kKN ? a.n : a.k;
-  if (a.lda < a.k || a.ldb < bcols || a.ldc < a.n) return refuse("a leading dimension is smaller than the row");
+  if (a.lda < a.k || a.ldb < bcols || (!a.row_dst && a.ldc < a.n))
+    return refuse("a leading dimension is smaller than the row");
   // TMA needs 16-byte row strides and bases; where A or B cannot give them, the portable
   // kernel runs instead (same results and hooks, slower).
   auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) != 0; };
@@ -892,7 +915,11 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   // C rows that are not 16-byte multiples (or a C not 16-byte aligned) cannot be TMA-stored:
   // the kernel then stores from registers (correct, slower).
   bool direct_c = a.ldc % 8 != 0;
+  if (a.row_dst &&
+      (a.num_dests != 1 || a.out != GemmOut::kStore || a.num_src > 0 || a.n % 8 != 0 || h.notify_idx || h.dest))
+    return refuse("row_dst takes n % 8 == 0, one destination, stores, no sources, no notify or dest table");
   for (int d = 0; d < a.num_dests; ++d) {
+    if (a.row_dst) break;  // C's rows go to row_dst: c[0] unused
     if (!a.c[d]) return refuse("every destination C must be non-null");
     if (misaligned(a.c[d])) direct_c = true;
     if (args.c_rows[d] == 0) args.c_rows[d] = a.m - a.c_row0[d];
@@ -952,7 +979,8 @@ cudaError_t gemm(const GemmArgs& a, const GemmHooks& h, cudaStream_t stream, con
   kp.group_m = a.group_m > 0 ? a.group_m : 16;
   // Experiments: WEFT_GEMM_GROUP_M=g overrides the closed-form raster's group (not a table's).
   if (env_group_m > 0 && !h.order) kp.group_m = static_cast<int>(env_group_m);
-  kp.direct_c = direct_c;
+  kp.direct_c = direct_c && !a.row_dst;  // row_dst: rows stored by the threads, 16 bytes at a time
+  kp.row_dst = a.row_dst;
   for (int d = 0; d < kGemmMaxDests; ++d) {
     kp.c[d] = args.c[d];
     kp.c_rows[d] = args.c_rows[d];

@@ -115,6 +115,15 @@ struct GemmArgs {
   // 128 output columns (its 256 accumulator columns: 128 gate, 128 up). kNK, one destination,
   // stores, no sources, C by TMA.
   bool swiglu = false;
+  // Rows scattered (a mixture of experts' down projection storing each row at its token's rank,
+  // docs/moe.md "Fused"): row r of C goes to the address row_dst[r] -- device memory, [m]
+  // entries, each the first element of that row's destination (this process's view of it: a
+  // peer's memory through the symmetric heap), 16-byte aligned; 0: the row is stored nowhere.
+  // The epilogue's threads store the tile's rows from shared memory, 16 bytes at a time (no TMA).
+  // c[0] and ldc are unused (c[0] may be null). n % 8 == 0, one destination, stores, no
+  // sources, no notify or dest table. A kernel after this one on the stream sees the stores
+  // (the stream orders them; a peer needs that kernel's release, e.g. a signal).
+  const uint64_t* row_dst = nullptr;
 };
 
 struct GemmHooks {
