@@ -381,7 +381,9 @@ class MoeLayer(_Op):
     """The MoE layer (collective to create; docs/moe.md, "Layer"): dispatch, each local expert's
     SwiGLU FFN (w_up [experts / world, 2 ffn, hidden]: the gate's ffn rows, then the up
     projection's; w_down [experts / world, hidden, ffn]), combine with the router's weights.
-    Methods auto (= decomposed: no host synchronisation, capturable), baseline, decomposed.
+    Methods auto (= fused on GPUs), baseline, decomposed (no host synchronisation, capturable),
+    fused (decomposed with the down projection's epilogue storing combine's rows; GPUs, else
+    as decomposed).
     dtype BF16 or F16 on GPUs (F32 too on the host backend)."""
 
     _destroy = "weft_moe_layer_destroy"

@@ -420,6 +420,34 @@ __global__ void __launch_bounds__(kDirectThreads) dispatch_direct_kernel(const _
         a.groups[b] = g;
       }
   }
+  if (a.blocks && a.row_dst) {
+    // Each recv row's place in its source's back buffer (combine's, MoeDirectArgs::row_dst):
+    // expert l's block holds source 0's chunk, then source 1's, ...; chunk (s, l) goes back to
+    // s after s's rows for the ranks before this one and s's rows for the experts before l here.
+    const uint64_t row_bytes = static_cast<uint64_t>(a.hidden) * (a.dtype == dev::DType::kF32 ? 4 : 2);
+    const int64_t rows = static_cast<int64_t>(a.groups_n) * kMoeBlockRows;
+    for (int64_t r = static_cast<int64_t>(c) * kDirectThreads + tid; r < rows;
+         r += static_cast<int64_t>(G) * kDirectThreads) {
+      uint64_t to = 0;
+      const int b = static_cast<int>(r / kMoeBlockRows);
+      if (ok && b < bstart[L]) {
+        const int l = last_at_most(bstart, L, b);
+        uint64_t o = static_cast<uint64_t>(r) - static_cast<uint64_t>(bstart[l]) * kMoeBlockRows;
+        for (int s = 0; s < W; ++s) {
+          const uint64_t v = words(s, me, l);
+          if (o < v) {
+            uint64_t at = o;
+            for (int d = 0; d < me; ++d) at += chunk_rows(s, d);
+            for (int e = 0; e < l; ++e) at += words(s, me, e);
+            to = reinterpret_cast<uint64_t>(a.ctx.ptr<unsigned char>(s, a.back_off + at * row_bytes));
+            break;
+          }
+          o -= v;
+        }
+      }
+      a.row_dst[r] = to;
+    }
+  }
   if (ok) {
     const int vecs = a.hidden * (a.dtype == dev::DType::kF32 ? 4 : 2) / 16;
     const uint64_t row_bytes = 16ull * vecs;
@@ -457,7 +485,7 @@ __global__ void __launch_bounds__(kDirectThreads) combine_direct_kernel(const __
   const uint64_t row_bytes = 16ull * vecs;
   const int gw = static_cast<int>(blockIdx.x) * kDirectWarps + tid / 32,
             nw = static_cast<int>(gridDim.x) * kDirectWarps;
-  if (ok) {  // the rows from source s go back to s, at s's send offset of this rank's rows
+  if (ok && !a.delivered) {  // the rows from source s go back to s, at s's send offset of this rank's rows
     // Work item (j, q): row j of source (me + q) % W -- the sources interleaved, so that the
     // local copies and the pushes to every peer run side by side.
     int64_t most = 0, all = 0;

@@ -316,7 +316,8 @@ TEST_P(MoeLayerGpu, ForwardIsCloseToTheReferenceAndCapturable) {
       w.H = sh.H;
       for (Route route : {Route::kMixed, Route::kSkewed})
         for (int64_t e : {0, 1, 300})
-          for (ops::MoeLayerMethod m : {ops::MoeLayerMethod::kBaseline, ops::MoeLayerMethod::kDecomposed}) {
+          for (ops::MoeLayerMethod m :
+               {ops::MoeLayerMethod::kBaseline, ops::MoeLayerMethod::kDecomposed, ops::MoeLayerMethod::kFused}) {
             w.route = route;
             w.e = e;
             run_and_check_layer(*b, layer, w, cfg.moe.max_tokens, m, dev::DType::kBF16, sh.F,
@@ -352,34 +353,40 @@ TEST_P(MoeLayerGpu, ForwardIsCloseToTheReferenceAndCapturable) {
         mem.to(ids, in.ids.data(), T * k * 4);
         mem.to(wt, in.wt.data(), T * k * 4);
       };
-      const ops::MoeLayerRunOptions o{.method = ops::MoeLayerMethod::kDecomposed, .tokens = T, .stream = s};
-      load(7);
-      layer.forward(x, ids, wt, wu, wd, y, o);
-      WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      WEFT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      layer.forward(x, ids, wt, wu, wd, y, o);
-      WEFT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-      WEFT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      for (int replay = 0; replay < 2; ++replay) {
-        load(11 + replay);
-        b->barrier();
-        WEFT_CUDA_CHECK(cudaGraphLaunch(exec, s));
+      // Each capturable method in a graph, replayed on new inputs: bitwise equal to decomposed
+      // eagerly (fused differs from it only in who stores combine's rows).
+      const ops::MoeLayerRunOptions eager{.method = ops::MoeLayerMethod::kDecomposed, .tokens = T, .stream = s};
+      for (ops::MoeLayerMethod cm : {ops::MoeLayerMethod::kDecomposed, ops::MoeLayerMethod::kFused}) {
+        const ops::MoeLayerRunOptions o{.method = cm, .tokens = T, .stream = s};
+        load(7);
+        layer.forward(x, ids, wt, wu, wd, y, o);
         WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
-        b->barrier();
-        layer.forward(x, ids, wt, wu, wd, y_eager, o);
-        std::vector<uint16_t> got(static_cast<size_t>(T * H)), want(got.size());
-        mem.from(got.data(), y, got.size() * 2);
-        mem.from(want.data(), y_eager, want.size() * 2);
-        for (size_t i = 0; i < got.size(); ++i)
-          WEFT_CHECK(got[i] == want[i], fmt::format("layer replay {}: y element {} is {:#06x}, eager {:#06x}", replay,
-                                                    i, got[i], want[i]));
-        ++checks;
-        b->barrier();
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        WEFT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        layer.forward(x, ids, wt, wu, wd, y, o);
+        WEFT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+        WEFT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        for (int replay = 0; replay < 2; ++replay) {
+          load(11 + replay);
+          b->barrier();
+          WEFT_CUDA_CHECK(cudaGraphLaunch(exec, s));
+          WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
+          b->barrier();
+          layer.forward(x, ids, wt, wu, wd, y_eager, eager);
+          std::vector<uint16_t> got(static_cast<size_t>(T * H)), want(got.size());
+          mem.from(got.data(), y, got.size() * 2);
+          mem.from(want.data(), y_eager, want.size() * 2);
+          for (size_t i = 0; i < got.size(); ++i)
+            WEFT_CHECK(got[i] == want[i], fmt::format("layer {} replay {}: y element {} is {:#06x}, decomposed eagerly "
+                                                      "{:#06x}",
+                                                      to_string(cm), replay, i, got[i], want[i]));
+          ++checks;
+          b->barrier();
+        }
+        WEFT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+        WEFT_CUDA_CHECK(cudaGraphDestroy(graph));
       }
-      WEFT_CUDA_CHECK(cudaGraphExecDestroy(exec));
-      WEFT_CUDA_CHECK(cudaGraphDestroy(graph));
     }
     if (r == 0) std::printf("[gpu] moe layer: %d ranks, %d checks passed\n", world, checks);
     WEFT_CUDA_CHECK(cudaStreamDestroy(s));

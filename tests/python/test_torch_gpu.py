@@ -310,7 +310,7 @@ def test_gpu_moe(pools, size, method):
 
 def _rank_gpu_moe_layer(method):
     """moe_layer against a per-token fp32 reference (bf16 tolerance), eagerly, replayed from a
-    CUDA graph with new inputs (decomposed, auto), and compiled."""
+    CUDA graph with new inputs (decomposed, fused, auto), and compiled."""
     import torch._dynamo
 
     import weft.torch as wt
@@ -357,7 +357,7 @@ def _rank_gpu_moe_layer(method):
 
     x, ids, w = inputs(0)
     close(layer(x, ids, w), want(x, ids, w), "eager")
-    if method in ("decomposed", "auto"):
+    if method in ("decomposed", "fused", "auto"):
         static = [a.clone() for a in (x, ids, w)]
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
@@ -378,7 +378,7 @@ def _rank_gpu_moe_layer(method):
 
 
 @pytest.mark.parametrize("size", [1, 2, 4])
-@pytest.mark.parametrize("method", ["auto", "baseline", "decomposed"])
+@pytest.mark.parametrize("method", ["auto", "baseline", "decomposed", "fused"])
 def test_gpu_moe_layer(pools, size, method):
     if _gpus() < size:
         pytest.skip(f"needs {size} GPUs")

@@ -196,7 +196,7 @@ def test_moe_layer_matches_reference(pools, size):
 
 
 def test_moe_layer_f32(pools):
-    pools.get(2).run(_rank_moe_layer, "float32", ("decomposed",))
+    pools.get(2).run(_rank_moe_layer, "float32", ("decomposed", "fused"))
 
 
 def _rank_moe_layer_errors():

@@ -228,6 +228,9 @@ TEST(MoeHostErrors, BadCallsAreRefusedOnEveryRank) {
                    "moe: combine of 2 tokens after a dispatch of 3");
     expect_message([&] { op.combine(op.recv(), wt.data(), y.p(), {.method = MoeMethod::kDecomposed, .tokens = 3}); },
                    "moe: combine by decomposed after a dispatch by baseline");
+    WEFT_CHECK(op.recv_destinations() == nullptr, "recv_destinations() on the host backend");
+    expect_message([&] { op.combine_delivered(wt.data(), y.p(), {.method = MoeMethod::kBaseline, .tokens = 3}); },
+                   "moe: combine_delivered takes rows stored at recv_destinations(): GPUs with expert_blocks only");
     op.combine(op.recv(), wt.data(), y.p(), {.method = MoeMethod::kBaseline, .tokens = 3});  // recv as expert_out
     for (int64_t i = 0; i < 3; ++i)
       for (int64_t h = 0; h < 8; ++h)
@@ -268,7 +271,8 @@ TEST_P(MoeLayerHost, ForwardMatchesThePerTokenReference) {
         w.H = cfg.moe.hidden;
         for (Route route : {Route::kMixed, Route::kSkewed})
           for (int64_t e = 0; e < 3; ++e)
-            for (ops::MoeLayerMethod m : {ops::MoeLayerMethod::kBaseline, ops::MoeLayerMethod::kDecomposed}) {
+            for (ops::MoeLayerMethod m :
+                 {ops::MoeLayerMethod::kBaseline, ops::MoeLayerMethod::kDecomposed, ops::MoeLayerMethod::kFused}) {
               w.route = route;
               w.e = e;
               run_and_check_layer(

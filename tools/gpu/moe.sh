@@ -17,13 +17,13 @@ export WEFT_TIMEOUT_MS=${WEFT_TIMEOUT_MS:-30000}
 status=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   step "C++ GPU tests (moe)"
-  timeout -s KILL 300 "$d/weft_gpu_tests" --gtest_filter='*Moe*:GemmGpu.Grouped*' > "$OUT/moe_tests.log" 2>&1 || status=1
+  timeout -s KILL 300 "$d/weft_gpu_tests" --gtest_filter='*Moe*:GemmGpu.Grouped*:GemmGpu.Swiglu*:GemmGpu.RowDest*' > "$OUT/moe_tests.log" 2>&1 || status=1
   pkill -9 -x weft_gpu_tests 2>/dev/null || true
   grep -E "^\[ *(OK|FAILED|PASSED|SKIPPED)|tests? from .* ran|Failure|checks passed|rank [0-9]+:" "$OUT/moe_tests.log" |
     head -40
 fi
 if [ "${MEMCHECK:-0}" = 1 ]; then
-  mfilter=${MEMCHECK_FILTER:-'MoeGpuGraph.*:*MoeGpu.*/0:GemmGpu.Grouped*:GemmGpu.Swiglu*:*MoeLayerGpu*/0'}
+  mfilter=${MEMCHECK_FILTER:-'MoeGpuGraph.*:*MoeGpu.*/0:GemmGpu.Grouped*:GemmGpu.Swiglu*:GemmGpu.RowDest*:*MoeLayerGpu*/0'}
   step "compute-sanitizer memcheck: $mfilter"
   WEFT_TEST_TIMEOUT_MS=120000 timeout -s KILL 300 compute-sanitizer --tool memcheck --report-api-errors no \
     --target-processes all "$d/weft_gpu_tests" \

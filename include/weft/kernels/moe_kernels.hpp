@@ -62,7 +62,13 @@ struct MoeDirectArgs {
   bool blocks = false;
   int32_t* groups = nullptr;
   int groups_n = 0;
-  int64_t* chunk_rows = nullptr;     // [world * local][2]
+  int64_t* chunk_rows = nullptr;  // [world * local][2]
+  // expert_blocks, dispatch writes (optional): [groups_n * kMoeBlockRows] -- each recv row's
+  // place in its token's rank's back buffer (the address in this process, the peer's through
+  // the heap), 0 for padding rows (GemmArgs::row_dst: a GEMM's epilogue then stores combine's
+  // rows). Combine with `delivered` takes them as stored there: it skips its copies.
+  uint64_t* row_dst = nullptr;
+  bool delivered = false;
   const void* x = nullptr;           // dispatch: [tokens, hidden]
   const void* expert_out = nullptr;  // combine: [rows, hidden] in recv's layout
   const float* weights = nullptr;    // combine: [tokens, top_k]
@@ -120,7 +126,8 @@ cudaError_t moe_dispatch_direct(const MoeDirectArgs& a, cudaStream_t s);
 // to its token's rank at its send-order place in back, a signal from each CTA to every rank,
 // then, once every rank's rows are back, y[t] = sum over slots in order of weight * row (fp32,
 // rounded once; in the kernel for small T, else in a second, wider kernel); y = 0 after a
-// refused dispatch.
+// refused dispatch. With `delivered` the rows are already in place (a kernel before this one on
+// the stream stored them at row_dst): the signals and the sum only.
 cudaError_t moe_combine_direct(const MoeDirectArgs& a, cudaStream_t s);
 #endif
 

@@ -30,7 +30,7 @@
 // is refused -- direct: on every rank alike, nothing moves, recv_counts() zero, combine's y zero,
 // and an eager call with check_ids throws; decomposed: by the all-to-all's capacity check (the
 // error slot names the rank). The layer (dispatch, the experts' FFNs, combine): MoeLayer below;
-// its fused method is not built yet (docs/moe.md, "Status").
+// its fused method stores combine's rows from the down projection's epilogue (docs/moe.md).
 //
 // Construction, dispatch and combine are collective: every rank makes the same calls in the
 // same order with the same configuration and method.
@@ -118,6 +118,15 @@ class MoeDispatchCombine {
   // another T or method than that dispatch's, null or misaligned pointers, y overlapping
   // expert_out.
   void combine(const void* expert_out, const float* weights, void* y, const MoeRunOptions& opt = {});
+  // expert_blocks on GPUs: after a dispatch, each recv row's place in its token's rank's return
+  // buffer -- uint64 [ceil(recv_capacity / kMoeBlockRows) * kMoeBlockRows], device addresses in
+  // this process (a peer's through the symmetric heap), 0 for padding rows: a GEMM that stores
+  // its rows there (GemmArgs::row_dst) delivers combine's rows from its epilogue. Null otherwise.
+  const uint64_t* recv_destinations() const;
+  // combine of rows already stored at recv_destinations() by work before it on the stream:
+  // every rank's arrival, then the weighted sum, no copies. Throws as combine does, and
+  // InvalidArgument on the host backend or without expert_blocks.
+  void combine_delivered(const float* weights, void* y, const MoeRunOptions& opt = {});
 
   const MoeConfig& config() const;
   int64_t local_experts() const;
@@ -143,12 +152,18 @@ class MoeDispatchCombine {
 //               epilogue), the second grouped GEMM, combine from the same blocks: no host
 //               synchronisation, no regrouping pass, capturable (GPUs; the host backend runs it
 //               rank-major);
-//   auto        decomposed.
-// On the host backend both compute the same values (CPU GEMMs, the same rounding points).
-enum class MoeLayerMethod { kAuto, kBaseline, kDecomposed };
+//   fused       decomposed's dispatch and gate/up GEMM, then GEMM + All-to-All: the down
+//               projection's epilogue stores each output row straight into its token's rank's
+//               return buffer (MoeDispatchCombine::recv_destinations(), GemmArgs::row_dst), and
+//               combine only meets every rank's arrival and sums -- no combine pass over the rows
+//               (GPUs; bitwise equal to decomposed; the host backend runs decomposed's path);
+//   auto        fused on GPUs (measured faster than decomposed on every shape), else decomposed.
+// On the host backend every method computes the same values (CPU GEMMs, the same rounding points).
+enum class MoeLayerMethod { kAuto, kBaseline, kDecomposed, kFused };
 inline constexpr Named<MoeLayerMethod> kMoeLayerMethodNames[] = {{MoeLayerMethod::kAuto, "auto"},
                                                                  {MoeLayerMethod::kBaseline, "baseline"},
-                                                                 {MoeLayerMethod::kDecomposed, "decomposed"}};
+                                                                 {MoeLayerMethod::kDecomposed, "decomposed"},
+                                                                 {MoeLayerMethod::kFused, "fused"}};
 inline const char* to_string(MoeLayerMethod m) { return name_in(kMoeLayerMethodNames, m); }
 inline MoeLayerMethod parse_moe_layer_method(const std::string& s) {
   return parse_in(kMoeLayerMethodNames, s, "method");

@@ -681,7 +681,7 @@ moe_combine.register_autograd(_moe_bwd, setup_context=_moe_no_grad)
 # One weft.MoeLayer per (hidden, ffn, experts, top_k, max_tokens, recv_capacity, dtype, group),
 # max_tokens bucketed as moe_dispatch's.
 
-MOE_LAYER_METHODS = ("auto", "baseline", "decomposed")
+MOE_LAYER_METHODS = ("auto", "baseline", "decomposed", "fused")
 
 
 def _moe_layer_operands(x, ids, weights, w_up, w_down, experts, max_tokens, recv_capacity, method, group):

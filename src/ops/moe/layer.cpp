@@ -1,9 +1,11 @@
 // The MoE layer (include/weft/ops/moe.hpp, MoeLayer; docs/moe.md "Layer"): the token exchange
 // (MoeDispatchCombine), each local expert's FFN between dispatch and combine, by method.
-// Host backend: the experts as CPU GEMMs on recv's layout, chunk by chunk. GPUs: the received
-// rows regrouped expert-major into whole 128-row blocks (kernels::moe_expert_layout /
-// moe_permute), the two GEMMs -- weft's grouped GEMM (decomposed) or a cuBLAS call per expert
-// (baseline, the counts read by the host) -- with SiLU * up between, then back to recv's layout.
+// Host backend: the experts as CPU GEMMs on recv's layout, chunk by chunk. GPUs: decomposed and
+// fused -- dispatch straight into each expert's 128-row blocks, weft's grouped GEMMs on them in
+// place (SiLU * up in the first's epilogue); fused's down projection stores each row at its
+// token's rank (combine_delivered). baseline -- the rank-major rows regrouped into blocks
+// (kernels::moe_expert_layout / moe_permute), a cuBLAS call per expert (the counts read by the
+// host), SiLU * up, back to recv's layout.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -75,7 +77,9 @@ struct MoeLayer::Impl {
   }
 #endif
   MoeLayerMethod resolve(MoeLayerMethod m) const {
-    return m == MoeLayerMethod::kAuto ? MoeLayerMethod::kDecomposed : m;
+    // fused measured faster than decomposed on every shape and token count, 2 and 4 H100s
+    // (docs/moe.md, "Fused"); the host backend computes every method alike.
+    return m == MoeLayerMethod::kAuto ? (gpu ? MoeLayerMethod::kFused : MoeLayerMethod::kDecomposed) : m;
   }
   MoeMethod exchange_method(MoeLayerMethod m) const {
     return m == MoeLayerMethod::kBaseline ? MoeMethod::kBaseline : MoeMethod::kDirect;
@@ -179,13 +183,20 @@ void cublas_expert(MoeLayer::Impl& I, const unsigned char* a, const unsigned cha
 // decomposed: the grouped GEMMs on the blocks exchange's recv in place (its blocks' experts read
 // on the device), SiLU * up in the gate/up GEMM's epilogue; the down projection's output, in the
 // same blocks, is what its combine takes.
-void gpu_decomposed_experts(MoeLayer::Impl& I, const void* w_up, const void* w_down, cudaStream_t s) {
+// fused: the down projection's rows go from its epilogue straight to their places in their
+// tokens' ranks' return buffers (recv_destinations(): padding rows nowhere).
+void gpu_decomposed_experts(MoeLayer::Impl& I, const void* w_up, const void* w_down, bool fused, cudaStream_t s) {
   const int64_t H = I.cfg.moe.hidden, F = I.cfg.ffn;
   const int32_t* groups = I.blocks->recv_groups();
   kernels::GemmArgs up = grouped(I, groups, I.blocks->recv(), w_up, I.act, F, H);
   up.swiglu = true;  // silu(gate) * up in the epilogue: no h, no pass over it
   gemm_gpu(up, {}, s);
-  gemm_gpu(grouped(I, groups, I.act, w_down, I.o, H, F), {}, s);
+  kernels::GemmArgs down = grouped(I, groups, I.act, w_down, I.o, H, F);
+  if (fused) {
+    down.c[0] = nullptr;
+    down.row_dst = I.blocks->recv_destinations();
+  }
+  gemm_gpu(down, {}, s);
 }
 
 // baseline: the rank-major rows regrouped expert-major (the PyTorch path's permute), a cuBLAS
@@ -259,10 +270,14 @@ void MoeLayer::forward(const void* x, const int32_t* ids, const float* weights, 
 #ifdef WEFT_HAVE_CUDA
     if (I.gpu) {
       const cudaStream_t s = static_cast<cudaStream_t>(opt.stream);
-      if (m == MoeLayerMethod::kDecomposed) {
+      if (m == MoeLayerMethod::kDecomposed || m == MoeLayerMethod::kFused) {
+        const bool fused = m == MoeLayerMethod::kFused;
         I.blocks->dispatch(x, ids, eo);
-        gpu_decomposed_experts(I, w_up, w_down, s);
-        I.blocks->combine(I.o, weights, y, eo);
+        gpu_decomposed_experts(I, w_up, w_down, fused, s);
+        if (fused)
+          I.blocks->combine_delivered(weights, y, eo);
+        else
+          I.blocks->combine(I.o, weights, y, eo);
       } else {
         I.ex.dispatch(x, ids, eo);
         gpu_baseline_experts(I, w_up, w_down, s);

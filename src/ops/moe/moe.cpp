@@ -117,6 +117,7 @@ struct MoeDispatchCombine::Impl {
   uint32_t* d_slices = nullptr;             // [kMoeDirectCtas][experts]
   int32_t* d_groups = nullptr;              // expert_blocks: [groups_n()] (recv_groups())
   int64_t* d_chunk_rows = nullptr;          // expert_blocks: [world * local][2]
+  uint64_t* d_row_dst = nullptr;            // expert_blocks: [groups_n() * kMoeBlockRows] (recv_destinations())
   uint64_t sig_off = 0;                     // [2][world] signals
   ~Impl() {
 #ifdef WEFT_HAVE_CUDA
@@ -212,20 +213,22 @@ MoeDispatchCombine::MoeDispatchCombine(Backend& backend, const MoeConfig& config
     const uint64_t pairs = static_cast<uint64_t>(std::max<int64_t>(1, config.max_tokens * config.top_k));
     const uint64_t W = static_cast<uint64_t>(I.world);
     auto up = [](uint64_t b) { return (b + 255) / 256 * 256; };
-    const uint64_t sizes[] = {up(pairs * 4),
-                              up(pairs * static_cast<uint64_t>(config.hidden) * I.eb),
-                              up(static_cast<uint64_t>(config.experts) * 4),
-                              up(W * 8),
-                              up(W * 8),
-                              up(W * 8),
-                              up(W * static_cast<uint64_t>(I.local) * 8),
-                              up(8),
-                              up(24),
-                              up(W * 3 * 8),
-                              up(8),
-                              up(static_cast<uint64_t>(kernels::kMoeDirectCtas) * config.experts * 4),
-                              up(static_cast<uint64_t>(std::max<int64_t>(1, I.groups_n())) * 4),
-                              up(static_cast<uint64_t>(config.experts) * 16)};
+    const uint64_t sizes[] = {
+        up(pairs * 4),
+        up(pairs * static_cast<uint64_t>(config.hidden) * I.eb),
+        up(static_cast<uint64_t>(config.experts) * 4),
+        up(W * 8),
+        up(W * 8),
+        up(W * 8),
+        up(W * static_cast<uint64_t>(I.local) * 8),
+        up(8),
+        up(24),
+        up(W * 3 * 8),
+        up(8),
+        up(static_cast<uint64_t>(kernels::kMoeDirectCtas) * config.experts * 4),
+        up(static_cast<uint64_t>(std::max<int64_t>(1, I.groups_n())) * 4),
+        up(static_cast<uint64_t>(config.experts) * 16),
+        up(static_cast<uint64_t>(std::max<int64_t>(1, I.groups_n())) * kernels::kMoeBlockRows * 8)};
     uint64_t total = 0;
     for (uint64_t b : sizes) total += b;
     WEFT_CUDA_CHECK(cudaMalloc(&I.dev_mem, total));
@@ -249,6 +252,7 @@ MoeDispatchCombine::MoeDispatchCombine(Backend& backend, const MoeConfig& config
     I.d_slices = reinterpret_cast<uint32_t*>(take(11));
     I.d_groups = reinterpret_cast<int32_t*>(take(12));
     I.d_chunk_rows = reinterpret_cast<int64_t*>(take(13));
+    I.d_row_dst = reinterpret_cast<uint64_t*>(take(14));
     WEFT_CUDA_CHECK(cudaMemset(I.dev_mem, 0, total));
     WEFT_CUDA_CHECK(cudaMemset(I.d_groups, 0xFF, static_cast<size_t>(std::max<int64_t>(1, I.groups_n())) * 4));
     WEFT_CUDA_CHECK(cudaMemset(I.d_bad, 0xFF, 8));
@@ -288,6 +292,7 @@ kernels::MoeDirectArgs direct_args(const MoeDispatchCombine::Impl& I, int64_t T)
   a.groups = I.d_groups;
   a.groups_n = static_cast<int>(I.groups_n());
   a.chunk_rows = I.d_chunk_rows;
+  if (I.cfg.expert_blocks) a.row_dst = I.d_row_dst;
   return a;
 }
 
@@ -360,15 +365,17 @@ void gpu_dispatch(MoeDispatchCombine::Impl& I, const void* x, const int32_t* ids
   }
 }
 
+// expert_out null: the rows were delivered (MoeDispatchCombine::combine_delivered).
 void gpu_combine(MoeDispatchCombine::Impl& I, const void* expert_out, const float* weights, void* y,
                  const MoeRunOptions& opt, MoeMethod m) {
   const MoeConfig& c = I.cfg;
+  const bool delivered = expert_out == nullptr;
   WEFT_REQUIRE(I.routed, "moe: combine needs a dispatch before it (its routing)");
   const int64_t T = I.tokens_of(opt);
   WEFT_REQUIRE(T == I.tokens, fmt::format("moe: combine of {} tokens after a dispatch of {}", T, I.tokens));
   WEFT_REQUIRE(m == I.method,
                fmt::format("moe: combine by {} after a dispatch by {}", to_string(m), to_string(I.method)));
-  I.op.check_ptr(expert_out, 16, "expert_out");
+  if (!delivered) I.op.check_ptr(expert_out, 16, "expert_out");
   if (T > 0) {
     I.op.check_ptr(weights, 4, "weights");
     I.op.check_ptr(y, 16, "y");
@@ -378,6 +385,7 @@ void gpu_combine(MoeDispatchCombine::Impl& I, const void* expert_out, const floa
   if (m == MoeMethod::kDirect) {
     kernels::MoeDirectArgs a = direct_args(I, T);
     a.expert_out = expert_out;
+    a.delivered = delivered;
     a.weights = weights;
     a.y = y;
     a.route.pos = I.d_pos;
@@ -578,11 +586,31 @@ int64_t MoeDispatchCombine::recv_rows() const {
   return I.routed ? I.rows : 0;
 }
 
+const uint64_t* MoeDispatchCombine::recv_destinations() const {
+  return impl_->gpu && impl_->cfg.expert_blocks ? impl_->d_row_dst : nullptr;
+}
+
+void MoeDispatchCombine::combine_delivered(const float* weights, void* y, const MoeRunOptions& opt) {
+  Impl& I = *impl_;
+  I.op.guarded([&] {
+    WEFT_REQUIRE(I.gpu && I.cfg.expert_blocks,
+                 "moe: combine_delivered takes rows stored at recv_destinations(): GPUs with expert_blocks only");
+#ifdef WEFT_HAVE_CUDA
+    gpu_combine(I, nullptr, weights, y, opt, I.resolve(opt.method));
+#else
+    (void)weights, (void)y, (void)opt;
+#endif
+  });
+}
+
 void MoeDispatchCombine::combine(const void* expert_out, const float* weights, void* y, const MoeRunOptions& opt) {
   Impl& I = *impl_;
   I.op.guarded([&] {
 #ifdef WEFT_HAVE_CUDA
-    if (I.gpu) return gpu_combine(I, expert_out, weights, y, opt, I.resolve(opt.method));
+    if (I.gpu) {
+      I.op.check_ptr(expert_out, 16, "expert_out");  // null is combine_delivered's
+      return gpu_combine(I, expert_out, weights, y, opt, I.resolve(opt.method));
+    }
 #endif
     const MoeConfig& c = I.cfg;
     const int64_t k = c.top_k, H = c.hidden;

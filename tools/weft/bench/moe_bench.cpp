@@ -346,7 +346,8 @@ MoeBenchResult bench_moe(Backend& b, const MoeBenchOptions& opt) {
           wu.load(v.data(), nu * 2);
           wd.load(v.data(), nd * 2);
         }
-        for (ops::MoeLayerMethod m : {ops::MoeLayerMethod::kBaseline, ops::MoeLayerMethod::kDecomposed}) {
+        for (ops::MoeLayerMethod m :
+             {ops::MoeLayerMethod::kBaseline, ops::MoeLayerMethod::kDecomposed, ops::MoeLayerMethod::kFused}) {
           const ops::MoeLayerRunOptions o{.method = m, .tokens = T, .stream = s};
           auto call = [&] {
             layer.forward(x.get(), static_cast<const int32_t*>(ids.get()), static_cast<const float*>(wt.get()),
