@@ -465,6 +465,8 @@ __global__ void __launch_bounds__(kDirectThreads) dispatch_direct_kernel(const _
       warp_copy_part(a.ctx.ptr<uint4>(d, a.recv_off + row * row_bytes),
                      static_cast<const uint4*>(a.x) + static_cast<size_t>(i / a.top_k) * vecs, vecs, w % parts, parts,
                      lane);
+      if (a.pair_src && lane == 0 && w % parts == 0)
+        a.pair_src[i] = static_cast<int64_t>(static_cast<uint64_t>(d) << 40 | row);
     }
   }
   arrive(a, 0);
@@ -472,6 +474,102 @@ __global__ void __launch_bounds__(kDirectThreads) dispatch_direct_kernel(const _
     wait_every_rank(a, 0, n * gridDim.x);
     if (tid == 0) a.calls[0] = n;
   }
+}
+
+// combine_vector's sum for combine by pull (MoeDirectArgs::pull), `per` items of a thread at a
+// time (item i, i + stride, ...): every slot's row of every item loaded first -- read where it
+// lies, rank d's expert_out (at offset from[d] in d's heap), pair_src's row; through L2 -- so
+// that kMoeMaxSlots loads are in flight a thread whatever top_k (a peer's rows are far), then
+// each item's sum in slot order, as combine_vector's.
+template <class T>
+__device__ __forceinline__ void pull_items(const MoeDirectArgs& a, const uint64_t* from, uint4* y, int64_t i0,
+                                           int64_t stride, int per, int64_t items, int vecs) {
+  constexpr int kPer = 16 / sizeof(T);
+  const int k = a.top_k;
+  const uint64_t row_bytes = 16ull * vecs;
+  uint4 row[kMoeMaxSlots];
+  float w[kMoeMaxSlots];
+#pragma unroll
+  for (int q = 0; q < kMoeMaxSlots; ++q) {
+    const int u = q / k, j = q % k;
+    const int64_t i = i0 + u * stride;
+    w[q] = 0.f;
+    row[q] = make_uint4(0, 0, 0, 0);
+    if (u >= per || i >= items) continue;
+    const int t = static_cast<int>(i / vecs), v = static_cast<int>(i % vecs);
+    if (a.route.pos[t * k + j] < 0) continue;
+    const uint64_t e = static_cast<uint64_t>(a.pair_src[t * k + j]);
+    const int d = static_cast<int>(e >> 40);
+    w[q] = a.weights[t * k + j];
+    row[q] = __ldcg(a.ctx.ptr<const uint4>(d, from[d] + (e & ((1ull << 40) - 1)) * row_bytes) + v);
+  }
+  for (int u = 0; u < per; ++u) {
+    const int64_t i = i0 + u * stride;
+    if (i >= items) break;
+    const int t = static_cast<int>(i / vecs), v = static_cast<int>(i % vecs);
+    float acc[kPer];
+#pragma unroll
+    for (int c = 0; c < kPer; ++c) acc[c] = 0.f;
+#pragma unroll
+    for (int q = 0; q < kMoeMaxSlots; ++q) {
+      if (q / k != u || a.route.pos[t * k + q % k] < 0) continue;  // slot order: combine_vector's sum exactly
+      T e[kPer];
+      std::memcpy(e, &row[q], 16);
+#pragma unroll
+      for (int c = 0; c < kPer; ++c) acc[c] += w[q] * dev::to_float(e[c]);
+    }
+    T o[kPer];
+#pragma unroll
+    for (int c = 0; c < kPer; ++c) o[c] = dev::from_float<T>(acc[c]);
+    std::memcpy(&y[static_cast<size_t>(t) * vecs + v], o, 16);
+  }
+}
+
+// Combine by pull: CTA 0 publishes this rank's expert_out offset to every rank (a word tagged
+// with the call number, released after the experts' rows, which earlier kernels of the stream
+// wrote); every CTA learns every rank's offset, sums its (token, vector) items from the rows
+// where they lie, then counts itself done at every rank; CTA 0 ends the kernel once every
+// rank's CTAs are done reading (no rank's rows change under a reader: the next dispatch waits
+// for every rank as well).
+template <class T>
+__device__ void combine_pull(const MoeDirectArgs& a, uint64_t n, bool ok) {
+  __shared__ uint64_t from[kMoeDirectMaxWorld];
+  const int W = a.ctx.world, me = a.ctx.rank, tid = static_cast<int>(threadIdx.x);
+  const uint64_t par = n & 1, tag = n & 0xFFFFFFull;
+  if (blockIdx.x == 0 && tid < W) {
+    dev::fence_acq_rel();
+    dev::store_release(a.ctx.ptr<uint64_t>(tid, a.ready_off + 8ull * (par * W + me)), tag << 40 | a.expert_off >> 4);
+  }
+  if (tid < W) {
+    const uint64_t off = a.ready_off + 8ull * (par * W + tid);
+    const uint64_t* word = a.ctx.local<const uint64_t>(off);
+    const uint64_t t0 = dev::now_ns();
+    uint32_t spins = 0;
+    uint64_t v;
+    while ((v = dev::load_acquire(word)) >> 40 != tag) {
+      dev::spin_pause(++spins);
+      if ((spins & 63u) == 0u && dev::now_ns() - t0 > a.ctx.timeout_ns)
+        dev::fail_wait(a.ctx, dev::WaitKind::kSignal, tid, off, tag << 40, v, dev::now_ns() - t0);
+    }
+    from[tid] = (v & ((1ull << 40) - 1)) << 4;
+  }
+  __syncthreads();
+  const int vecs = a.hidden * static_cast<int>(sizeof(T)) / 16;
+  uint4* y = static_cast<uint4*>(a.y);
+  const int64_t items = static_cast<int64_t>(a.tokens) * vecs;  // (token, vector) pairs, a thread each
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kDirectThreads;
+  const int per = kMoeMaxSlots / a.top_k;  // items whose rows a thread has in flight at once
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kDirectThreads + tid; i < items; i += stride * per) {
+    if (ok) {
+      pull_items<T>(a, from, y, i, stride, per, items, vecs);
+    } else {
+      for (int u = 0; u < per && i + u * stride < items; ++u) y[i + u * stride] = make_uint4(0, 0, 0, 0);
+    }
+  }
+  arrive(a, 1);
+  if (blockIdx.x != 0) return;
+  wait_every_rank(a, 1, n * gridDim.x);
+  if (tid == 0) a.calls[1] = n;
 }
 
 template <class T>
@@ -485,6 +583,7 @@ __global__ void __launch_bounds__(kDirectThreads) combine_direct_kernel(const __
   const uint64_t row_bytes = 16ull * vecs;
   const int gw = static_cast<int>(blockIdx.x) * kDirectWarps + tid / 32,
             nw = static_cast<int>(gridDim.x) * kDirectWarps;
+  if (a.pull) return combine_pull<T>(a, n, ok);
   if (ok && !a.delivered) {  // the rows from source s go back to s, at s's send offset of this rank's rows
     // Work item (j, q): row j of source (me + q) % W -- the sources interleaved, so that the
     // local copies and the pushes to every peer run side by side.
@@ -719,7 +818,7 @@ bool direct_args_ok(const MoeDirectArgs& a) {
   return a.ctx.world >= 1 && a.ctx.world <= kMoeDirectMaxWorld && a.local >= 1 && a.hidden % 8 == 0 &&
          (static_cast<size_t>(a.hidden) * dev::dtype_size(a.dtype)) % 16 == 0 && a.tokens >= 0 && a.calls &&
          a.slice_counts && a.chunks && a.ret && a.refused &&
-         (!a.blocks || (a.groups && a.chunk_rows && a.groups_n >= 0));
+         (!a.blocks || (a.groups && a.chunk_rows && a.groups_n >= 0)) && (!a.pull || (a.pair_src && !a.delivered));
 }
 }  // namespace
 
@@ -749,7 +848,8 @@ cudaError_t moe_combine_direct(const MoeDirectArgs& a, cudaStream_t s) {
     return cudaErrorInvalidValue;
   const cudaError_t e = cudaGetLastError();
   const int vecs = static_cast<int>(static_cast<size_t>(a.hidden) * dev::dtype_size(a.dtype) / 16);
-  if (e != cudaSuccess || static_cast<int64_t>(a.tokens) * vecs <= 4ll * kMoeDirectCtas * kDirectThreads) return e;
+  if (e != cudaSuccess || a.pull || static_cast<int64_t>(a.tokens) * vecs <= 4ll * kMoeDirectCtas * kDirectThreads)
+    return e;
   return combine_launch(a.ctx.local<const void>(a.back_off), a.route.pos, a.weights, a.y, a.tokens, a.top_k, a.hidden,
                         a.dtype, a.refused, s);
 }

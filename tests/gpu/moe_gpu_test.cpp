@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,9 @@ TEST_P(MoeGpu, DispatchAndCombineAreExact) {
   const int n = GetParam() == 0 ? gpus() : GetParam();
   if (gpus() < 1 || n > gpus()) GTEST_SKIP() << "needs " << n << " GPU(s)";
   expect_all_ok(run_gpu(n, [] {
+    // Every direct combine of rows in the symmetric heap pulls them (WEFT_MOE_COMBINE_PULL=2):
+    // the in-place experts of odd calls and the identity experts read recv(); the others push.
+    setenv("WEFT_MOE_COMBINE_PULL", "2", 1);
     auto b = make_backend();
     const int world = b->size();
     cudaStream_t s;
@@ -111,6 +115,9 @@ TEST(MoeGpuLarge, ModelSizedRowsAreExact) {
   const int n = gpus();
   if (n < 1) GTEST_SKIP() << "needs a GPU";
   expect_all_ok(run_gpu(n, [] {
+    // Every direct combine of rows in the symmetric heap pulls them (WEFT_MOE_COMBINE_PULL=2):
+    // the in-place experts of odd calls and the identity experts read recv(); the others push.
+    setenv("WEFT_MOE_COMBINE_PULL", "2", 1);
     auto b = make_backend();
     const int world = b->size();
     cudaStream_t s;
@@ -136,7 +143,8 @@ TEST(MoeGpuLarge, ModelSizedRowsAreExact) {
       w.k = cfg.top_k;
       w.H = cfg.hidden;
       w.route = Route::kMixed;
-      for (int64_t e : {512, 300})  // rank 0: 512 then 300 tokens; the others (3 rank + e) % 513
+      for (int64_t e :
+           {512, 301})  // rank 0: 512 then 301 tokens (odd: experts in place, pulled); the others (3 rank + e) % 513
         for (MoeMethod m : {MoeMethod::kBaseline, MoeMethod::kDecomposed, MoeMethod::kDirect}) {
           w.e = e;
           run_and_check(*b, op, w, cfg.max_tokens, m, cfg.dtype,
@@ -217,6 +225,9 @@ TEST(MoeGpuErrors, DirectOverflowIsRefusedOnEveryRank) {
 TEST(MoeGpuGraph, CapturedDispatchAndCombineReplay) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
   expect_all_ok(run_gpu(gpus(), [] {
+    // Every direct combine of rows in the symmetric heap pulls them (WEFT_MOE_COMBINE_PULL=2):
+    // the in-place experts of odd calls and the identity experts read recv(); the others push.
+    setenv("WEFT_MOE_COMBINE_PULL", "2", 1);
     auto b = make_backend();
     const int world = b->size(), r = b->rank();
     cudaStream_t s;

@@ -71,6 +71,8 @@ struct TextTunable {
     "weft's GEMV at M > 16: CTAs per cluster splitting K, 1, 2, 4 or 8 (0: by shape)")                                \
   X(kFusedRsPieces, "WEFT_FUSED_RS_PIECES", 0, 0, 4096, kExperimental,                                                \
     "fused gemm_rs: pieces per peer block (0: by shape)")                                                             \
+  X(kMoeCombinePull, "WEFT_MOE_COMBINE_PULL", 1, 0, 2, kExperimental,                                                 \
+    "MoE direct combine of rows in the symmetric heap: 0 push them back, 1 pull by the measured rule, 2 always pull")  \
   X(kBenchSustainMs, "WEFT_BENCH_SUSTAIN_MS", 500, 0, 600000, kStable,                                                \
     "weft bench gemm: ms of back-to-back calls before each timing (steady clock)")                                    \
   X(kBenchWeftFirst, "WEFT_BENCH_WEFT_FIRST", 0, 0, 1, kExperimental,                                                 \

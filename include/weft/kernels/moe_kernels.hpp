@@ -69,6 +69,16 @@ struct MoeDirectArgs {
   // rows). Combine with `delivered` takes them as stored there: it skips its copies.
   uint64_t* row_dst = nullptr;
   bool delivered = false;
+  // Dispatch writes (optional): [tokens * top_k] each valid pair's row at its expert's rank,
+  // (rank << 40) | row (combine's pull reads it).
+  int64_t* pair_src = nullptr;
+  // Combine by pull (expert_out in the symmetric heap at offset expert_off on this rank; each
+  // rank's own offset): every rank publishes its offset as a tagged word into every rank's
+  // [2 parities][world] words at ready_off (after its experts' rows are final), and each
+  // thread of the sum loads its token's rows straight from their ranks' heaps -- no copy back,
+  // no second pass. The arrival signals then count the ranks done reading.
+  bool pull = false;
+  uint64_t expert_off = 0, ready_off = 0;
   const void* x = nullptr;           // dispatch: [tokens, hidden]
   const void* expert_out = nullptr;  // combine: [rows, hidden] in recv's layout
   const float* weights = nullptr;    // combine: [tokens, top_k]

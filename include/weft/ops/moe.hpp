@@ -20,7 +20,9 @@
 // all-to-all by counts, the counts exchanged through the symmetric heap), `direct` (one kernel a
 // direction: every rank's chunk counts into every rank's symmetric matrix, then each row stored
 // by its sender straight into its final place in the receiver's buffer, no staging, no
-// all-to-all), `auto` (= direct).
+// all-to-all; where expert_out lies in the symmetric heap -- recv() itself, the experts run in
+// place -- combine pulls each token's rows from their ranks into the sum instead, by the
+// measured rule of WEFT_MOE_COMBINE_PULL), `auto` (= direct).
 //
 // On the host backend every check is agreed across ranks before anything moves (a call bad on
 // one rank is refused on all). On GPUs (at most kernels::kMoeMaxExperts experts) the routing,

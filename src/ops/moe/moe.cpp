@@ -17,6 +17,7 @@
 
 #include "../common/op_base.hpp"
 #include "rows.hpp"
+#include "weft/core/env.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device/dtype.hpp"
 #include "weft/kernels/moe_kernels.hpp"
@@ -118,6 +119,8 @@ struct MoeDispatchCombine::Impl {
   int32_t* d_groups = nullptr;              // expert_blocks: [groups_n()] (recv_groups())
   int64_t* d_chunk_rows = nullptr;          // expert_blocks: [world * local][2]
   uint64_t* d_row_dst = nullptr;            // expert_blocks: [groups_n() * kMoeBlockRows] (recv_destinations())
+  int64_t* d_pair_src = nullptr;            // [max_tokens * top_k]: each pair's (rank << 40 | row) there
+  uint64_t ready_off = 0;                   // [2][world] combine-by-pull words (MoeDirectArgs::pull)
   uint64_t sig_off = 0;                     // [2][world] signals
   ~Impl() {
 #ifdef WEFT_HAVE_CUDA
@@ -209,6 +212,7 @@ MoeDispatchCombine::MoeDispatchCombine(Backend& backend, const MoeConfig& config
   if (I.gpu) {
     I.chunk_off = I.op.workspace(static_cast<uint64_t>(I.world * I.local) * 4, "chunks");
     I.sig_off = I.op.workspace(2ull * static_cast<uint64_t>(I.world) * 8, "signals");
+    I.ready_off = I.op.workspace(2ull * static_cast<uint64_t>(I.world) * 8, "pull words");
     I.coll.prepare_all_to_all(static_cast<uint64_t>(I.local), dev::DType::kF32, Method::kDirect);
     const uint64_t pairs = static_cast<uint64_t>(std::max<int64_t>(1, config.max_tokens * config.top_k));
     const uint64_t W = static_cast<uint64_t>(I.world);
@@ -228,7 +232,8 @@ MoeDispatchCombine::MoeDispatchCombine(Backend& backend, const MoeConfig& config
         up(static_cast<uint64_t>(kernels::kMoeDirectCtas) * config.experts * 4),
         up(static_cast<uint64_t>(std::max<int64_t>(1, I.groups_n())) * 4),
         up(static_cast<uint64_t>(config.experts) * 16),
-        up(static_cast<uint64_t>(std::max<int64_t>(1, I.groups_n())) * kernels::kMoeBlockRows * 8)};
+        up(static_cast<uint64_t>(std::max<int64_t>(1, I.groups_n())) * kernels::kMoeBlockRows * 8),
+        up(pairs * 8)};
     uint64_t total = 0;
     for (uint64_t b : sizes) total += b;
     WEFT_CUDA_CHECK(cudaMalloc(&I.dev_mem, total));
@@ -253,6 +258,7 @@ MoeDispatchCombine::MoeDispatchCombine(Backend& backend, const MoeConfig& config
     I.d_groups = reinterpret_cast<int32_t*>(take(12));
     I.d_chunk_rows = reinterpret_cast<int64_t*>(take(13));
     I.d_row_dst = reinterpret_cast<uint64_t*>(take(14));
+    I.d_pair_src = reinterpret_cast<int64_t*>(take(15));
     WEFT_CUDA_CHECK(cudaMemset(I.dev_mem, 0, total));
     WEFT_CUDA_CHECK(cudaMemset(I.d_groups, 0xFF, static_cast<size_t>(std::max<int64_t>(1, I.groups_n())) * 4));
     WEFT_CUDA_CHECK(cudaMemset(I.d_bad, 0xFF, 8));
@@ -293,6 +299,8 @@ kernels::MoeDirectArgs direct_args(const MoeDispatchCombine::Impl& I, int64_t T)
   a.groups_n = static_cast<int>(I.groups_n());
   a.chunk_rows = I.d_chunk_rows;
   if (I.cfg.expert_blocks) a.row_dst = I.d_row_dst;
+  a.pair_src = I.d_pair_src;
+  a.ready_off = I.ready_off;
   return a;
 }
 
@@ -386,6 +394,21 @@ void gpu_combine(MoeDispatchCombine::Impl& I, const void* expert_out, const floa
     kernels::MoeDirectArgs a = direct_args(I, T);
     a.expert_out = expert_out;
     a.delivered = delivered;
+    // Rows in this rank's symmetric heap (recv() itself, the in-place experts): each rank may
+    // pull its tokens' rows into the sum where they lie instead of every rank pushing them back
+    // first. The measured rule (docs/moe.md, "Combine by pull"): pull where the sum reads at
+    // least 8 MiB and top_k >= 4 or world >= 4 -- the better of the two on every measured shape.
+    const int64_t mode = tunable_value(tunables::kMoeCombinePull);
+    const double sum_bytes = static_cast<double>(T) * static_cast<double>(c.top_k * c.hidden) * I.eb;
+    const bool rule = sum_bytes >= 8.0 * (1 << 20) && (c.top_k >= 4 || I.world >= 4);
+    const auto* base = I.b.ctx().local<const unsigned char>(0);
+    const auto* at = static_cast<const unsigned char*>(expert_out);
+    const uint64_t bytes = static_cast<uint64_t>(std::max<int64_t>(1, I.capacity)) * c.hidden * I.eb;
+    if ((mode == 2 || (mode == 1 && rule)) && !delivered && at >= base &&
+        static_cast<uint64_t>(at - base) + bytes <= I.b.ctx().heap_bytes) {
+      a.pull = true;
+      a.expert_off = static_cast<uint64_t>(at - base);
+    }
     a.weights = weights;
     a.y = y;
     a.route.pos = I.d_pos;
