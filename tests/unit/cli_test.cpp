@@ -145,6 +145,12 @@ TEST(Cli, BenchGemvArRefusesBadShapesAndMs) {
   r = run(kWeft + " bench gemm_ar --ms 8 --out /tmp");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("--ms applies to gemv_ar"), std::string::npos) << r.out;
+  r = run(kWeft + " bench moe --parts exchange,lyaer --out /tmp");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("unknown part 'lyaer'"), std::string::npos) << r.out;
+  r = run(kWeft + " bench gemm --parts layer --out /tmp");
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("--parts applies to moe"), std::string::npos) << r.out;
 }
 
 TEST(Cli, InfoReportsTheBackend) {

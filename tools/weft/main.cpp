@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -211,13 +212,19 @@ int cmd_bench_gemv(bool quick, const std::string& out_dir, const std::vector<std
 
 // `weft bench moe` (docs/moe.md, "Measured"): runs as ranks.
 int cmd_bench_moe(bool quick, const std::string& out_dir, const std::vector<std::string>& shapes,
-                  const std::vector<int64_t>& tokens) {
+                  const std::vector<int64_t>& tokens, const std::vector<std::string>& parts) {
   if (!env_var(tunables::kGpuHeapMiB.env)) setenv(tunables::kGpuHeapMiB.env, "8192", 1);
   auto b = make_backend();
   bench::MoeBenchOptions opt;
   opt.quick = quick;
   opt.shapes = shapes;
   opt.tokens = tokens;
+  if (!parts.empty()) {  // validated: exchange, layer, experts
+    auto has = [&](const char* p) { return std::find(parts.begin(), parts.end(), p) != parts.end(); };
+    opt.exchange = has("exchange");
+    opt.layer = has("layer");
+    opt.experts = has("experts");
+  }
   const auto t0 = std::chrono::steady_clock::now();
   if (b->rank() == 0)
     opt.progress = [t0](const std::string& s) {
@@ -335,8 +342,8 @@ bool is_bench_name(const std::string& s) {
 }
 
 // The bench arguments that would fail (or be ignored) only after the ranks have started.
-void validate_bench(const std::string& what, const std::vector<std::string>& shapes, int chunks,
-                    const std::vector<int64_t>& ms) {
+void validate_bench(const std::string& what, const std::vector<std::string>& shapes,
+                    const std::vector<std::string>& parts, int chunks, const std::vector<int64_t>& ms) {
   if (!is_bench_name(what))
     throw cli::UsageError(fmt::format(
         "bench {}: unknown benchmark; expected devapi, collectives, gemm, ag_gemm, gemm_rs, gemm_ar, gemv_ar, moe or "
@@ -345,6 +352,11 @@ void validate_bench(const std::string& what, const std::vector<std::string>& sha
   if (chunks < 0) throw cli::UsageError(fmt::format("--chunks must be 0 (auto) or more, not {}", chunks));
   if (!ms.empty() && what != "gemv_ar" && what != "moe")
     throw cli::UsageError(fmt::format("--ms applies to gemv_ar and moe, not to bench '{}'", what));
+  if (!parts.empty() && what != "moe")
+    throw cli::UsageError(fmt::format("--parts applies to moe, not to bench '{}'", what));
+  for (const auto& p : parts)
+    if (p != "exchange" && p != "layer" && p != "experts")
+      throw cli::UsageError(fmt::format("bench moe --parts: unknown part '{}' (exchange, layer, experts)", p));
   if (what == "moe") {  // shapes by name, --ms: tokens per rank
     for (const auto& s : shapes)
       if (s != "mixtral" && s != "qwen3-30b-a3b" && s != "deepseek-v3-like")
@@ -439,6 +451,8 @@ int main(int argc, char** argv) {
       ->add_option("--ms", ms,
                    "gemv_ar: tokens per call, 1 ... 128 (default 1,8,16,64,128); moe: tokens per rank (default 128,4096)")
       ->delimiter(',');
+  std::vector<std::string> parts;
+  bench->add_option("--parts", parts, "moe: exchange, layer, experts (default: all)")->delimiter(',');
   int chunks = 0;
   std::string trace_dir;
   bool tune = false;
@@ -489,7 +503,7 @@ int main(int argc, char** argv) {
 
   try {
     if (*bench) {
-      validate_bench(what, shapes, chunks, ms);
+      validate_bench(what, shapes, parts, chunks, ms);
       if (out_dir.empty()) out_dir = default_results_dir();
       if (out_dir.empty()) throw cli::UsageError("weft bench: neither XDG_DATA_HOME nor HOME is set: give --out DIR");
     }
@@ -513,7 +527,7 @@ int main(int argc, char** argv) {
     }
     if (*bench && what == "moe") {
       int rc = relaunch_as_ranks(argc, argv);
-      return rc >= 0 ? rc : cmd_bench_moe(quick, out_dir, shapes, ms);
+      return rc >= 0 ? rc : cmd_bench_moe(quick, out_dir, shapes, ms, parts);
     }
     if (*bench && is_overlap_bench(what)) {
       int rc = relaunch_as_ranks(argc, argv);

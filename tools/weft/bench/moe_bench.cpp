@@ -298,6 +298,7 @@ MoeBenchResult bench_moe(Backend& b, const MoeBenchOptions& opt) {
           for (int32_t e : routing(p, T, sh.experts, sh.top_k)) link += e / L != p ? static_cast<double>(row) : 0.0;
         link /= world;
         for (ops::MoeMethod m : {ops::MoeMethod::kBaseline, ops::MoeMethod::kDecomposed, ops::MoeMethod::kDirect}) {
+          if (!opt.exchange) break;
           const ops::MoeRunOptions o{.method = m, .tokens = T, .stream = s};
           auto dispatch = [&] { op.dispatch(x.get(), static_cast<const int32_t*>(ids.get()), o); };
           auto combine = [&] { op.combine(op.recv(), static_cast<const float*>(wt.get()), y.get(), o); };
@@ -318,7 +319,7 @@ MoeBenchResult bench_moe(Backend& b, const MoeBenchOptions& opt) {
           }
         }
       }
-      {  // the layer: dispatch, the experts' FFNs, combine
+      if (opt.layer) {  // the layer: dispatch, the experts' FFNs, combine
         ops::MoeLayerConfig lc;
         lc.moe.hidden = sh.hidden;
         lc.moe.experts = sh.experts;

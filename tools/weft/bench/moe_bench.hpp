@@ -23,6 +23,7 @@ struct MoeBenchOptions {
   // GPUs: also time the experts' GEMMs on each rank (parts experts-up, experts-down; methods
   // weft -- the grouped GEMM -- and cublas -- a call per expert).
   bool experts = true;
+  bool exchange = true, layer = true;  // the parts dispatch/combine/both, and layer (`--parts`)
   std::function<void(const std::string&)> progress;
 };
 
