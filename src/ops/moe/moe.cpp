@@ -373,11 +373,10 @@ void gpu_dispatch(MoeDispatchCombine::Impl& I, const void* x, const int32_t* ids
   }
 }
 
-// expert_out null: the rows were delivered (MoeDispatchCombine::combine_delivered).
+// delivered: the rows are already in place (MoeDispatchCombine::combine_delivered; expert_out unused).
 void gpu_combine(MoeDispatchCombine::Impl& I, const void* expert_out, const float* weights, void* y,
-                 const MoeRunOptions& opt, MoeMethod m) {
+                 const MoeRunOptions& opt, MoeMethod m, bool delivered) {
   const MoeConfig& c = I.cfg;
-  const bool delivered = expert_out == nullptr;
   WEFT_REQUIRE(I.routed, "moe: combine needs a dispatch before it (its routing)");
   const int64_t T = I.tokens_of(opt);
   WEFT_REQUIRE(T == I.tokens, fmt::format("moe: combine of {} tokens after a dispatch of {}", T, I.tokens));
@@ -619,7 +618,7 @@ void MoeDispatchCombine::combine_delivered(const float* weights, void* y, const 
     WEFT_REQUIRE(I.gpu && I.cfg.expert_blocks,
                  "moe: combine_delivered takes rows stored at recv_destinations(): GPUs with expert_blocks only");
 #ifdef WEFT_HAVE_CUDA
-    gpu_combine(I, nullptr, weights, y, opt, I.resolve(opt.method));
+    gpu_combine(I, nullptr, weights, y, opt, I.resolve(opt.method), true);
 #else
     (void)weights, (void)y, (void)opt;
 #endif
@@ -630,10 +629,7 @@ void MoeDispatchCombine::combine(const void* expert_out, const float* weights, v
   Impl& I = *impl_;
   I.op.guarded([&] {
 #ifdef WEFT_HAVE_CUDA
-    if (I.gpu) {
-      I.op.check_ptr(expert_out, 16, "expert_out");  // null is combine_delivered's
-      return gpu_combine(I, expert_out, weights, y, opt, I.resolve(opt.method));
-    }
+    if (I.gpu) return gpu_combine(I, expert_out, weights, y, opt, I.resolve(opt.method), false);
 #endif
     const MoeConfig& c = I.cfg;
     const int64_t k = c.top_k, H = c.hidden;
