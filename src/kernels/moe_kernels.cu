@@ -155,26 +155,18 @@ __global__ void widen_kernel(const uint32_t* in, int64_t* out, int n) {
     out[i] = in[i];
 }
 
-// y's 16-byte vector v of token t: the slots' rows at v summed in slot order in fp32 (all the
-// slots' loads issued before the sums).
+// out = the rows' weighted sum in fp32 over the slots set in `on`, in slot order (the same sum on
+// every call), rounded once to T.
 template <class T>
-__device__ __forceinline__ void combine_vector(const uint4* back, const int32_t* pos, const float* weights, uint4* y,
-                                               int t, int v, int top_k, int vecs) {
+__device__ __forceinline__ void weighted_sum(const uint4 (&row)[kMoeMaxSlots], const float (&w)[kMoeMaxSlots],
+                                             unsigned on, uint4* out) {
   constexpr int kPer = 16 / sizeof(T);
-  uint4 row[kMoeMaxSlots];
-  float w[kMoeMaxSlots];
-#pragma unroll
-  for (int j = 0; j < kMoeMaxSlots; ++j) {
-    const int p = j < top_k ? pos[t * top_k + j] : -1;
-    w[j] = p >= 0 ? weights[t * top_k + j] : 0.f;
-    row[j] = p >= 0 ? back[static_cast<size_t>(p) * vecs + v] : make_uint4(0, 0, 0, 0);
-  }
   float acc[kPer];
 #pragma unroll
   for (int q = 0; q < kPer; ++q) acc[q] = 0.f;
 #pragma unroll
   for (int j = 0; j < kMoeMaxSlots; ++j) {
-    if (j >= top_k || pos[t * top_k + j] < 0) continue;  // slot order: the same sum on every call
+    if (!(on >> j & 1u)) continue;
     T e[kPer];
     std::memcpy(e, &row[j], 16);
 #pragma unroll
@@ -183,7 +175,25 @@ __device__ __forceinline__ void combine_vector(const uint4* back, const int32_t*
   T o[kPer];
 #pragma unroll
   for (int q = 0; q < kPer; ++q) o[q] = dev::from_float<T>(acc[q]);
-  std::memcpy(&y[static_cast<size_t>(t) * vecs + v], o, 16);
+  std::memcpy(out, o, 16);
+}
+
+// y's 16-byte vector v of token t: the slots' rows at v summed in slot order in fp32 (all the
+// slots' loads issued before the sums).
+template <class T>
+__device__ __forceinline__ void combine_vector(const uint4* back, const int32_t* pos, const float* weights, uint4* y,
+                                               int t, int v, int top_k, int vecs) {
+  uint4 row[kMoeMaxSlots];
+  float w[kMoeMaxSlots];
+  unsigned on = 0;
+#pragma unroll
+  for (int j = 0; j < kMoeMaxSlots; ++j) {
+    const int p = j < top_k ? pos[t * top_k + j] : -1;
+    on |= (p >= 0 ? 1u : 0u) << j;
+    w[j] = p >= 0 ? weights[t * top_k + j] : 0.f;
+    row[j] = p >= 0 ? back[static_cast<size_t>(p) * vecs + v] : make_uint4(0, 0, 0, 0);
+  }
+  weighted_sum<T>(row, w, on, &y[static_cast<size_t>(t) * vecs + v]);
 }
 
 // One thread per (token, 16-byte vector) of y; y = 0 when *refused is set (not ~0).
@@ -233,6 +243,80 @@ __device__ __forceinline__ void warp_copy_part(uint4* dst, const uint4* src, int
   if (n > 0) warp_copy(dst + v0, src + v0, n, lane);
 }
 
+// Rows once a peer (MoeDirectArgs::once): this CTA's slice of the tokens, each token's row to every
+// peer rank holding any of its experts (an id outside 0 ... E - 1 sends nothing; a repeated one
+// nothing more), at its staging slot there. Before the routing: it needs the ids only.
+__device__ void stage_rows(const MoeDirectArgs& a, uint64_t par, int vecs) {
+  const int W = a.ctx.world, me = a.ctx.rank, L = a.local, k = a.top_k, G = static_cast<int>(gridDim.x);
+  const int per = (a.tokens + G - 1) / G, t0 = min(a.tokens, static_cast<int>(blockIdx.x) * per),
+            t1 = min(a.tokens, t0 + per);
+  const int items = (t1 - t0) * (W - 1), parts = parts_per_row(items, vecs, kDirectWarps);
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const uint64_t row_bytes = 16ull * vecs;
+  for (int w = static_cast<int>(threadIdx.x) / 32; w < items * parts; w += kDirectWarps) {
+    const int item = w / parts, t = t0 + item / (W - 1), d = (me + 1 + item % (W - 1)) % W;
+    bool there = false;
+    for (int j = 0; j < k; ++j) {
+      const int e = a.route.ids[t * k + j];
+      there |= e >= d * L && e < (d + 1) * L;
+    }
+    if (!there) continue;
+    warp_copy_part(a.ctx.ptr<uint4>(d, a.stage_off + ((par * W + me) * a.max_tokens + t) * row_bytes),
+                   static_cast<const uint4*>(a.x) + static_cast<size_t>(t) * vecs, vecs, w % parts, parts, lane);
+  }
+}
+
+// Rows once a peer, after every rank's arrival: each staged row of every source to the places its
+// tagged words name (a warp, or parts of a row per warp when rows are few, loads a vector once
+// and stores it to every place). tok[s]: source s's tokens this call.
+__device__ void unstage_rows(const MoeDirectArgs& a, uint64_t par, uint64_t tag, int vecs, const uint32_t* tok) {
+  const int W = a.ctx.world, me = a.ctx.rank, k = a.top_k, lane = static_cast<int>(threadIdx.x) % 32;
+  const int gw = static_cast<int>(blockIdx.x) * kDirectWarps + static_cast<int>(threadIdx.x) / 32,
+            nw = static_cast<int>(gridDim.x) * kDirectWarps;
+  int items = 0;
+  for (int s = 0; s < W; ++s) items += s == me ? 0 : static_cast<int>(tok[s]);
+  const int parts = parts_per_row(items, vecs, nw);
+  const uint64_t row_bytes = 16ull * vecs;
+  for (int w = gw; w < items * parts; w += nw) {
+    int t = w / parts, s = 0;
+    for (; s < W; ++s) {
+      const int n = s == me ? 0 : static_cast<int>(tok[s]);
+      if (t < n) break;
+      t -= n;
+    }
+    const uint64_t slot = (par * W + s) * a.max_tokens + t;
+    const uint64_t v =
+        lane < k ? __ldcg(a.ctx.local<const unsigned long long>(a.place_off + 8ull * (slot * k + lane))) : 0ull;
+    const unsigned here = __ballot_sync(~0u, lane < k && v >> 32 == tag);
+    if (!here) continue;
+    uint32_t rows[kMoeMaxSlots];
+    int n = 0;
+#pragma unroll
+    for (int j = 0; j < kMoeMaxSlots; ++j) {
+      const uint32_t r = __shfl_sync(~0u, static_cast<uint32_t>(v), j);
+      if (here >> j & 1u) rows[n++] = r;
+    }
+    const int per = (vecs + parts - 1) / parts, v0 = (w % parts) * per, nv = min(vecs, v0 + per) - v0;
+    const uint4* src = a.ctx.local<const uint4>(a.stage_off + slot * row_bytes) + v0;
+    uint4* recv = a.ctx.local<uint4>(a.recv_off) + v0;
+    int q = lane;
+    for (; q + 96 < nv; q += 128) {
+      const uint4 x0 = __ldcg(src + q), x1 = __ldcg(src + q + 32), x2 = __ldcg(src + q + 64), x3 = __ldcg(src + q + 96);
+      for (int j = 0; j < n; ++j) {
+        uint4* d = recv + static_cast<uint64_t>(rows[j]) * vecs + q;
+        d[0] = x0;
+        d[32] = x1;
+        d[64] = x2;
+        d[96] = x3;
+      }
+    }
+    for (; q < nv; q += 32) {
+      const uint4 x0 = __ldcg(src + q);
+      for (int j = 0; j < n; ++j) recv[static_cast<uint64_t>(rows[j]) * vecs + q] = x0;
+    }
+  }
+}
+
 // Once per call and CTA, after the CTA's stores: signal `set` of every rank counts the CTA in
 // (its stores visible system-wide first). Counting the CTAs locally and signalling once from
 // the last one chains two fences: slower (docs/moe.md, "Measured").
@@ -264,10 +348,13 @@ __global__ void __launch_bounds__(kDirectThreads) dispatch_direct_kernel(const _
   // The counts travel as tagged words, (n << 32) | rows, so that a word is its own "arrived"
   // flag: no fence, no separate signal.
   const uint64_t tag = static_cast<uint32_t>(n);
+  const int vecs = a.hidden * (a.dtype == dev::DType::kF32 ? 4 : 2) / 16;
+  const bool once = a.once && W > 1;
+  if (once) stage_rows(a, par, vecs);  // the peers' rows first: they need no routing
   // The routing. Up to kSmallPairs pairs every CTA routes them all (the same places in every
   // CTA, no barrier); above, a slice of the pairs per CTA: each slice's per-expert counts, a
-  // barrier of the grid (its CTAs are co-resident: kMoeDirectCtas is below any Hopper's SM
-  // count), then every CTA sums the counts (the totals, and the slices' before its own) and
+  // barrier of the grid (its CTAs are co-resident: the launcher keeps the grid within what the
+  // GPU holds at once), then every CTA sums the counts (the totals, and the slices' before its own) and
   // places its own pairs. Either way a CTA then moves its own slice's rows.
   const int E = a.route.experts, pairs = a.tokens * a.top_k, G = static_cast<int>(gridDim.x);
   const int c = static_cast<int>(blockIdx.x), S = (pairs + G - 1) / G;
@@ -324,9 +411,13 @@ __global__ void __launch_bounds__(kDirectThreads) dispatch_direct_kernel(const _
       for (uint64_t i = tid; i < WL; i += kDirectThreads)
         dev::store_relaxed(row + i, tag << 32 | a.route.expert_counts[i]);
     }
+    if (once && tid < W)  // and this rank's tokens: the staging slots its peers read
+      dev::store_relaxed(a.ctx.ptr<uint64_t>(tid, a.tok_off + 8ull * (par * W + me)),
+                         tag << 32 | static_cast<uint32_t>(a.tokens));
   }
   // Every CTA: every rank's words of this call, summed per (source, destination) into rows_sd.
   __shared__ uint32_t rows_sd[kMoeDirectMaxWorld * kMoeDirectMaxWorld];
+  __shared__ uint32_t tok[kMoeDirectMaxWorld];  // once: each source's tokens
   for (int i = tid; i < W * W; i += kDirectThreads) rows_sd[i] = 0;
   if (tid == 0) refused = ~0ull;
   __syncthreads();
@@ -344,6 +435,16 @@ __global__ void __launch_bounds__(kDirectThreads) dispatch_direct_kernel(const _
       }
       const uint32_t r = static_cast<uint32_t>(v);
       if (r) atomicAdd(&rows_sd[i / L], r);  // i / L = source * W + destination
+    }
+    if (once && tid < W) {
+      const uint64_t off = a.tok_off + 8ull * (par * W + tid);
+      uint64_t v;
+      while ((v = dev::load_relaxed(a.ctx.local<uint64_t>(off))) >> 32 != tag) {
+        dev::spin_pause(++spins);
+        if ((spins & 63u) == 0u && dev::now_ns() - t0 > a.ctx.timeout_ns)
+          dev::fail_wait(a.ctx, dev::WaitKind::kSignal, tid, off, tag << 32, v, dev::now_ns() - t0);
+      }
+      tok[tid] = static_cast<uint32_t>(v);
     }
   }
   __syncthreads();
@@ -449,7 +550,6 @@ __global__ void __launch_bounds__(kDirectThreads) dispatch_direct_kernel(const _
     }
   }
   if (ok) {
-    const int vecs = a.hidden * (a.dtype == dev::DType::kF32 ? 4 : 2) / 16;
     const uint64_t row_bytes = 16ull * vecs;
     const int lane = tid % 32;
     // This CTA's own slice (its places are its own writes).
@@ -462,6 +562,15 @@ __global__ void __launch_bounds__(kDirectThreads) dispatch_direct_kernel(const _
       const int d = a.route.ids[i] / L;
       const uint64_t row = a.blocks ? static_cast<uint64_t>(place[a.route.ids[i]] + p)  // ids[i] = d * L + l
                                     : base[d] + (static_cast<uint64_t>(p) - send_off[d]);
+      if (once && d != me) {  // the row is staged there: only its place
+        if (lane == 0 && w % parts == 0) {
+          const uint64_t slot = (par * W + me) * a.max_tokens + i / a.top_k;
+          dev::store_relaxed(a.ctx.ptr<uint64_t>(d, a.place_off + 8ull * (slot * a.top_k + i % a.top_k)),
+                             tag << 32 | row);
+          if (a.pair_src) a.pair_src[i] = static_cast<int64_t>(static_cast<uint64_t>(d) << 40 | row);
+        }
+        continue;
+      }
       warp_copy_part(a.ctx.ptr<uint4>(d, a.recv_off + row * row_bytes),
                      static_cast<const uint4*>(a.x) + static_cast<size_t>(i / a.top_k) * vecs, vecs, w % parts, parts,
                      lane);
@@ -470,6 +579,12 @@ __global__ void __launch_bounds__(kDirectThreads) dispatch_direct_kernel(const _
     }
   }
   arrive(a, 0);
+  if (once) {  // every CTA: every rank's staged rows and places in, then this rank's share of the copies
+    wait_every_rank(a, 0, n * gridDim.x);
+    if (blockIdx.x == 0 && tid == 0) a.calls[0] = n;
+    if (ok) unstage_rows(a, par, tag, vecs, tok);
+    return;
+  }
   if (blockIdx.x == 0) {  // the kernel ends with every row in
     wait_every_rank(a, 0, n * gridDim.x);
     if (tid == 0) a.calls[0] = n;
@@ -484,7 +599,6 @@ __global__ void __launch_bounds__(kDirectThreads) dispatch_direct_kernel(const _
 template <class T>
 __device__ __forceinline__ void pull_items(const MoeDirectArgs& a, const uint64_t* from, uint4* y, int64_t i0,
                                            int64_t stride, int per, int64_t items, int vecs) {
-  constexpr int kPer = 16 / sizeof(T);
   const int k = a.top_k;
   const uint64_t row_bytes = 16ull * vecs;
   uint4 row[kMoeMaxSlots];
@@ -507,39 +621,33 @@ __device__ __forceinline__ void pull_items(const MoeDirectArgs& a, const uint64_
     const int64_t i = i0 + u * stride;
     if (i >= items) break;
     const int t = static_cast<int>(i / vecs), v = static_cast<int>(i % vecs);
-    float acc[kPer];
+    unsigned on = 0;  // item u's slots, at q = u * k + j: in slot order, combine_vector's sum exactly
 #pragma unroll
-    for (int c = 0; c < kPer; ++c) acc[c] = 0.f;
-#pragma unroll
-    for (int q = 0; q < kMoeMaxSlots; ++q) {
-      if (q / k != u || a.route.pos[t * k + q % k] < 0) continue;  // slot order: combine_vector's sum exactly
-      T e[kPer];
-      std::memcpy(e, &row[q], 16);
-#pragma unroll
-      for (int c = 0; c < kPer; ++c) acc[c] += w[q] * dev::to_float(e[c]);
-    }
-    T o[kPer];
-#pragma unroll
-    for (int c = 0; c < kPer; ++c) o[c] = dev::from_float<T>(acc[c]);
-    std::memcpy(&y[static_cast<size_t>(t) * vecs + v], o, 16);
+    for (int q = 0; q < kMoeMaxSlots; ++q) on |= (q / k == u && a.route.pos[t * k + q % k] >= 0 ? 1u : 0u) << q;
+    weighted_sum<T>(row, w, on, &y[static_cast<size_t>(t) * vecs + v]);
   }
 }
 
-// Combine by pull: CTA 0 publishes this rank's expert_out offset to every rank (a word tagged
-// with the call number, released after the experts' rows, which earlier kernels of the stream
-// wrote); every CTA learns every rank's offset, sums its (token, vector) items from the rows
-// where they lie, then counts itself done at every rank; CTA 0 ends the kernel once every
-// rank's CTAs are done reading (no rank's rows change under a reader: the next dispatch waits
-// for every rank as well).
+// Combine by pull: CTA 0 publishes this rank's expert_out offset, or that its rows lie outside
+// its heap, to every rank (a word tagged with the call number, released after the experts'
+// rows, which earlier kernels of the stream wrote); every CTA learns every rank's word -- false
+// if some rank's rows are outside (every rank finds the same: every rank then pushes) -- sums its
+// (token, vector) items from the rows where they lie, then counts itself done at every rank; CTA
+// 0 ends the kernel once every rank's CTAs are done reading (no rank's rows change under a
+// reader: the next dispatch waits for every rank as well).
 template <class T>
-__device__ void combine_pull(const MoeDirectArgs& a, uint64_t n, bool ok) {
+__device__ bool combine_pull(const MoeDirectArgs& a, uint64_t n, bool ok) {
   __shared__ uint64_t from[kMoeDirectMaxWorld];
+  __shared__ int everywhere;
   const int W = a.ctx.world, me = a.ctx.rank, tid = static_cast<int>(threadIdx.x);
   const uint64_t par = n & 1, tag = n & 0xFFFFFFull;
-  if (blockIdx.x == 0 && tid < W) {
+  if (tid == 0) everywhere = 1;
+  if (blockIdx.x == 0 && tid < W) {  // low bits: this rank's offset / 16 + 1, or 0 (its rows elsewhere)
     dev::fence_acq_rel();
-    dev::store_release(a.ctx.ptr<uint64_t>(tid, a.ready_off + 8ull * (par * W + me)), tag << 40 | a.expert_off >> 4);
+    dev::store_release(a.ctx.ptr<uint64_t>(tid, a.ready_off + 8ull * (par * W + me)),
+                       tag << 40 | (a.here ? (a.expert_off >> 4) + 1 : 0));
   }
+  __syncthreads();
   if (tid < W) {
     const uint64_t off = a.ready_off + 8ull * (par * W + tid);
     const uint64_t* word = a.ctx.local<const uint64_t>(off);
@@ -551,9 +659,12 @@ __device__ void combine_pull(const MoeDirectArgs& a, uint64_t n, bool ok) {
       if ((spins & 63u) == 0u && dev::now_ns() - t0 > a.ctx.timeout_ns)
         dev::fail_wait(a.ctx, dev::WaitKind::kSignal, tid, off, tag << 40, v, dev::now_ns() - t0);
     }
-    from[tid] = (v & ((1ull << 40) - 1)) << 4;
+    const uint64_t at = v & ((1ull << 40) - 1);
+    if (at == 0) everywhere = 0;
+    from[tid] = (at - 1) << 4;
   }
   __syncthreads();
+  if (!everywhere) return false;  // some rank's rows lie outside its heap: every rank pushes
   const int vecs = a.hidden * static_cast<int>(sizeof(T)) / 16;
   uint4* y = static_cast<uint4*>(a.y);
   const int64_t items = static_cast<int64_t>(a.tokens) * vecs;  // (token, vector) pairs, a thread each
@@ -567,9 +678,10 @@ __device__ void combine_pull(const MoeDirectArgs& a, uint64_t n, bool ok) {
     }
   }
   arrive(a, 1);
-  if (blockIdx.x != 0) return;
+  if (blockIdx.x != 0) return true;
   wait_every_rank(a, 1, n * gridDim.x);
   if (tid == 0) a.calls[1] = n;
+  return true;
 }
 
 template <class T>
@@ -583,7 +695,7 @@ __global__ void __launch_bounds__(kDirectThreads) combine_direct_kernel(const __
   const uint64_t row_bytes = 16ull * vecs;
   const int gw = static_cast<int>(blockIdx.x) * kDirectWarps + tid / 32,
             nw = static_cast<int>(gridDim.x) * kDirectWarps;
-  if (a.pull) return combine_pull<T>(a, n, ok);
+  if (a.pull && combine_pull<T>(a, n, ok)) return;
   if (ok && !a.delivered) {  // the rows from source s go back to s, at s's send offset of this rank's rows
     // Work item (j, q): row j of source (me + q) % W -- the sources interleaved, so that the
     // local copies and the pushes to every peer run side by side.
@@ -610,7 +722,8 @@ __global__ void __launch_bounds__(kDirectThreads) combine_direct_kernel(const __
   }
   arrive(a, 1);
   // The sum here when every CTA has a few vectors of it (else a kernel after this one, wider).
-  const bool reduce_here = static_cast<int64_t>(a.tokens) * vecs <= 4ll * gridDim.x * kDirectThreads;
+  // (Asked to pull -- a.pull -- the launcher made no second kernel.)
+  const bool reduce_here = a.pull || static_cast<int64_t>(a.tokens) * vecs <= 4ll * gridDim.x * kDirectThreads;
   if (!reduce_here && blockIdx.x != 0) return;
   wait_every_rank(a, 1, n * gridDim.x);
   if (blockIdx.x == 0 && tid == 0) a.calls[1] = n;
@@ -820,6 +933,18 @@ bool direct_args_ok(const MoeDirectArgs& a) {
          a.slice_counts && a.chunks && a.ret && a.refused &&
          (!a.blocks || (a.groups && a.chunk_rows && a.groups_n >= 0)) && (!a.pull || (a.pair_src && !a.delivered));
 }
+// A direct kernel's grid: a.ctas (0: one an SM), at most the CTAs of `kernel` (with `smem` bytes
+// of dynamic shared memory) the GPU holds at once -- CTAs wait for words that other CTAs write.
+template <class K>
+cudaError_t direct_grid(const MoeDirectArgs& a, K kernel, size_t smem, int* grid) {
+  int dev = 0, sms = 0, per = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, kDirectThreads, smem);
+  if (e != cudaSuccess) return e;
+  *grid = std::max(1, std::min({a.ctas > 0 ? a.ctas : sms, sms * per, kMoeDirectMaxCtas}));
+  return cudaSuccess;
+}
 }  // namespace
 
 cudaError_t moe_dispatch_direct(const MoeDirectArgs& a, cudaStream_t s) {
@@ -828,28 +953,43 @@ cudaError_t moe_dispatch_direct(const MoeDirectArgs& a, cudaStream_t s) {
   if (r.experts < 1 || r.experts > kMoeMaxExperts || r.world != a.ctx.world || r.experts != a.local * r.world ||
       r.tokens != a.tokens || r.top_k != a.top_k || !r.pos || !r.expert_counts || !r.bad)
     return cudaErrorInvalidValue;
+  if (a.once && (a.tokens > a.max_tokens || a.capacity > 0xFFFFFFFFull)) return cudaErrorInvalidValue;
   static const cudaError_t allowed =
       cudaFuncSetAttribute(dispatch_direct_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(route_smem<kDirectThreads>(kMoeMaxExperts)));
   if (allowed != cudaSuccess) return allowed;
-  dispatch_direct_kernel<<<kMoeDirectCtas, kDirectThreads, route_smem<kDirectThreads>(r.experts), s>>>(a);
+  int grid = 1;
+  const size_t smem = route_smem<kDirectThreads>(r.experts);
+  const cudaError_t e = direct_grid(a, dispatch_direct_kernel, smem, &grid);
+  if (e != cudaSuccess) return e;
+  dispatch_direct_kernel<<<grid, kDirectThreads, smem, s>>>(a);
   return cudaGetLastError();
 }
 
+namespace {
+template <class T>
+cudaError_t combine_direct_launch(const MoeDirectArgs& a, cudaStream_t s, int* grid) {
+  const cudaError_t e = direct_grid(a, combine_direct_kernel<T>, 0, grid);
+  if (e != cudaSuccess) return e;
+  combine_direct_kernel<T><<<*grid, kDirectThreads, 0, s>>>(a);
+  return cudaGetLastError();
+}
+}  // namespace
+
 cudaError_t moe_combine_direct(const MoeDirectArgs& a, cudaStream_t s) {
   if (!direct_args_ok(a)) return cudaErrorInvalidValue;
+  int grid = 1;
+  cudaError_t e;
   if (a.dtype == dev::DType::kBF16)
-    combine_direct_kernel<dev::bf16_t><<<kMoeDirectCtas, kDirectThreads, 0, s>>>(a);
+    e = combine_direct_launch<dev::bf16_t>(a, s, &grid);
   else if (a.dtype == dev::DType::kF16)
-    combine_direct_kernel<dev::f16_t><<<kMoeDirectCtas, kDirectThreads, 0, s>>>(a);
+    e = combine_direct_launch<dev::f16_t>(a, s, &grid);
   else if (a.dtype == dev::DType::kF32)
-    combine_direct_kernel<float><<<kMoeDirectCtas, kDirectThreads, 0, s>>>(a);
+    e = combine_direct_launch<float>(a, s, &grid);
   else
     return cudaErrorInvalidValue;
-  const cudaError_t e = cudaGetLastError();
   const int vecs = static_cast<int>(static_cast<size_t>(a.hidden) * dev::dtype_size(a.dtype) / 16);
-  if (e != cudaSuccess || a.pull || static_cast<int64_t>(a.tokens) * vecs <= 4ll * kMoeDirectCtas * kDirectThreads)
-    return e;
+  if (e != cudaSuccess || a.pull || static_cast<int64_t>(a.tokens) * vecs <= 4ll * grid * kDirectThreads) return e;
   return combine_launch(a.ctx.local<const void>(a.back_off), a.route.pos, a.weights, a.y, a.tokens, a.top_k, a.hidden,
                         a.dtype, a.refused, s);
 }

@@ -60,9 +60,8 @@ TEST_P(MoeGpu, DispatchAndCombineAreExact) {
   const int n = GetParam() == 0 ? gpus() : GetParam();
   if (gpus() < 1 || n > gpus()) GTEST_SKIP() << "needs " << n << " GPU(s)";
   expect_all_ok(run_gpu(n, [] {
-    // Every direct combine of rows in the symmetric heap pulls them (WEFT_MOE_COMBINE_PULL=2):
-    // the in-place experts of odd calls and the identity experts read recv(); the others push.
-    setenv("WEFT_MOE_COMBINE_PULL", "2", 1);
+    // Direct combines of rows in every rank's symmetric heap pull them (the in-place experts of
+    // odd calls, the identity experts reading recv()); the others push.
     auto b = make_backend();
     const int world = b->size();
     cudaStream_t s;
@@ -73,35 +72,37 @@ TEST_P(MoeGpu, DispatchAndCombineAreExact) {
     int checks = 0;
     for (const Shape& sh : std::vector<Shape>{{1, 1, 16}, {2, 2, 64}, {8, 8, 16}, {3, 1, 1024}})
       for (dev::DType t : {dev::DType::kBF16, dev::DType::kF32})
-        for (bool blocks : {false, true}) {  // recv rank-major, or in expert blocks (direct only)
-          MoeConfig cfg;
-          cfg.hidden = sh.H;
-          cfg.experts = sh.L * world;
-          cfg.top_k = sh.k;
-          cfg.max_tokens = 40;
-          cfg.dtype = t;
-          cfg.expert_blocks = blocks;
-          MoeDispatchCombine op(*b, cfg);
-          DevMem mem(s);
-          Routing w;
-          w.world = world;
-          w.E = cfg.experts;
-          w.k = sh.k;
-          w.H = sh.H;
-          for (Route route : {Route::kMixed, Route::kSkewed})
-            for (int64_t e : {0, 1, 2, 40})  // T = (3 rank + e) % 41: 0, 1, 2, 40 on rank 0
-              for (MoeMethod m : {MoeMethod::kBaseline, MoeMethod::kDecomposed, MoeMethod::kDirect}) {
-                if (blocks && m != MoeMethod::kDirect) continue;
-                w.route = route;
-                w.e = e;
-                run_and_check(*b, op, w, cfg.max_tokens, m, t,
-                              fmt::format("gpu world {} E {} top-{} H {} {} {} call {} {}{}", world, w.E, w.k, w.H,
-                                          route == Route::kSkewed ? "skewed" : "mixed", dev::dtype_name(t), e,
-                                          to_string(m), blocks ? " blocks" : ""),
-                              mem);
-                ++checks;
-              }
-        }
+        for (bool blocks : {false, true})        // recv rank-major, or in expert blocks (direct only)
+          for (const char* once : {"0", "2"}) {  // direct's rows: a row per pair, or once a peer (staged)
+            setenv("WEFT_MOE_DISPATCH_ONCE", once, 1);
+            MoeConfig cfg;
+            cfg.hidden = sh.H;
+            cfg.experts = sh.L * world;
+            cfg.top_k = sh.k;
+            cfg.max_tokens = 40;
+            cfg.dtype = t;
+            cfg.expert_blocks = blocks;
+            MoeDispatchCombine op(*b, cfg);
+            DevMem mem(s);
+            Routing w;
+            w.world = world;
+            w.E = cfg.experts;
+            w.k = sh.k;
+            w.H = sh.H;
+            for (Route route : {Route::kMixed, Route::kSkewed})
+              for (int64_t e : {0, 1, 2, 40})  // T = (3 rank + e) % 41: 0, 1, 2, 40 on rank 0
+                for (MoeMethod m : {MoeMethod::kBaseline, MoeMethod::kDecomposed, MoeMethod::kDirect}) {
+                  if ((blocks || *once == '2') && m != MoeMethod::kDirect) continue;
+                  w.route = route;
+                  w.e = e;
+                  run_and_check(*b, op, w, cfg.max_tokens, m, t,
+                                fmt::format("gpu world {} E {} top-{} H {} {} {} call {} {}{}{}", world, w.E, w.k, w.H,
+                                            route == Route::kSkewed ? "skewed" : "mixed", dev::dtype_name(t), e,
+                                            to_string(m), blocks ? " blocks" : "", *once == '2' ? " once" : ""),
+                                mem);
+                  ++checks;
+                }
+          }
     if (b->rank() == 0) std::printf("[gpu] moe: %d ranks, %d checks passed\n", world, checks);
     WEFT_CUDA_CHECK(cudaStreamDestroy(s));
   }));
@@ -115,9 +116,8 @@ TEST(MoeGpuLarge, ModelSizedRowsAreExact) {
   const int n = gpus();
   if (n < 1) GTEST_SKIP() << "needs a GPU";
   expect_all_ok(run_gpu(n, [] {
-    // Every direct combine of rows in the symmetric heap pulls them (WEFT_MOE_COMBINE_PULL=2):
-    // the in-place experts of odd calls and the identity experts read recv(); the others push.
-    setenv("WEFT_MOE_COMBINE_PULL", "2", 1);
+    // Direct combines of rows in every rank's symmetric heap pull them (the in-place experts of
+    // odd calls, the identity experts reading recv()); the others push.
     auto b = make_backend();
     const int world = b->size();
     cudaStream_t s;
@@ -128,30 +128,35 @@ TEST(MoeGpuLarge, ModelSizedRowsAreExact) {
     struct Shape {
       int64_t H, L, k;
     };
-    for (const Shape& sh : std::vector<Shape>{{4096, 2, 2}, {1024, 8, 8}}) {
-      MoeConfig cfg;
-      cfg.hidden = sh.H;
-      cfg.experts = sh.L * world;
-      cfg.top_k = sh.k;
-      cfg.max_tokens = 512;
-      cfg.dtype = dev::DType::kBF16;
-      MoeDispatchCombine op(*b, cfg);
-      DevMem mem(s);
-      Routing w;
-      w.world = world;
-      w.E = cfg.experts;
-      w.k = cfg.top_k;
-      w.H = cfg.hidden;
-      w.route = Route::kMixed;
-      for (int64_t e :
-           {512, 301})  // rank 0: 512 then 301 tokens (odd: experts in place, pulled); the others (3 rank + e) % 513
-        for (MoeMethod m : {MoeMethod::kBaseline, MoeMethod::kDecomposed, MoeMethod::kDirect}) {
-          w.e = e;
-          run_and_check(*b, op, w, cfg.max_tokens, m, cfg.dtype,
-                        fmt::format("gpu world {} H {} top-{} call {} {}", world, sh.H, sh.k, e, to_string(m)), mem);
-          ++checks;
-        }
-    }
+    for (const Shape& sh : std::vector<Shape>{{4096, 2, 2}, {1024, 8, 8}})
+      for (const char* once : {"0", "2"}) {  // direct's rows: a row per pair, or once a peer (staged)
+        setenv("WEFT_MOE_DISPATCH_ONCE", once, 1);
+        MoeConfig cfg;
+        cfg.hidden = sh.H;
+        cfg.experts = sh.L * world;
+        cfg.top_k = sh.k;
+        cfg.max_tokens = 512;
+        cfg.dtype = dev::DType::kBF16;
+        MoeDispatchCombine op(*b, cfg);
+        DevMem mem(s);
+        Routing w;
+        w.world = world;
+        w.E = cfg.experts;
+        w.k = cfg.top_k;
+        w.H = cfg.hidden;
+        w.route = Route::kMixed;
+        for (int64_t e :
+             {512, 301})  // rank 0: 512 then 301 tokens (odd: experts in place, pulled); the others (3 rank + e) % 513
+          for (MoeMethod m : {MoeMethod::kBaseline, MoeMethod::kDecomposed, MoeMethod::kDirect}) {
+            if (*once == '2' && m != MoeMethod::kDirect) continue;
+            w.e = e;
+            run_and_check(*b, op, w, cfg.max_tokens, m, cfg.dtype,
+                          fmt::format("gpu world {} H {} top-{} call {} {}{}", world, sh.H, sh.k, e, to_string(m),
+                                      *once == '2' ? " once" : ""),
+                          mem);
+            ++checks;
+          }
+      }
     if (b->rank() == 0) std::printf("[gpu] moe large rows: %d ranks, %d checks passed\n", world, checks);
     WEFT_CUDA_CHECK(cudaStreamDestroy(s));
   }));
@@ -191,6 +196,7 @@ TEST(MoeGpuErrors, InvalidIdsAreNamed) {
 TEST(MoeGpuErrors, DirectOverflowIsRefusedOnEveryRank) {
   if (gpus() < 2) GTEST_SKIP() << "needs 2 GPUs";
   expect_all_ok(run_gpu(2, [] {
+    setenv("WEFT_MOE_DISPATCH_ONCE", "2", 1);  // the peers' rows staged before the verdict: still nothing placed
     auto b = make_backend();
     cudaStream_t s;
     WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -225,9 +231,9 @@ TEST(MoeGpuErrors, DirectOverflowIsRefusedOnEveryRank) {
 TEST(MoeGpuGraph, CapturedDispatchAndCombineReplay) {
   if (gpus() < 1) GTEST_SKIP() << "needs a GPU";
   expect_all_ok(run_gpu(gpus(), [] {
-    // Every direct combine of rows in the symmetric heap pulls them (WEFT_MOE_COMBINE_PULL=2):
-    // the in-place experts of odd calls and the identity experts read recv(); the others push.
-    setenv("WEFT_MOE_COMBINE_PULL", "2", 1);
+    // Direct combines of rows in every rank's symmetric heap pull them (the in-place experts of
+    // odd calls, the identity experts reading recv()); the others push.
+    setenv("WEFT_MOE_DISPATCH_ONCE", "2", 1);  // direct's rows once a peer, staged (replays reuse the stage)
     auto b = make_backend();
     const int world = b->size(), r = b->rank();
     cudaStream_t s;

@@ -71,8 +71,12 @@ struct TextTunable {
     "weft's GEMV at M > 16: CTAs per cluster splitting K, 1, 2, 4 or 8 (0: by shape)")                                \
   X(kFusedRsPieces, "WEFT_FUSED_RS_PIECES", 0, 0, 4096, kExperimental,                                                \
     "fused gemm_rs: pieces per peer block (0: by shape)")                                                             \
-  X(kMoeCombinePull, "WEFT_MOE_COMBINE_PULL", 1, 0, 2, kExperimental,                                                 \
-    "MoE direct combine of rows in the symmetric heap: 0 push them back, 1 pull by the measured rule, 2 always pull")  \
+  X(kMoeCombinePull, "WEFT_MOE_COMBINE_PULL", 1, 0, 1, kExperimental,                                                 \
+    "MoE direct combine: 1 pull the rows where every rank's lie in its symmetric heap, 0 push them back")             \
+  X(kMoeDispatchOnce, "WEFT_MOE_DISPATCH_ONCE", 1, 0, 2, kExperimental,                                               \
+    "MoE direct dispatch on GPUs: 0 a row per (token, expert), 2 one per (token, peer rank), 1 by the rule")          \
+  X(kMoeDirectCtas, "WEFT_MOE_DIRECT_CTAS", 0, 0, 512, kExperimental,                                                 \
+    "MoE direct dispatch and combine: CTAs of each kernel (0: one an SM), at most what the GPU holds at once")        \
   X(kBenchSustainMs, "WEFT_BENCH_SUSTAIN_MS", 500, 0, 600000, kStable,                                                \
     "weft bench gemm: ms of back-to-back calls before each timing (steady clock)")                                    \
   X(kBenchWeftFirst, "WEFT_BENCH_WEFT_FIRST", 0, 0, 1, kExperimental,                                                 \

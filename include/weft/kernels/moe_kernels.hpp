@@ -34,7 +34,7 @@ inline constexpr int kMoeBlockRows = 128;
 // Method direct (docs/moe.md, "Direct"): one kernel a direction, every row stored straight into
 // its final place in the peer's symmetric buffer. Symmetric heap offsets (the same on every
 // rank) and this rank's device state.
-inline constexpr int kMoeDirectCtas = 64;
+inline constexpr int kMoeDirectMaxCtas = 512;  // the most CTAs of either kernel (MoeDirectArgs::ctas)
 inline constexpr int kMoeDirectMaxWorld = 32;  // ranks (its per-rank tables live in shared memory)
 struct MoeDirectArgs {
   dev::DeviceCtx ctx;
@@ -51,7 +51,7 @@ struct MoeDirectArgs {
   // [3]: dispatches and combines made, and dispatch's CTAs through its routing barrier (all
   // counted by the kernels themselves, so graph replays count too).
   uint64_t* calls = nullptr;
-  uint32_t* slice_counts = nullptr;       // [kMoeDirectCtas][experts]: dispatch's per-slice expert counts
+  uint32_t* slice_counts = nullptr;       // [kMoeDirectMaxCtas][experts]: dispatch's per-slice expert counts
   int64_t* chunks = nullptr;              // out: [world][local] rows received (recv_counts())
   int64_t* ret = nullptr;                 // [world][3]: rows before source s in recv, s's send offset of
                                           // this rank's rows, rows from s (dispatch writes, combine reads)
@@ -72,13 +72,28 @@ struct MoeDirectArgs {
   // Dispatch writes (optional): [tokens * top_k] each valid pair's row at its expert's rank,
   // (rank << 40) | row (combine's pull reads it).
   int64_t* pair_src = nullptr;
-  // Combine by pull (expert_out in the symmetric heap at offset expert_off on this rank; each
-  // rank's own offset): every rank publishes its offset as a tagged word into every rank's
-  // [2 parities][world] words at ready_off (after its experts' rows are final), and each
-  // thread of the sum loads its token's rows straight from their ranks' heaps -- no copy back,
-  // no second pass. The arrival signals then count the ranks done reading.
-  bool pull = false;
+  // Combine by pull: every rank publishes whether its expert_out lies in its symmetric heap
+  // (`here`, at offset expert_off) as a tagged word into every rank's [2 parities][world] words at
+  // ready_off (after its experts' rows are final); where every rank's does, each thread of the
+  // sum loads its token's rows straight from their ranks' heaps -- no copy back, no second pass
+  // -- and the arrival signals count the ranks done reading; else every rank pushes as without
+  // `pull` (the sum in this kernel). The same `pull` on every rank.
+  bool pull = false, here = false;
   uint64_t expert_off = 0, ready_off = 0;
+  // Dispatch, rows once a peer (docs/moe.md, "Rows once a peer"): at the kernel's start, before
+  // the routing, each token's row goes once to every peer rank holding any of its experts, into
+  // that rank's staging slot [parity][source][token]; once the places are known, a tagged word
+  // per (token, slot) there names the slot's row in recv; after every rank's arrival each rank
+  // copies its staged rows to their places. The rows a rank keeps go straight as before.
+  bool once = false;
+  int max_tokens = 0;
+  // CTAs of either kernel (0: one an SM), at most what the GPU holds at once (CTAs wait for words
+  // others write) and kMoeDirectMaxCtas. The same on every call of an op and every rank (the
+  // signals count CTAs).
+  int ctas = 0;
+  uint64_t stage_off = 0;            // [2][world][max_tokens][hidden]
+  uint64_t place_off = 0;            // [2][world][max_tokens][top_k] uint64: (call << 32) | row in recv
+  uint64_t tok_off = 0;              // [2][world] uint64: (call << 32) | the source's tokens
   const void* x = nullptr;           // dispatch: [tokens, hidden]
   const void* expert_out = nullptr;  // combine: [rows, hidden] in recv's layout
   const float* weights = nullptr;    // combine: [tokens, top_k]

@@ -19,10 +19,12 @@
 // send/recv on GPUs; on the host backend the collectives' reference), `decomposed` (weft's
 // all-to-all by counts, the counts exchanged through the symmetric heap), `direct` (one kernel a
 // direction: every rank's chunk counts into every rank's symmetric matrix, then each row stored
-// by its sender straight into its final place in the receiver's buffer, no staging, no
-// all-to-all; where expert_out lies in the symmetric heap -- recv() itself, the experts run in
-// place -- combine pulls each token's rows from their ranks into the sum instead, by the
-// measured rule of WEFT_MOE_COMBINE_PULL), `auto` (= direct).
+// by its sender straight into its final place in the receiver's buffer, no all-to-all -- or,
+// where a token would send one rank several rows (top-k >> world; rows_once()), its row sent
+// once into a staging slot there and copied to its places on arrival; where every rank's
+// expert_out lies in its symmetric heap -- recv() itself, the experts run in place -- combine
+// pulls each token's rows from their ranks into the sum instead: WEFT_MOE_COMBINE_PULL),
+// `auto` (= direct).
 //
 // On the host backend every check is agreed across ranks before anything moves (a call bad on
 // one rank is refused on all). On GPUs (at most kernels::kMoeMaxExperts experts) the routing,
@@ -130,6 +132,11 @@ class MoeDispatchCombine {
   // InvalidArgument on the host backend or without expert_blocks.
   void combine_delivered(const float* weights, void* y, const MoeRunOptions& opt = {});
 
+  // Whether direct dispatch sends each token's row once to every peer rank holding any of its
+  // experts, staged there and copied to the experts' places on arrival (GPUs; chosen when the op
+  // is made, by WEFT_MOE_DISPATCH_ONCE and its rule: docs/moe.md, "Rows once a peer"), rather
+  // than a row for every (token, expert) pair.
+  bool rows_once() const;
   const MoeConfig& config() const;
   int64_t local_experts() const;
   int64_t recv_capacity() const;

@@ -115,13 +115,17 @@ struct MoeDispatchCombine::Impl {
   uint64_t* d_calls = nullptr;              // [3] (kernels::MoeDirectArgs::calls)
   int64_t* d_ret = nullptr;                 // [world][3]
   unsigned long long* d_refused = nullptr;  // [1]
-  uint32_t* d_slices = nullptr;             // [kMoeDirectCtas][experts]
+  uint32_t* d_slices = nullptr;             // [kMoeDirectMaxCtas][experts]
   int32_t* d_groups = nullptr;              // expert_blocks: [groups_n()] (recv_groups())
   int64_t* d_chunk_rows = nullptr;          // expert_blocks: [world * local][2]
   uint64_t* d_row_dst = nullptr;            // expert_blocks: [groups_n() * kMoeBlockRows] (recv_destinations())
   int64_t* d_pair_src = nullptr;            // [max_tokens * top_k]: each pair's (rank << 40 | row) there
   uint64_t ready_off = 0;                   // [2][world] combine-by-pull words (MoeDirectArgs::pull)
-  uint64_t sig_off = 0;                     // [2][world] signals
+  // Direct dispatch with rows once a peer (MoeDirectArgs::once): its staging, places and token words.
+  bool once = false;
+  uint64_t stage_off = 0, place_off = 0, tok_off = 0;
+  int ctas = 0;          // the direct kernels' CTAs (WEFT_MOE_DIRECT_CTAS, read once: the signals count CTAs)
+  uint64_t sig_off = 0;  // [2][world] signals
   ~Impl() {
 #ifdef WEFT_HAVE_CUDA
     if (dev_mem) cudaFree(dev_mem);
@@ -181,6 +185,21 @@ struct MoeDispatchCombine::Impl {
   }
 };
 
+#ifdef WEFT_HAVE_CUDA
+namespace {
+// Rows once a peer pays where a token that reaches a peer rank sends it at least 1.5 rows on
+// average, routing uniform: top_k / world rows a rank, over the chance that a token's top_k
+// distinct experts miss none of its E / world (2 GPUs: Mixtral 1.27, Qwen3 and DeepSeek-like 4.0).
+bool once_rule(const MoeConfig& c, int world) {
+  const double E = static_cast<double>(c.experts), L = E / world;
+  double miss = 1;  // no expert of the rank among the token's: C(E - L, k) / C(E, k)
+  for (int64_t i = 0; i < c.top_k; ++i)
+    miss *= std::max(0.0, (E - L - static_cast<double>(i)) / (E - static_cast<double>(i)));
+  return static_cast<double>(c.top_k) / world >= 1.5 * (1 - miss);
+}
+}  // namespace
+#endif
+
 MoeDispatchCombine::MoeDispatchCombine(Backend& backend, const MoeConfig& config) {
   validate(config, backend.size());
 #ifndef WEFT_HAVE_CUDA
@@ -213,6 +232,22 @@ MoeDispatchCombine::MoeDispatchCombine(Backend& backend, const MoeConfig& config
     I.chunk_off = I.op.workspace(static_cast<uint64_t>(I.world * I.local) * 4, "chunks");
     I.sig_off = I.op.workspace(2ull * static_cast<uint64_t>(I.world) * 8, "signals");
     I.ready_off = I.op.workspace(2ull * static_cast<uint64_t>(I.world) * 8, "pull words");
+    // Rows once a peer (docs/moe.md, "Rows once a peer"): by the rule where a token reaching a
+    // peer rank sends it at least 1.5 rows on average under uniform routing and the staging
+    // takes at most half the heap's free space; WEFT_MOE_DISPATCH_ONCE=0 / 2: never / always.
+    const int64_t once_mode = tunable_value(tunables::kMoeDispatchOnce);
+    I.ctas = static_cast<int>(tunable_value(tunables::kMoeDirectCtas));
+    const uint64_t stage_bytes = 2ull * static_cast<uint64_t>(I.world * config.max_tokens * config.hidden) * I.eb;
+    const SymmetricHeap& heap = backend.heap();
+    I.once = I.world > 1 && config.max_tokens > 0 && static_cast<uint64_t>(I.capacity) <= 0xFFFFFFFFull &&
+             (once_mode == 2 ||
+              (once_mode == 1 && once_rule(config, I.world) && stage_bytes <= (heap.capacity() - heap.in_use()) / 2));
+    if (I.once) {
+      I.stage_off = I.op.workspace(stage_bytes, "stage");
+      I.place_off =
+          I.op.workspace(2ull * static_cast<uint64_t>(I.world * config.max_tokens * config.top_k) * 8, "stage places");
+      I.tok_off = I.op.workspace(2ull * static_cast<uint64_t>(I.world) * 8, "stage tokens");
+    }
     I.coll.prepare_all_to_all(static_cast<uint64_t>(I.local), dev::DType::kF32, Method::kDirect);
     const uint64_t pairs = static_cast<uint64_t>(std::max<int64_t>(1, config.max_tokens * config.top_k));
     const uint64_t W = static_cast<uint64_t>(I.world);
@@ -229,7 +264,7 @@ MoeDispatchCombine::MoeDispatchCombine(Backend& backend, const MoeConfig& config
         up(24),
         up(W * 3 * 8),
         up(8),
-        up(static_cast<uint64_t>(kernels::kMoeDirectCtas) * config.experts * 4),
+        up(static_cast<uint64_t>(kernels::kMoeDirectMaxCtas) * config.experts * 4),
         up(static_cast<uint64_t>(std::max<int64_t>(1, I.groups_n())) * 4),
         up(static_cast<uint64_t>(config.experts) * 16),
         up(static_cast<uint64_t>(std::max<int64_t>(1, I.groups_n())) * kernels::kMoeBlockRows * 8),
@@ -301,6 +336,12 @@ kernels::MoeDirectArgs direct_args(const MoeDispatchCombine::Impl& I, int64_t T)
   if (I.cfg.expert_blocks) a.row_dst = I.d_row_dst;
   a.pair_src = I.d_pair_src;
   a.ready_off = I.ready_off;
+  a.once = I.once;
+  a.ctas = I.ctas;
+  a.max_tokens = static_cast<int>(I.cfg.max_tokens);
+  a.stage_off = I.stage_off;
+  a.place_off = I.place_off;
+  a.tok_off = I.tok_off;
   return a;
 }
 
@@ -393,21 +434,17 @@ void gpu_combine(MoeDispatchCombine::Impl& I, const void* expert_out, const floa
     kernels::MoeDirectArgs a = direct_args(I, T);
     a.expert_out = expert_out;
     a.delivered = delivered;
-    // Rows in this rank's symmetric heap (recv() itself, the in-place experts): each rank may
-    // pull its tokens' rows into the sum where they lie instead of every rank pushing them back
-    // first. The measured rule (docs/moe.md, "Combine by pull"): pull where the sum reads at
-    // least 8 MiB and top_k >= 4 or world >= 4 -- the better of the two on every measured shape.
-    const int64_t mode = tunable_value(tunables::kMoeCombinePull);
-    const double sum_bytes = static_cast<double>(T) * static_cast<double>(c.top_k * c.hidden) * I.eb;
-    const bool rule = sum_bytes >= 8.0 * (1 << 20) && (c.top_k >= 4 || I.world >= 4);
+    // Combine by pull (docs/moe.md): where every rank's rows lie in its symmetric heap (recv()
+    // itself, the in-place experts) each rank pulls its tokens' rows into the sum where they lie
+    // instead of every rank pushing them back first -- faster on every measured shape with T > 0.
+    // The kernels agree on it (each rank says whether its rows are in its heap): the same on
+    // every rank whatever each passes.
     const auto* base = I.b.ctx().local<const unsigned char>(0);
     const auto* at = static_cast<const unsigned char*>(expert_out);
     const uint64_t bytes = static_cast<uint64_t>(std::max<int64_t>(1, I.capacity)) * c.hidden * I.eb;
-    if ((mode == 2 || (mode == 1 && rule)) && !delivered && at >= base &&
-        static_cast<uint64_t>(at - base) + bytes <= I.b.ctx().heap_bytes) {
-      a.pull = true;
-      a.expert_off = static_cast<uint64_t>(at - base);
-    }
+    a.pull = tunable_value(tunables::kMoeCombinePull) == 1 && !delivered;
+    a.here = a.pull && at >= base && static_cast<uint64_t>(at - base) + bytes <= I.b.ctx().heap_bytes;
+    if (a.here) a.expert_off = static_cast<uint64_t>(at - base);
     a.weights = weights;
     a.y = y;
     a.route.pos = I.d_pos;
@@ -694,6 +731,7 @@ void MoeDispatchCombine::combine(const void* expert_out, const float* weights, v
   });
 }
 
+bool MoeDispatchCombine::rows_once() const { return impl_->once; }
 const MoeConfig& MoeDispatchCombine::config() const { return impl_->cfg; }
 int64_t MoeDispatchCombine::local_experts() const { return impl_->local; }
 int64_t MoeDispatchCombine::recv_capacity() const { return impl_->capacity; }

@@ -293,10 +293,24 @@ MoeBenchResult bench_moe(Backend& b, const MoeBenchOptions& opt) {
             wt(gpu, static_cast<size_t>(T * sh.top_k) * 4), y(gpu, static_cast<size_t>(T) * row);
         ids.load(mine.data(), mine.size() * 4);
         wt.load(w.data(), w.size() * 4);
-        double link = 0;  // rows every rank sends to other ranks, bytes, mean over the ranks
-        for (int p = 0; p < world; ++p)
-          for (int32_t e : routing(p, T, sh.experts, sh.top_k)) link += e / L != p ? static_cast<double>(row) : 0.0;
+        // Bytes of rows every rank sends to other ranks, mean over the ranks: a row a pair (combine,
+        // and dispatch but direct's with rows once a peer), a row a (token, peer rank) (that one).
+        double link = 0, link_once = 0;
+        for (int p = 0; p < world; ++p) {
+          const std::vector<int32_t> ids_p = routing(p, T, sh.experts, sh.top_k);
+          for (int64_t t = 0; t < T; ++t) {
+            std::vector<bool> reached(static_cast<size_t>(world), false);
+            for (int64_t j = 0; j < sh.top_k; ++j) {
+              const int d = static_cast<int>(ids_p[static_cast<size_t>(t * sh.top_k + j)] / L);
+              if (d == p) continue;
+              link += static_cast<double>(row);
+              if (!reached[static_cast<size_t>(d)]) link_once += static_cast<double>(row);
+              reached[static_cast<size_t>(d)] = true;
+            }
+          }
+        }
         link /= world;
+        link_once /= world;
         for (ops::MoeMethod m : {ops::MoeMethod::kBaseline, ops::MoeMethod::kDecomposed, ops::MoeMethod::kDirect}) {
           if (!opt.exchange) break;
           const ops::MoeRunOptions o{.method = m, .tokens = T, .stream = s};
@@ -313,7 +327,8 @@ MoeBenchResult bench_moe(Backend& b, const MoeBenchOptions& opt) {
                    {"dispatch", dispatch}, {"combine", combine}, {"both", both}}) {
             if (opt.progress) opt.progress(fmt::format("{} T {} {}: {}", sh.name, T, ops::to_string(m), part));
             MoePoint pt = point(ops::to_string(m), part, timed(call, m == ops::MoeMethod::kBaseline));
-            pt.link_bytes = std::string(part) == "both" ? 2 * link : link;
+            const double sent = m == ops::MoeMethod::kDirect && op.rows_once() ? link_once : link;
+            pt.link_bytes = std::string(part) == "dispatch" ? sent : std::string(part) == "both" ? sent + link : link;
             pt.gbps = pt.median_us > 0 ? pt.link_bytes / (pt.median_us * 1e3) : 0;
             res.points.push_back(pt);
           }
