@@ -22,10 +22,10 @@ for n in ${WORLDS:-2}; do
     step "weft bench moe on $n GPUs, $AB_VAR=$v"
     dir="$OUT/results/$AB_VAR-$v"
     mkdir -p "$dir"
+    log="$OUT/bench_moe_${n}_$v.log" progress="$OUT/bench_moe_progress_${n}_$v.log"
     env "$AB_VAR=$v" CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((n - 1)))" timeout -s KILL "${BENCH_LIMIT:-240}" \
-      "$d/weft" bench moe --out "$dir" ${BENCH_ARGS:-} > "$OUT/bench_moe_${n}_$v.log" 2> "$OUT/bench_moe_progress_${n}_$v.log" ||
-      status=1
-    tail -2 "$OUT/bench_moe_progress_${n}_$v.log"
+      "$d/weft" bench moe --out "$dir" ${BENCH_ARGS:-} > "$log" 2> "$progress" || status=1
+    tail -2 "$progress"
   done
 done
 for n in ${WORLDS:-2}; do
