@@ -1,0 +1,99 @@
+// Embedding-bag lookups + all-to-all for recommendation models (issue 24; docs/embedding_a2a.md).
+// The tables are sharded across ranks (model parallel: each rank holds a set of whole tables),
+// the samples are not (data parallel: rank p owns samples p * batch ... (p + 1) * batch - 1 of
+// the global batch of world * batch). Every rank pools its tables' bags for the whole global
+// batch; each sample's pooled rows go to the rank that owns the sample.
+//
+//   forward: for each of this rank's tables, the bags of the global batch (offsets and indices
+//            as nn.EmbeddingBag takes them, optional per-sample weights) ->
+//            out [batch, total_dim()] on every rank: its own samples' pooled rows for every
+//            table of every rank, the tables in global order (rank 0's tables, then rank 1's,
+//            ...; TorchRec's pooled layout), each table's dim columns.
+//
+// A bag's pooled row: the sum over its indices, in index order, of weight * row (weight 1
+// without per-sample weights), in fp32, rounded once to the output dtype; mean divides the sum
+// by the bag's size first. An empty bag pools to zeros. Methods: `baseline` (each rank's
+// lookups, then the library's all-to-all of the pooled rows, then the re-layout); `auto`
+// (= baseline). Host backend only so far.
+//
+// Construction and forward are collective: every rank makes the same calls in the same order.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "weft/device/dtype.hpp"
+#include "weft/ops/names.hpp"
+#include "weft/runtime/backend.hpp"
+
+namespace weft::ops {
+
+enum class EmbeddingA2AMethod { kAuto, kBaseline };
+inline constexpr Named<EmbeddingA2AMethod> kEmbeddingA2AMethodNames[] = {{EmbeddingA2AMethod::kAuto, "auto"},
+                                                                         {EmbeddingA2AMethod::kBaseline, "baseline"}};
+inline const char* to_string(EmbeddingA2AMethod m) { return name_in(kEmbeddingA2AMethodNames, m); }
+inline EmbeddingA2AMethod parse_embedding_a2a_method(const std::string& s) {
+  return parse_in(kEmbeddingA2AMethodNames, s, "method");
+}
+
+enum class EmbeddingPooling { kSum, kMean };
+
+// The most columns of one table.
+inline constexpr int64_t kEmbeddingMaxDim = 1024;
+
+struct EmbeddingTableShape {
+  int64_t rows = 0;  // >= 1
+  int64_t dim = 0;   // a multiple of 8, at most kEmbeddingMaxDim
+};
+
+struct EmbeddingA2AConfig {
+  std::vector<EmbeddingTableShape> tables;     // this rank's tables, in order (may be none)
+  int64_t batch = 0;                           // samples each rank owns (>= 0)
+  dev::DType weight_dtype = dev::DType::kF32;  // f32, bf16 or f16
+  dev::DType out_dtype = dev::DType::kF32;     // f32 or bf16
+  EmbeddingPooling pooling = EmbeddingPooling::kSum;
+};
+
+// One of this rank's tables, for the global batch (world * batch bags).
+struct EmbeddingBagInput {
+  const void* weight = nullptr;               // [rows, dim] in weight_dtype
+  const int64_t* offsets = nullptr;           // [world * batch + 1]: bag b is indices[offsets[b] .. offsets[b + 1])
+  const int64_t* indices = nullptr;           // [offsets[world * batch]] rows of the table (may be null when empty)
+  const float* per_sample_weights = nullptr;  // optional, one per index
+};
+
+struct EmbeddingA2ARunOptions {
+  EmbeddingA2AMethod method = EmbeddingA2AMethod::kAuto;
+  void* stream = nullptr;
+};
+
+class EmbeddingA2A {
+ public:
+  // Collective. Throws InvalidArgument naming the value: batch < 0, a table with rows < 1 or a
+  // dim that is not a multiple of 8 in 8 ... kEmbeddingMaxDim, a dtype it does not take, ranks
+  // that disagree on batch, dtypes or pooling; the nccl backend (not built yet).
+  EmbeddingA2A(Backend& backend, const EmbeddingA2AConfig& config);
+  ~EmbeddingA2A();
+  EmbeddingA2A(const EmbeddingA2A&) = delete;
+  EmbeddingA2A& operator=(const EmbeddingA2A&) = delete;
+
+  // tables: one input per table of config().tables; out [batch, total_dim()] in out_dtype.
+  // Throws InvalidArgument -- on every rank, when any rank's call is bad -- for null pointers,
+  // offsets that do not start at 0 or decrease, an index outside its table (naming the table,
+  // its global number and the position), out overlapping an input.
+  void forward(const EmbeddingBagInput* tables, void* out, const EmbeddingA2ARunOptions& opt = {});
+
+  const EmbeddingA2AConfig& config() const;
+  // Every rank's tables' dims in global order (rank 0's first), their sum, and where this
+  // rank's first table is in that order.
+  const std::vector<int64_t>& dims() const;
+  int64_t total_dim() const;
+  int64_t first_table() const;
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace weft::ops
