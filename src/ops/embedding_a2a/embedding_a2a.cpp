@@ -169,7 +169,7 @@ void EmbeddingA2A::forward(const EmbeddingBagInput* tables, void* out, const Emb
       }
     });
     // The lookups: bag q * B + b (rank q's sample b) of every table into send[q][b][col].
-    I.send.assign(static_cast<size_t>(bags * Dm) * I.ob, 0);
+    I.send.assign(std::max<size_t>(static_cast<size_t>(bags * Dm) * I.ob, I.ob), 0);  // never empty: a valid pointer
     std::vector<float> acc;
     int64_t col = 0;
     for (size_t t = 0; t < n_tables; ++t) {
@@ -208,7 +208,7 @@ void EmbeddingA2A::forward(const EmbeddingBagInput* tables, void* out, const Emb
       const int64_t Ds = I.rank_dim[static_cast<size_t>(s)];
       WEFT_CHECK(recv_counts[static_cast<size_t>(s)] == static_cast<uint64_t>(B * Ds),
                  "embedding_a2a: the all-to-all's counts disagree with the ranks' tables");
-      for (int64_t b = 0; b < B; ++b)
+      for (int64_t b = 0; b < B && Ds > 0; ++b)
         std::memcpy(o + static_cast<size_t>(b * I.total + I.rank_col[static_cast<size_t>(s)]) * I.ob,
                     recv + (at + static_cast<uint64_t>(b * Ds)) * I.ob, static_cast<size_t>(Ds) * I.ob);
       at += static_cast<uint64_t>(B * Ds);
