@@ -14,6 +14,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <string_view>
 
@@ -88,6 +89,23 @@ class OpBase {
 
   // Whether `stream` (a cudaStream_t on the nccl backend) is being captured into a graph.
   bool capturing(void* stream) const;
+
+  // Runs a call's local checks (throwing InvalidArgument) and refuses on every rank when any
+  // rank's failed: the verdicts are agreed under `what` first (a rank that threw alone would
+  // leave its peers waiting for it); this rank's own error is rethrown where it failed.
+  template <class F>
+  void checked_everywhere(std::string_view what, F&& checks) const {
+    std::string bad;
+    std::exception_ptr error;
+    try {
+      checks();
+    } catch (const InvalidArgument& e) {
+      bad = e.message();
+      error = std::current_exception();
+    }
+    agree(what, bad.empty() ? std::string("valid") : bad);
+    if (error) std::rethrow_exception(error);
+  }
 
  private:
   Backend& b_;

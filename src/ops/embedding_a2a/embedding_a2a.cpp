@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <exception>
 #include <string>
 #include <vector>
 
@@ -69,22 +68,6 @@ struct EmbeddingA2A::Impl {
   uint64_t recv_off = 0;          // [world][batch][rank_dim[s]] packed by source: the all-to-all's output
   uint64_t recv_elems = 0;
   std::vector<unsigned char> send;  // [world][batch][rank_dim[me]]
-
-  // Runs a call's local checks and refuses on every rank when any rank's failed (a rank that
-  // threw alone would leave the others waiting for it).
-  template <class F>
-  void checked_everywhere(const char* what, F&& checks) {
-    std::string bad;
-    std::exception_ptr error;
-    try {
-      checks();
-    } catch (const InvalidArgument& e) {
-      bad = e.message();
-      error = std::current_exception();
-    }
-    op.agree(what, bad.empty() ? std::string("valid") : bad);
-    if (error) std::rethrow_exception(error);
-  }
 };
 
 EmbeddingA2A::EmbeddingA2A(Backend& backend, const EmbeddingA2AConfig& config) {
@@ -135,7 +118,7 @@ void EmbeddingA2A::forward(const EmbeddingBagInput* tables, void* out, const Emb
     const int W = I.op.world(), me = I.op.rank();
     const int64_t B = c.batch, bags = static_cast<int64_t>(W) * B, Dm = I.rank_dim[static_cast<size_t>(me)];
     const size_t n_tables = c.tables.size();
-    I.checked_everywhere("whether the forward call is valid", [&] {
+    I.op.checked_everywhere("whether the forward call is valid", [&] {
       WEFT_REQUIRE(opt.method == EmbeddingA2AMethod::kAuto || opt.method == EmbeddingA2AMethod::kBaseline,
                    fmt::format("embedding_a2a: method {} is not built", to_string(opt.method)));
       if (n_tables) WEFT_REQUIRE(tables != nullptr, "embedding_a2a: tables: null pointer");

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <exception>
 #include <string>
 #include <vector>
 
@@ -162,21 +161,6 @@ struct MoeDispatchCombine::Impl {
     if (std::find(agreed.begin(), agreed.end(), what) != agreed.end()) return;
     op.agree(fmt::format("the {} method", kind), what);
     agreed.push_back(what);
-  }
-  // Runs a call's local checks and refuses on every rank when any rank's failed: the ranks'
-  // verdicts are agreed first (a rank that threw alone would leave the others waiting for it).
-  template <class F>
-  void checked_everywhere(const char* kind, F&& checks) {
-    std::string bad;
-    std::exception_ptr error;
-    try {
-      checks();
-    } catch (const InvalidArgument& e) {
-      bad = e.message();
-      error = std::current_exception();
-    }
-    op.agree(fmt::format("whether the {} call is valid", kind), bad.empty() ? std::string("valid") : bad);
-    if (error) std::rethrow_exception(error);
   }
   uint64_t* counts_at(int q, uint64_t par, int src, int dst) {
     return b.ctx().ptr<uint64_t>(
@@ -471,7 +455,7 @@ void MoeDispatchCombine::dispatch(const void* x, const int32_t* ids, const MoeRu
     int64_t T = 0;
     const MoeMethod m = I.resolve(opt.method);
     // Every check first, refused on every rank alike: nothing moves for a bad call.
-    I.checked_everywhere("dispatch", [&] {
+    I.op.checked_everywhere("whether the dispatch call is valid", [&] {
       T = I.tokens_of(opt);
       if (T > 0) {
         I.op.check_ptr(x, 16, "x");
@@ -673,7 +657,7 @@ void MoeDispatchCombine::combine(const void* expert_out, const float* weights, v
     const MoeMethod m = I.resolve(opt.method);
     const size_t row = static_cast<size_t>(H) * I.eb;
     int64_t T = 0;
-    I.checked_everywhere("combine", [&] {
+    I.op.checked_everywhere("whether the combine call is valid", [&] {
       WEFT_REQUIRE(I.routed, "moe: combine needs a dispatch before it (its routing)");
       T = I.tokens_of(opt);
       WEFT_REQUIRE(T == I.tokens, fmt::format("moe: combine of {} tokens after a dispatch of {}", T, I.tokens));
