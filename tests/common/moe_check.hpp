@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "op_mem.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device/dtype.hpp"
 #include "weft/kernels/moe_kernels.hpp"
@@ -23,14 +24,8 @@ namespace weft::testing::moe {
 using ops::MoeDispatchCombine;
 using ops::MoeMethod;
 
-// Where the op's operands live: the host backend's memory or a GPU's. alloc gives 16-byte
-// aligned bytes the op may read and write (kept until the Mem goes); to/from copy.
-struct Mem {
-  std::function<void*(size_t)> alloc;
-  std::function<void(void*, const void*, size_t)> to;    // op memory <- host
-  std::function<void(void*, const void*, size_t)> from;  // host <- op memory
-  void* stream = nullptr;
-};
+using testing::HostMem;
+using testing::Mem;
 
 enum class Route { kMixed, kSkewed };
 
@@ -286,21 +281,5 @@ inline void run_and_check_layer(Backend& b, ops::MoeLayer& layer, const Routing&
                fmt::format("{}: y[{}][{}] = {}, expected {} (scale {})", what, i / H, i % H, got, ref, scale));
   }
 }
-
-// The host backend's Mem: vectors that live as long as it does.
-struct HostMem : Mem {
-  std::vector<std::vector<unsigned char>> blocks;
-  HostMem() {
-    alloc = [this](size_t n) {
-      blocks.emplace_back(n + 16);
-      return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(blocks.back().data()) + 15) & ~uintptr_t{15});
-    };
-    to = [](void* d, const void* s, size_t n) {
-      if (n) std::memcpy(d, s, n);
-    };
-    from = to;
-  }
-  HostMem(const HostMem&) = delete;
-};
 
 }  // namespace weft::testing::moe

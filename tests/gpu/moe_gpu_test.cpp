@@ -22,32 +22,6 @@ using namespace weft::testing::moe;
 
 namespace {
 
-// Device memory for one op's operands, freed with it; copies on `stream` then synchronised.
-struct DevMem : Mem {
-  std::vector<void*> blocks;
-  explicit DevMem(cudaStream_t s) {
-    stream = s;
-    alloc = [this](size_t n) {
-      void* p = nullptr;
-      WEFT_CUDA_CHECK(cudaMalloc(&p, n));
-      blocks.push_back(p);
-      return p;
-    };
-    to = [s](void* d, const void* h, size_t n) {
-      if (n) WEFT_CUDA_CHECK(cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, s));
-      WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
-    };
-    from = [s](void* h, const void* d, size_t n) {
-      WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
-      if (n) WEFT_CUDA_CHECK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost));
-    };
-  }
-  ~DevMem() {
-    for (void* p : blocks) cudaFree(p);
-  }
-  DevMem(const DevMem&) = delete;
-};
-
 std::vector<RankResult> run_gpu(int n, const std::function<void()>& fn) {
   return run_gpu_ranks(n, fn, /*heap_mib=*/512, /*deadline_ms=*/300000);
 }

@@ -20,6 +20,7 @@
 #include "weft/bench/gemm_bench.hpp"
 #include "weft/bench/gemm_overlap_bench.hpp"
 #include "weft/bench/gemv_ar_bench.hpp"
+#include "weft/bench/embedding_bench.hpp"
 #include "weft/bench/moe_bench.hpp"
 #include "weft/bench/shape.hpp"
 #include "weft/core/error.hpp"
@@ -240,6 +241,30 @@ int cmd_bench_moe(bool quick, const std::string& out_dir, const std::vector<std:
   return 0;
 }
 
+// `weft bench embedding_a2a` (docs/embedding_a2a.md, "Measured"): runs as ranks.
+int cmd_bench_embedding(bool quick, const std::string& out_dir, const std::vector<std::string>& shapes,
+                        const std::vector<int64_t>& batches) {
+  if (!env_var(tunables::kGpuHeapMiB.env)) setenv(tunables::kGpuHeapMiB.env, "8192", 1);
+  auto b = make_backend();
+  bench::EmbeddingBenchOptions opt;
+  opt.quick = quick;
+  opt.shapes = shapes;
+  opt.batches = batches;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (b->rank() == 0)
+    opt.progress = [t0](const std::string& s) {
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::cerr << fmt::format("[weft bench {:7.1f}s] {}\n", secs, s);
+    };
+  auto r = bench::bench_embedding(*b, opt);
+  if (b->rank() == 0) {
+    write_json(bench::to_json(r), out_dir, fmt::format("embedding_a2a-{}-{}r", r.backend, r.world), quick);
+    if (b->kind() == BackendKind::kHost) std::cout << kCpuFigures;
+    std::cout << bench::to_table(r);
+  }
+  return 0;
+}
+
 // `weft trace FILE.json [--png OUT.png]`: per rank communication and computation time and
 // the fraction of communication hidden behind computation.
 int cmd_trace(const std::string& file, const std::string& png) {
@@ -338,7 +363,7 @@ std::string default_results_dir() {
 
 bool is_bench_name(const std::string& s) {
   return s == "all" || s == "devapi" || s == "collectives" || s == "gemm" || s == "gemv_ar" || s == "moe" ||
-         is_overlap_bench(s);
+         s == "embedding_a2a" || is_overlap_bench(s);
 }
 
 // The bench arguments that would fail (or be ignored) only after the ranks have started.
@@ -346,17 +371,25 @@ void validate_bench(const std::string& what, const std::vector<std::string>& sha
                     const std::vector<std::string>& parts, int chunks, const std::vector<int64_t>& ms) {
   if (!is_bench_name(what))
     throw cli::UsageError(fmt::format(
-        "bench {}: unknown benchmark; expected devapi, collectives, gemm, ag_gemm, gemm_rs, gemm_ar, gemv_ar, moe or "
-        "all",
+        "bench {}: unknown benchmark; expected devapi, collectives, gemm, ag_gemm, gemm_rs, gemm_ar, gemv_ar, moe, "
+        "embedding_a2a or all",
         what));
   if (chunks < 0) throw cli::UsageError(fmt::format("--chunks must be 0 (auto) or more, not {}", chunks));
-  if (!ms.empty() && what != "gemv_ar" && what != "moe")
-    throw cli::UsageError(fmt::format("--ms applies to gemv_ar and moe, not to bench '{}'", what));
+  if (!ms.empty() && what != "gemv_ar" && what != "moe" && what != "embedding_a2a")
+    throw cli::UsageError(fmt::format("--ms applies to gemv_ar, moe and embedding_a2a, not to bench '{}'", what));
   if (!parts.empty() && what != "moe")
     throw cli::UsageError(fmt::format("--parts applies to moe, not to bench '{}'", what));
   for (const auto& p : parts)
     if (p != "exchange" && p != "layer" && p != "experts")
       throw cli::UsageError(fmt::format("bench moe --parts: unknown part '{}' (exchange, layer, experts)", p));
+  if (what == "embedding_a2a") {  // shapes by name, --ms: samples per GPU
+    for (const auto& s : shapes)
+      if (s != "dlrm" && s != "sweep")
+        throw cli::UsageError(fmt::format("bench embedding_a2a: unknown shape '{}' (dlrm, sweep)", s));
+    for (int64_t m : ms)
+      if (m < 1) throw cli::UsageError(fmt::format("--ms: {} samples per GPU", m));
+    return;
+  }
   if (what == "moe") {  // shapes by name, --ms: tokens per rank
     for (const auto& s : shapes)
       if (s != "mixtral" && s != "qwen3-30b-a3b" && s != "deepseek-v3-like")
@@ -429,8 +462,8 @@ int main(int argc, char** argv) {
   std::string what = "all";
   std::vector<std::string> only;
   bench->add_option("what", what,
-                    "devapi, collectives, gemm, ag_gemm, gemm_rs, gemm_ar, gemv_ar, moe, or all (default: devapi and "
-                    "collectives)");
+                    "devapi, collectives, gemm, ag_gemm, gemm_rs, gemm_ar, gemv_ar, moe, embedding_a2a, or all "
+                    "(default: devapi and collectives)");
   bench->add_option("--only", only, "collectives to run (all_reduce, all_gather, reduce_scatter, all_to_all)")
       ->delimiter(',');
   bool quick = false;
@@ -444,12 +477,13 @@ int main(int argc, char** argv) {
       ->add_option("--shapes", shapes,
                    "gemm, ag_gemm, gemm_rs, gemm_ar: shapes MxKxN (default: docs/anchors.md's); gemv_ar: K:N (K the "
                    "full depth; default 4096:4096,14336:4096,8192:8192,28672:8192); moe: mixtral, qwen3-30b-a3b, "
-                   "deepseek-v3-like (default: all)")
+                   "deepseek-v3-like (default: all); embedding_a2a: dlrm, sweep (default: both)")
       ->delimiter(',');
   std::vector<int64_t> ms;
   bench
       ->add_option("--ms", ms,
-                   "gemv_ar: tokens per call, 1 ... 128 (default 1,8,16,64,128); moe: tokens per rank (default 128,4096)")
+                   "gemv_ar: tokens per call, 1 ... 128 (default 1,8,16,64,128); moe: tokens per rank (default "
+                   "128,4096); embedding_a2a: dlrm's samples per GPU (default 2048,4096,16384,65536)")
       ->delimiter(',');
   std::vector<std::string> parts;
   bench->add_option("--parts", parts, "moe: exchange, layer, experts (default: all)")->delimiter(',');
@@ -524,6 +558,10 @@ int main(int argc, char** argv) {
     if (*bench && what == "gemv_ar") {
       int rc = relaunch_as_ranks(argc, argv);
       return rc >= 0 ? rc : cmd_bench_gemv(quick, out_dir, shapes, ms, tune);
+    }
+    if (*bench && what == "embedding_a2a") {
+      int rc = relaunch_as_ranks(argc, argv);
+      return rc >= 0 ? rc : cmd_bench_embedding(quick, out_dir, shapes, ms);
     }
     if (*bench && what == "moe") {
       int rc = relaunch_as_ranks(argc, argv);

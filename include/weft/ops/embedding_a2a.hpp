@@ -12,9 +12,11 @@
 //
 // A bag's pooled row: the sum over its indices, in index order, of weight * row (weight 1
 // without per-sample weights), in fp32, rounded once to the output dtype; mean divides the sum
-// by the bag's size first. An empty bag pools to zeros. Methods: `baseline` (each rank's
-// lookups, then the library's all-to-all of the pooled rows, then the re-layout); `auto`
-// (= baseline). Host backend only so far.
+// by the bag's size first. An empty bag pools to zeros. Methods (docs/embedding_a2a.md):
+// `baseline` (each rank's lookups, NCCL's all-to-all of the pooled rows, the re-layout),
+// `decomposed` (the lookups by destination, each one's transfer beside the next one's
+// lookups), `fused` (one kernel stores every pooled row straight into its sample's rank), `auto`
+// (fused on GPUs). The host backend runs every method as the baseline (the same result).
 //
 // Construction and forward are collective: every rank makes the same calls in the same order.
 #pragma once
@@ -29,9 +31,12 @@
 
 namespace weft::ops {
 
-enum class EmbeddingA2AMethod { kAuto, kBaseline };
-inline constexpr Named<EmbeddingA2AMethod> kEmbeddingA2AMethodNames[] = {{EmbeddingA2AMethod::kAuto, "auto"},
-                                                                         {EmbeddingA2AMethod::kBaseline, "baseline"}};
+enum class EmbeddingA2AMethod { kAuto, kBaseline, kDecomposed, kFused };
+inline constexpr Named<EmbeddingA2AMethod> kEmbeddingA2AMethodNames[] = {
+    {EmbeddingA2AMethod::kAuto, "auto"},
+    {EmbeddingA2AMethod::kBaseline, "baseline"},
+    {EmbeddingA2AMethod::kDecomposed, "decomposed"},
+    {EmbeddingA2AMethod::kFused, "fused"}};
 inline const char* to_string(EmbeddingA2AMethod m) { return name_in(kEmbeddingA2AMethodNames, m); }
 inline EmbeddingA2AMethod parse_embedding_a2a_method(const std::string& s) {
   return parse_in(kEmbeddingA2AMethodNames, s, "method");
@@ -53,6 +58,10 @@ struct EmbeddingA2AConfig {
   dev::DType weight_dtype = dev::DType::kF32;  // f32, bf16 or f16
   dev::DType out_dtype = dev::DType::kF32;     // f32 or bf16
   EmbeddingPooling pooling = EmbeddingPooling::kSum;
+  // GPUs: the indices are checked on the device (an index outside its table is left out of
+  // its bag, never read); with check_indices, forward reads the verdict back and throws (a
+  // host synchronisation: not inside a CUDA graph capture, where it is skipped).
+  bool check_indices = true;
 };
 
 // One of this rank's tables, for the global batch (world * batch bags).
@@ -84,12 +93,19 @@ class EmbeddingA2A {
   // its global number and the position), out overlapping an input.
   void forward(const EmbeddingBagInput* tables, void* out, const EmbeddingA2ARunOptions& opt = {});
 
+  // This rank's lookups alone (not collective; the forward's first step): pooled
+  // [world * batch, local_dim()] in out_dtype, bag g's row the pooled rows of bag g of every
+  // one of this rank's tables, side by side in table order (what nn.EmbeddingBag on each table
+  // and a concatenation give). Checks as forward's, this rank's own.
+  void pool(const EmbeddingBagInput* tables, void* pooled, const EmbeddingA2ARunOptions& opt = {});
+
   const EmbeddingA2AConfig& config() const;
   // Every rank's tables' dims in global order (rank 0's first), their sum, and where this
   // rank's first table is in that order.
   const std::vector<int64_t>& dims() const;
   int64_t total_dim() const;
   int64_t first_table() const;
+  int64_t local_dim() const;  // the sum of this rank's tables' dims
   struct Impl;
 
  private:

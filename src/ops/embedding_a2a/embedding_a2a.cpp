@@ -15,7 +15,15 @@
 #include "../common/op_base.hpp"
 #include "../moe/rows.hpp"
 #include "weft/core/error.hpp"
+#include "weft/kernels/embedding_kernels.hpp"
 #include "weft/ops/collectives.hpp"
+
+#ifdef WEFT_HAVE_CUDA
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include "weft/core/cuda_check.hpp"
+#endif
 
 namespace weft::ops {
 
@@ -68,15 +76,43 @@ struct EmbeddingA2A::Impl {
   uint64_t recv_off = 0;          // [world][batch][rank_dim[s]] packed by source: the all-to-all's output
   uint64_t recv_elems = 0;
   std::vector<unsigned char> send;  // [world][batch][rank_dim[me]]
+  bool gpu = false;
+#ifdef WEFT_HAVE_CUDA
+  // GPUs (docs/embedding_a2a.md, "GPU path"): plain device memory for NCCL (its point-to-point
+  // into the heap's window hung, as the collectives' baseline says) and the small state.
+  void* d_send = nullptr;               // [world][batch][rank_dim[me]]
+  void* d_recv = nullptr;               // [sum over s of batch * rank_dim[s]], packed by source
+  unsigned long long* d_bad = nullptr;  // [2] (EmbeddingPoolArgs::bad)
+  uint64_t* d_calls = nullptr;          // [2] (EmbeddingLandArgs::calls)
+  cudaStream_t side = nullptr;          // decomposed: the transfers
+  std::vector<cudaEvent_t> ev;          // decomposed: [world]: chunk k pooled (k >= 1); [0]: the transfers done
+  cudaEvent_t ev_fork = nullptr;
+  // fused: [2 parities][batch][total] landing buffers and [world] signals in the heap; 0 where
+  // the heap could not hold them (then fused runs as decomposed).
+  uint64_t land_off = 0, land_bytes = 0, sig_off = 0;
+  int push_ctas = 0;  // the fused pool kernel's grid: the fewest any rank's GPU holds
+  ~Impl() {
+    if (!gpu) return;
+    cudaDeviceSynchronize();
+    cudaFree(d_send);
+    cudaFree(d_recv);
+    cudaFree(d_bad);
+    for (cudaEvent_t e : ev) cudaEventDestroy(e);
+    if (ev_fork) cudaEventDestroy(ev_fork);
+    if (side) cudaStreamDestroy(side);
+  }
+#endif
 };
 
 EmbeddingA2A::EmbeddingA2A(Backend& backend, const EmbeddingA2AConfig& config) {
-  WEFT_REQUIRE(backend.kind() == BackendKind::kHost,
-               "embedding_a2a: the nccl backend is not built yet (issue 24); use the host backend");
   impl_ = std::make_unique<Impl>(backend, config);
   Impl& I = *impl_;
   I.op.set_share(&I.share);
-  const std::string bad = faults(config);
+  I.gpu = backend.kind() != BackendKind::kHost;
+  std::string bad = faults(config);
+  if (bad.empty() && I.gpu && config.tables.size() > static_cast<size_t>(kernels::kEmbeddingMaxTables))
+    bad = fmt::format("embedding_a2a: a rank holds at most {} tables on GPUs, this one {}",
+                      kernels::kEmbeddingMaxTables, config.tables.size());
   I.op.agree("whether the configuration is valid", bad.empty() ? std::string("valid") : bad);
   I.op.agree("the configuration", describe(config));
   // Every rank's tables: their count, then their dims (a bootstrap exchange of fixed size).
@@ -105,79 +141,342 @@ EmbeddingA2A::EmbeddingA2A(Backend& backend, const EmbeddingA2AConfig& config) {
   I.wb = dev::dtype_size(config.weight_dtype);
   I.recv_elems = static_cast<uint64_t>(std::max<int64_t>(1, config.batch * I.total));
   const SymmetricHeap::Scope in(I.share.scope());
-  I.recv_off = I.op.workspace(I.recv_elems * I.ob, "recv");
-  I.coll.prepare_all_to_all_v(I.recv_elems, config.out_dtype, Method::kBaseline);
+  if (!I.gpu) {
+    I.recv_off = I.op.workspace(I.recv_elems * I.ob, "recv");
+    I.coll.prepare_all_to_all_v(I.recv_elems, config.out_dtype, Method::kBaseline);
+    return;
+  }
+#ifdef WEFT_HAVE_CUDA
+  const uint64_t B = static_cast<uint64_t>(config.batch), T = static_cast<uint64_t>(I.total);
+  const uint64_t send_bytes = static_cast<uint64_t>(W) * B * static_cast<uint64_t>(I.rank_dim[I.op.rank()]) * I.ob;
+  WEFT_CUDA_CHECK(cudaMalloc(&I.d_send, std::max<uint64_t>(send_bytes, 256)));
+  WEFT_CUDA_CHECK(cudaMalloc(&I.d_recv, std::max<uint64_t>(B * T * I.ob, 256)));
+  WEFT_CUDA_CHECK(cudaMalloc(&I.d_bad, 64));
+  I.d_calls = reinterpret_cast<uint64_t*>(I.d_bad + 2);
+  WEFT_CUDA_CHECK(cudaMemset(I.d_bad, 0xFF, 16));
+  WEFT_CUDA_CHECK(cudaMemset(I.d_calls, 0, 16));
+  int lo = 0, hi = 0;
+  WEFT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+  WEFT_CUDA_CHECK(cudaStreamCreateWithPriority(&I.side, cudaStreamNonBlocking, hi));
+  I.ev.assign(static_cast<size_t>(W), nullptr);
+  for (cudaEvent_t& e : I.ev) WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&I.ev_fork, cudaEventDisableTiming));
+  // fused: the landing buffers where the heap holds them (its use is the same on every rank).
+  int ctas = kernels::embedding_pool_ctas();
+  std::vector<int> all_ctas(static_cast<size_t>(W));
+  backend.bootstrap().allgather(&ctas, sizeof ctas, all_ctas.data());
+  I.push_ctas = *std::min_element(all_ctas.begin(), all_ctas.end());
+  const uint64_t land = (B * T * I.ob + 255) / 256 * 256;
+  SymmetricHeap& heap = backend.heap();
+  if (W > 1 && land > 0 && 2 * land + 4096 + (1ull << 20) <= heap.capacity() - heap.used()) {
+    I.land_bytes = land;
+    I.land_off = I.op.workspace(2 * land, "landing");
+    I.sig_off = I.op.workspace(8ull * static_cast<uint64_t>(W), "signals");
+  }
+  WEFT_CUDA_CHECK(cudaDeviceSynchronize());  // before any stream's call (torch's streams do not wait)
+#endif
 }
 
 EmbeddingA2A::~EmbeddingA2A() = default;
 
+#ifdef WEFT_HAVE_CUDA
+namespace {
+
+// The pool kernel's arguments for this rank's tables (tables: the call's inputs).
+kernels::EmbeddingPoolArgs pool_args(const EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables) {
+  const EmbeddingA2AConfig& c = I.cfg;
+  kernels::EmbeddingPoolArgs a;
+  a.ctx = I.b.ctx();
+  a.n_tables = static_cast<int>(c.tables.size());
+  a.wt = c.weight_dtype;
+  a.ot = c.out_dtype;
+  a.mean = c.pooling == EmbeddingPooling::kMean;
+  a.batch = c.batch;
+  const int64_t per_vec = c.weight_dtype == dev::DType::kF32 ? 4 : 8;
+  int64_t col = 0;
+  for (int t = 0; t < a.n_tables; ++t) {
+    kernels::EmbeddingTableArgs& x = a.t[t];
+    const EmbeddingBagInput& in = tables[t];
+    x.weight = in.weight;
+    x.offsets = in.offsets;
+    x.indices = in.indices;
+    x.psw = in.per_sample_weights;
+    x.rows = c.tables[static_cast<size_t>(t)].rows;
+    x.dim = static_cast<int32_t>(c.tables[static_cast<size_t>(t)].dim);
+    x.col = static_cast<int32_t>(col);
+    x.global = static_cast<int32_t>(I.first + t);
+    int group = 1;
+    while (group < 32 && group < x.dim / per_vec) group *= 2;
+    x.group = group;
+    col += x.dim;
+  }
+  a.bad = I.d_bad;
+  a.calls = I.d_calls;
+  return a;
+}
+
+kernels::EmbeddingRelayoutArgs relayout_args(const EmbeddingA2A::Impl& I, void* out, int skip) {
+  kernels::EmbeddingRelayoutArgs r;
+  r.recv = I.d_recv;
+  r.out = out;
+  r.world = I.op.world();
+  r.skip = skip;
+  r.batch = I.cfg.batch;
+  r.stride = I.total;
+  r.elem = I.ob;
+  int64_t at = 0;
+  for (int s = 0; s < r.world; ++s) {
+    r.dims[s] = I.rank_dim[static_cast<size_t>(s)];
+    r.cols[s] = I.rank_col[static_cast<size_t>(s)];
+    r.recv_at[s] = at;
+    at += I.cfg.batch * r.dims[s];
+  }
+  return r;
+}
+
+// Rank p's NCCL sends and receives of one step: this rank's block for `to` out of d_send, and
+// `from`'s block into d_recv (its place packed by source); bytes, no transfer of an empty block.
+void nccl_step(const EmbeddingA2A::Impl& I, int to, int from, cudaStream_t s) {
+  auto comm = static_cast<ncclComm_t>(I.b.nccl_comm());
+  const int me = I.op.rank();
+  const size_t B = static_cast<size_t>(I.cfg.batch);
+  const size_t mine = B * static_cast<size_t>(I.rank_dim[static_cast<size_t>(me)]) * I.ob;
+  const size_t theirs = B * static_cast<size_t>(I.rank_dim[static_cast<size_t>(from)]) * I.ob;
+  size_t at = 0;
+  for (int q = 0; q < from; ++q) at += B * static_cast<size_t>(I.rank_dim[static_cast<size_t>(q)]) * I.ob;
+  if (mine)
+    WEFT_NCCL_CHECK(
+        ncclSend(static_cast<char*>(I.d_send) + mine * static_cast<size_t>(to), mine, ncclChar, to, comm, s));
+  if (theirs) WEFT_NCCL_CHECK(ncclRecv(static_cast<char*>(I.d_recv) + at, theirs, ncclChar, from, comm, s));
+}
+
+// GPUs: what the host can check without reading device memory (the offsets and indices are
+// checked by the kernel: an index outside its table is left out and reported after the call).
+void gpu_checks(const EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, const void* out, uint64_t out_bytes) {
+  const EmbeddingA2AConfig& c = I.cfg;
+  const size_t n_tables = c.tables.size();
+  if (n_tables) WEFT_REQUIRE(tables != nullptr, "embedding_a2a: tables: null pointer");
+  if (out_bytes > 0) I.op.check_ptr(out, 16, "out", "16 bytes");
+  for (size_t t = 0; t < n_tables && c.batch > 0; ++t) {
+    const EmbeddingBagInput& in = tables[t];
+    const int64_t g = I.first + static_cast<int64_t>(t);
+    I.op.check_ptr(in.offsets, 8, fmt::format("table {} (global {}): offsets", t, g));
+    I.op.check_ptr(in.weight, 16, fmt::format("table {} (global {}): weight", t, g), "16 bytes");
+    if (in.per_sample_weights)
+      I.op.check_ptr(in.per_sample_weights, 4, fmt::format("table {} (global {}): per_sample_weights", t, g));
+    WEFT_REQUIRE(!detail::ranges_overlap(out, out_bytes, in.weight,
+                                         static_cast<uint64_t>(c.tables[t].rows * c.tables[t].dim) * I.wb),
+                 fmt::format("embedding_a2a: out overlaps table {} (global {})'s weight", t, g));
+  }
+}
+
+void read_bad(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, cudaStream_t s);
+
+void gpu_pool(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, void* pooled, uint64_t bytes,
+              const EmbeddingA2ARunOptions& opt) {
+  gpu_checks(I, tables, pooled, bytes);
+  if (bytes == 0) return;
+  auto s = static_cast<cudaStream_t>(opt.stream);
+  kernels::EmbeddingPoolArgs a = pool_args(I, tables);
+  a.send = pooled;
+  a.send_stride = I.rank_dim[static_cast<size_t>(I.op.rank())];
+  a.send_dest_bytes = static_cast<uint64_t>(I.cfg.batch * a.send_stride) * I.ob;
+  a.dest_count = I.op.world();
+  WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
+  if (I.cfg.check_indices && !I.op.capturing(opt.stream)) read_bad(I, tables, s);
+}
+
+void gpu_forward(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, void* out, const EmbeddingA2ARunOptions& opt) {
+  const EmbeddingA2AConfig& c = I.cfg;
+  const int W = I.op.world(), me = I.op.rank();
+  I.op.checked_everywhere("whether the forward call is valid",
+                          [&] { gpu_checks(I, tables, out, static_cast<uint64_t>(c.batch * I.total) * I.ob); });
+  EmbeddingA2AMethod m = opt.method;
+  if (m == EmbeddingA2AMethod::kAuto) m = EmbeddingA2AMethod::kFused;
+  if (m == EmbeddingA2AMethod::kFused && I.land_bytes == 0 && W > 1) m = EmbeddingA2AMethod::kDecomposed;
+  I.op.agree("the method", to_string(m));
+  if (c.batch == 0 || I.total == 0) return;
+  auto s = static_cast<cudaStream_t>(opt.stream);
+  kernels::EmbeddingPoolArgs a = pool_args(I, tables);
+  a.out = out;
+  a.out_stride = I.total;
+  a.out_col = I.rank_col[static_cast<size_t>(me)];
+  a.send = I.d_send;
+  a.send_stride = I.rank_dim[static_cast<size_t>(me)];
+  a.send_dest_bytes = static_cast<uint64_t>(c.batch * a.send_stride) * I.ob;
+  if (W == 1) {  // nothing to exchange: every method pools straight into out
+    a.dest_first = me;
+    WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
+  } else if (m == EmbeddingA2AMethod::kBaseline) {
+    a.out = nullptr;  // every destination's rows into d_send, then NCCL, then the re-layout
+    a.dest_count = W;
+    WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
+    WEFT_NCCL_CHECK(ncclGroupStart());
+    for (int p = 0; p < W; ++p) nccl_step(I, p, p, s);
+    WEFT_NCCL_CHECK(ncclGroupEnd());
+    WEFT_CUDA_CHECK(kernels::embedding_relayout(relayout_args(I, out, -1), s));
+  } else if (m == EmbeddingA2AMethod::kDecomposed) {
+    // Step k pools destination me + k's rows and sends them on the side stream while step k + 1
+    // pools; this rank's own rows go straight into out last; then the re-layout of the rest.
+    WEFT_CUDA_CHECK(cudaEventRecord(I.ev_fork, s));
+    WEFT_CUDA_CHECK(cudaStreamWaitEvent(I.side, I.ev_fork, 0));
+    for (int k = 1; k < W; ++k) {
+      a.dest_first = (me + k) % W;
+      WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
+      WEFT_CUDA_CHECK(cudaEventRecord(I.ev[static_cast<size_t>(k)], s));
+      WEFT_CUDA_CHECK(cudaStreamWaitEvent(I.side, I.ev[static_cast<size_t>(k)], 0));
+      WEFT_NCCL_CHECK(ncclGroupStart());
+      nccl_step(I, (me + k) % W, (me - k + W) % W, I.side);
+      WEFT_NCCL_CHECK(ncclGroupEnd());
+    }
+    a.dest_first = me;
+    WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
+    WEFT_CUDA_CHECK(cudaEventRecord(I.ev[0], I.side));
+    WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, I.ev[0], 0));
+    WEFT_CUDA_CHECK(kernels::embedding_relayout(relayout_args(I, out, me), s));
+  } else {
+    // fused: one kernel pools every destination's rows (their items interleaved: the link's
+    // traffic spread over the whole kernel), storing the peers' straight into their landing
+    // buffers and its own into out; the landing waits for every peer's CTAs, then copies the
+    // peers' columns into out.
+    a.push = true;
+    a.dest_first = (me + 1) % W;
+    a.dest_count = W;
+    a.land_off = I.land_off;
+    a.land_bytes = I.land_bytes;
+    a.sig_off = I.sig_off;
+    a.ctas = I.push_ctas;
+    WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
+    kernels::EmbeddingLandArgs l;
+    l.ctx = I.b.ctx();
+    l.land_off = I.land_off;
+    l.land_bytes = I.land_bytes;
+    l.sig_off = I.sig_off;
+    l.batch = c.batch;
+    l.stride = I.total;
+    l.skip_col = I.rank_col[static_cast<size_t>(me)];
+    l.skip_cols = I.rank_dim[static_cast<size_t>(me)];
+    l.elem = I.ob;
+    l.src_ctas = I.push_ctas;
+    l.out = out;
+    l.calls = I.d_calls;
+    WEFT_CUDA_CHECK(kernels::embedding_land(l, s));
+  }
+  if (c.check_indices && !I.op.capturing(opt.stream)) read_bad(I, tables, s);
+}
+
+// The kernels' verdict on the indices and offsets, read back: throws naming the first bad one.
+void read_bad(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, cudaStream_t s) {
+  const EmbeddingA2AConfig& c = I.cfg;
+  unsigned long long bad[2] = {~0ull, ~0ull};
+  WEFT_CUDA_CHECK(cudaMemcpyAsync(bad, I.d_bad, 16, cudaMemcpyDeviceToHost, s));
+  WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (bad[0] == ~0ull && bad[1] == ~0ull) return;
+  WEFT_CUDA_CHECK(cudaMemsetAsync(I.d_bad, 0xFF, 16, s));
+  WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
+  const unsigned long long x = bad[0] != ~0ull ? bad[0] : bad[1];
+  const int64_t g = static_cast<int64_t>(x >> 40), at = static_cast<int64_t>(x & ((1ull << 40) - 1));
+  const int64_t t = g - I.first;
+  if (bad[0] != ~0ull) {
+    int64_t v = 0;
+    WEFT_CUDA_CHECK(cudaMemcpy(&v, tables[t].indices + at, 8, cudaMemcpyDeviceToHost));
+    throw_invalid(__FILE__, __LINE__,
+                  fmt::format("embedding_a2a: table {} (global {}): indices[{}] = {} is outside 0 ... {}: it was left "
+                              "out of its bag",
+                              t, g, at, v, c.tables[static_cast<size_t>(t)].rows - 1));
+  }
+  throw_invalid(__FILE__, __LINE__,
+                fmt::format("embedding_a2a: table {} (global {}): offsets decrease at bag {}: the bag was pooled empty",
+                            t, g, at));
+}
+
+}  // namespace
+#endif
+
+namespace {
+
+// The host backend's checks of a call (out: `out_bytes` the call writes).
+void host_checks(const EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, const void* out, uint64_t out_bytes) {
+  const EmbeddingA2AConfig& c = I.cfg;
+  const int64_t bags = static_cast<int64_t>(I.op.world()) * c.batch;
+  const size_t n_tables = c.tables.size();
+  if (n_tables) WEFT_REQUIRE(tables != nullptr, "embedding_a2a: tables: null pointer");
+  if (out_bytes > 0) I.op.check_ptr(out, I.ob, "out");
+  for (size_t t = 0; t < n_tables; ++t) {
+    const EmbeddingBagInput& in = tables[t];
+    const int64_t g = I.first + static_cast<int64_t>(t);
+    I.op.check_ptr(in.offsets, 8, fmt::format("table {} (global {}): offsets", t, g));
+    WEFT_REQUIRE(in.offsets[0] == 0,
+                 fmt::format("embedding_a2a: table {} (global {}): offsets[0] must be 0, got {}", t, g, in.offsets[0]));
+    for (int64_t b = 0; b < bags; ++b)
+      WEFT_REQUIRE(in.offsets[b + 1] >= in.offsets[b],
+                   fmt::format("embedding_a2a: table {} (global {}): offsets decrease at bag {} ({} then {})", t, g, b,
+                               in.offsets[b], in.offsets[b + 1]));
+    const int64_t nnz = in.offsets[bags];
+    if (nnz > 0) {
+      I.op.check_ptr(in.weight, I.wb, fmt::format("table {} (global {}): weight", t, g));
+      I.op.check_ptr(in.indices, 8, fmt::format("table {} (global {}): indices", t, g));
+    }
+    const int64_t rows = c.tables[t].rows;
+    for (int64_t i = 0; i < nnz; ++i)
+      WEFT_REQUIRE(in.indices[i] >= 0 && in.indices[i] < rows,
+                   fmt::format("embedding_a2a: table {} (global {}): indices[{}] = {} is outside 0 ... {}", t, g, i,
+                               in.indices[i], rows - 1));
+    WEFT_REQUIRE(
+        !detail::ranges_overlap(out, out_bytes, in.weight, static_cast<uint64_t>(rows * c.tables[t].dim) * I.wb) &&
+            !detail::ranges_overlap(out, out_bytes, in.indices, static_cast<uint64_t>(nnz) * 8),
+        fmt::format("embedding_a2a: out overlaps table {} (global {})'s inputs", t, g));
+  }
+}
+
+// The host backend's lookups: bag g (rank g / batch's sample g % batch) of every table into
+// dst[g][col ...] ([world * batch][local dim]).
+void host_pool(const EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, unsigned char* dst) {
+  const EmbeddingA2AConfig& c = I.cfg;
+  const int64_t bags = static_cast<int64_t>(I.op.world()) * c.batch, Dm = I.rank_dim[static_cast<size_t>(I.op.rank())];
+  std::vector<float> acc;
+  int64_t col = 0;
+  for (size_t t = 0; t < c.tables.size(); ++t) {
+    const EmbeddingBagInput& in = tables[t];
+    const int64_t D = c.tables[t].dim;
+    const auto* wt = static_cast<const unsigned char*>(in.weight);
+    acc.assign(static_cast<size_t>(D), 0.f);
+    for (int64_t bag = 0; bag < bags; ++bag) {
+      std::fill(acc.begin(), acc.end(), 0.f);
+      const int64_t i0 = in.offsets[bag], i1 = in.offsets[bag + 1];
+      for (int64_t i = i0; i < i1; ++i) {
+        const float w = in.per_sample_weights ? in.per_sample_weights[i] : 1.f;
+        const unsigned char* row = wt + static_cast<size_t>(in.indices[i] * D) * I.wb;
+        for (int64_t j = 0; j < D; ++j) acc[static_cast<size_t>(j)] += w * load(row, j, c.weight_dtype);
+      }
+      const float scale = c.pooling == EmbeddingPooling::kMean && i1 > i0 ? 1.f / static_cast<float>(i1 - i0) : 1.f;
+      unsigned char* row_out = dst + static_cast<size_t>(bag * Dm + col) * I.ob;
+      for (int64_t j = 0; j < D; ++j)
+        store(row_out, j,
+              c.pooling == EmbeddingPooling::kMean ? acc[static_cast<size_t>(j)] * scale : acc[static_cast<size_t>(j)],
+              c.out_dtype);
+    }
+    col += D;
+  }
+}
+
+}  // namespace
+
 void EmbeddingA2A::forward(const EmbeddingBagInput* tables, void* out, const EmbeddingA2ARunOptions& opt) {
   Impl& I = *impl_;
   I.op.guarded([&] {
+#ifdef WEFT_HAVE_CUDA
+    if (I.gpu) return gpu_forward(I, tables, out, opt);
+#endif
     const EmbeddingA2AConfig& c = I.cfg;
-    const int W = I.op.world(), me = I.op.rank();
-    const int64_t B = c.batch, bags = static_cast<int64_t>(W) * B, Dm = I.rank_dim[static_cast<size_t>(me)];
-    const size_t n_tables = c.tables.size();
-    I.op.checked_everywhere("whether the forward call is valid", [&] {
-      WEFT_REQUIRE(opt.method == EmbeddingA2AMethod::kAuto || opt.method == EmbeddingA2AMethod::kBaseline,
-                   fmt::format("embedding_a2a: method {} is not built", to_string(opt.method)));
-      if (n_tables) WEFT_REQUIRE(tables != nullptr, "embedding_a2a: tables: null pointer");
-      if (B > 0 && I.total > 0) I.op.check_ptr(out, I.ob, "out");
-      for (size_t t = 0; t < n_tables; ++t) {
-        const EmbeddingBagInput& in = tables[t];
-        const int64_t g = I.first + static_cast<int64_t>(t);
-        I.op.check_ptr(in.offsets, 8, fmt::format("table {} (global {}): offsets", t, g));
-        WEFT_REQUIRE(
-            in.offsets[0] == 0,
-            fmt::format("embedding_a2a: table {} (global {}): offsets[0] must be 0, got {}", t, g, in.offsets[0]));
-        for (int64_t b = 0; b < bags; ++b)
-          WEFT_REQUIRE(in.offsets[b + 1] >= in.offsets[b],
-                       fmt::format("embedding_a2a: table {} (global {}): offsets decrease at bag {} ({} then {})", t, g,
-                                   b, in.offsets[b], in.offsets[b + 1]));
-        const int64_t nnz = in.offsets[bags];
-        if (nnz > 0) {
-          I.op.check_ptr(in.weight, I.wb, fmt::format("table {} (global {}): weight", t, g));
-          I.op.check_ptr(in.indices, 8, fmt::format("table {} (global {}): indices", t, g));
-        }
-        const int64_t rows = c.tables[t].rows;
-        for (int64_t i = 0; i < nnz; ++i)
-          WEFT_REQUIRE(in.indices[i] >= 0 && in.indices[i] < rows,
-                       fmt::format("embedding_a2a: table {} (global {}): indices[{}] = {} is outside 0 ... {}", t, g, i,
-                                   in.indices[i], rows - 1));
-        const uint64_t out_bytes = static_cast<uint64_t>(B * I.total) * I.ob;
-        WEFT_REQUIRE(
-            !detail::ranges_overlap(out, out_bytes, in.weight, static_cast<uint64_t>(rows * c.tables[t].dim) * I.wb) &&
-                !detail::ranges_overlap(out, out_bytes, in.indices, static_cast<uint64_t>(nnz) * 8),
-            fmt::format("embedding_a2a: out overlaps table {} (global {})'s inputs", t, g));
-      }
-    });
-    // The lookups: bag q * B + b (rank q's sample b) of every table into send[q][b][col].
-    I.send.assign(std::max<size_t>(static_cast<size_t>(bags * Dm) * I.ob, I.ob), 0);  // never empty: a valid pointer
-    std::vector<float> acc;
-    int64_t col = 0;
-    for (size_t t = 0; t < n_tables; ++t) {
-      const EmbeddingBagInput& in = tables[t];
-      const int64_t D = c.tables[t].dim;
-      const auto* wt = static_cast<const unsigned char*>(in.weight);
-      acc.assign(static_cast<size_t>(D), 0.f);
-      for (int64_t bag = 0; bag < bags; ++bag) {
-        std::fill(acc.begin(), acc.end(), 0.f);
-        const int64_t i0 = in.offsets[bag], i1 = in.offsets[bag + 1];
-        for (int64_t i = i0; i < i1; ++i) {
-          const float w = in.per_sample_weights ? in.per_sample_weights[i] : 1.f;
-          const unsigned char* row = wt + static_cast<size_t>(in.indices[i] * D) * I.wb;
-          for (int64_t j = 0; j < D; ++j) acc[static_cast<size_t>(j)] += w * load(row, j, c.weight_dtype);
-        }
-        const float scale = c.pooling == EmbeddingPooling::kMean && i1 > i0 ? 1.f / static_cast<float>(i1 - i0) : 1.f;
-        unsigned char* dst = I.send.data() + static_cast<size_t>(bag * Dm + col) * I.ob;
-        for (int64_t j = 0; j < D; ++j)
-          store(
-              dst, j,
-              c.pooling == EmbeddingPooling::kMean ? acc[static_cast<size_t>(j)] * scale : acc[static_cast<size_t>(j)],
-              c.out_dtype);
-      }
-      col += D;
-    }
+    const int W = I.op.world();
+    const int64_t B = c.batch, Dm = I.rank_dim[static_cast<size_t>(I.op.rank())];
+    I.op.agree("the method", to_string(opt.method));  // the host runs every method as the baseline
+    I.op.checked_everywhere("whether the forward call is valid",
+                            [&] { host_checks(I, tables, out, static_cast<uint64_t>(B * I.total) * I.ob); });
+    // The lookups: send[q][b] is rank q's sample b.
+    I.send.assign(std::max<size_t>(static_cast<size_t>(W * B * Dm) * I.ob, I.ob), 0);  // never empty: a valid pointer
+    host_pool(I, tables, I.send.data());
     // Every rank's block for rank q: B bags of Dm columns.
     std::vector<uint64_t> send_counts(static_cast<size_t>(W), static_cast<uint64_t>(B * Dm)),
         recv_counts(static_cast<size_t>(W));
@@ -199,9 +498,21 @@ void EmbeddingA2A::forward(const EmbeddingBagInput* tables, void* out, const Emb
   });
 }
 
+void EmbeddingA2A::pool(const EmbeddingBagInput* tables, void* pooled,
+                        [[maybe_unused]] const EmbeddingA2ARunOptions& opt) {
+  Impl& I = *impl_;
+  const uint64_t bytes = static_cast<uint64_t>(I.op.world() * I.cfg.batch * local_dim()) * I.ob;
+#ifdef WEFT_HAVE_CUDA
+  if (I.gpu) return gpu_pool(I, tables, pooled, bytes, opt);
+#endif
+  host_checks(I, tables, pooled, bytes);
+  if (bytes > 0) host_pool(I, tables, static_cast<unsigned char*>(pooled));
+}
+
 const EmbeddingA2AConfig& EmbeddingA2A::config() const { return impl_->cfg; }
 const std::vector<int64_t>& EmbeddingA2A::dims() const { return impl_->dims; }
 int64_t EmbeddingA2A::total_dim() const { return impl_->total; }
 int64_t EmbeddingA2A::first_table() const { return impl_->first; }
+int64_t EmbeddingA2A::local_dim() const { return impl_->rank_dim[static_cast<size_t>(impl_->op.rank())]; }
 
 }  // namespace weft::ops

@@ -1,0 +1,162 @@
+// Embedding-bag lookups + all-to-all's checks, shared by the host and GPU tests
+// (tests/unit/embedding_a2a_host_test.cpp, tests/gpu/embedding_a2a_gpu_test.cpp): tables and bags
+// every rank can compute for every rank, and one forward checked exactly against a per-sample
+// reference (integer tables: every sum is exact whatever its order).
+#pragma once
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "op_mem.hpp"
+#include "weft/core/error.hpp"
+#include "weft/device/dtype.hpp"
+#include "weft/ops/embedding_a2a.hpp"
+#include "weft/runtime/backend.hpp"
+
+namespace weft::testing::embedding {
+
+using namespace weft::ops;
+
+inline float round_to(float f, dev::DType t) {
+  return t == dev::DType::kF32 ? f : dev::from_bits16(dev::to_bits16(f, t), t);
+}
+inline void put(std::vector<unsigned char>& v, int64_t i, float f, dev::DType t) {
+  if (t == dev::DType::kF32) {
+    std::memcpy(v.data() + 4 * i, &f, 4);
+  } else {
+    const uint16_t b = dev::to_bits16(f, t);
+    std::memcpy(v.data() + 2 * i, &b, 2);
+  }
+}
+inline float get(const std::vector<unsigned char>& v, int64_t i, dev::DType t) {
+  if (t == dev::DType::kF32) {
+    float f;
+    std::memcpy(&f, v.data() + 4 * i, 4);
+    return f;
+  }
+  uint16_t b;
+  std::memcpy(&b, v.data() + 2 * i, 2);
+  return dev::from_bits16(b, t);
+}
+
+// The tables and bags every rank can compute for every rank. Rank r holds (r + 1) % 3 tables
+// (rank 2 none), of dims dim_base times 1, 2 or 3; table g (global) has 5 + 3g rows of small
+// integers, or with `fraction` of values whose sums round (the reference then sums in the op's
+// order, a rounding per product and per sum, as x86-64's host code does without FMA).
+struct Model {
+  int world = 1;
+  int64_t batch = 3;
+  bool fraction = false;
+  std::vector<int> owner;                   // global table -> rank
+  std::vector<EmbeddingTableShape> shapes;  // global order
+  explicit Model(int w, int64_t b, int64_t dim_base = 8, bool frac = false) : world(w), batch(b), fraction(frac) {
+    for (int r = 0; r < w; ++r)
+      for (int t = 0; t < (r + 1) % 3; ++t) {
+        owner.push_back(r);
+        shapes.push_back({5 + 3 * static_cast<int64_t>(shapes.size()), dim_base * (1 + (r + t) % 3)});
+      }
+  }
+  std::vector<EmbeddingTableShape> tables_of(int r) const {
+    std::vector<EmbeddingTableShape> v;
+    for (size_t g = 0; g < shapes.size(); ++g)
+      if (owner[g] == r) v.push_back(shapes[g]);
+    return v;
+  }
+  float w(size_t g, int64_t row, int64_t j) const {
+    const int64_t k = static_cast<int64_t>(g) * 7 + row * 3 + j;
+    if (fraction) return static_cast<float>(static_cast<double>(k % 997) * 0.6180339887 - 300.0) / 97.f;
+    return static_cast<float>(k % 5 - 2);
+  }
+  // Bag `bag` of table g: its size (0 ... 3, and 100 for bag 1 of every even table) and indices.
+  int64_t bag_size(size_t g, int64_t bag) const {
+    return g % 2 == 0 && bag == 1 ? 100 : (static_cast<int64_t>(g) + bag) % 4;
+  }
+  int64_t index(size_t g, int64_t bag, int64_t i) const {
+    return (static_cast<int64_t>(g) + bag * 5 + i * 3) % shapes[g].rows;  // duplicates in long bags
+  }
+  static float psw(size_t g, int64_t i) { return g % 2 == 1 ? static_cast<float>(i % 3 - 1 + (i % 3 == 1)) : 1.f; }
+};
+
+// One forward of `m` on this rank, checked exactly against the per-sample reference.
+// Returns this rank's output bytes (the GPU test compares methods bitwise).
+inline std::vector<unsigned char> run_and_check(Backend& b, const Model& m, dev::DType wt, dev::DType ot,
+                                                EmbeddingPooling pool, bool weighted, const std::string& what, Mem& mem,
+                                                EmbeddingA2AMethod method = EmbeddingA2AMethod::kAuto) {
+  const int r = b.rank();
+  EmbeddingA2AConfig cfg;
+  cfg.tables = m.tables_of(r);
+  cfg.batch = m.batch;
+  cfg.weight_dtype = wt;
+  cfg.out_dtype = ot;
+  cfg.pooling = pool;
+  EmbeddingA2A op(b, cfg);
+  WEFT_CHECK(static_cast<size_t>(op.dims().size()) == m.shapes.size(), what + ": every rank's tables");
+  const int64_t bags = m.world * m.batch;
+  std::vector<std::vector<unsigned char>> weights;
+  std::vector<std::vector<int64_t>> offsets, indices;
+  std::vector<std::vector<float>> psws;
+  std::vector<EmbeddingBagInput> in;
+  for (size_t g = 0; g < m.shapes.size(); ++g) {
+    if (m.owner[g] != r) continue;
+    const EmbeddingTableShape& s = m.shapes[g];
+    weights.emplace_back(static_cast<size_t>(s.rows * s.dim) * dev::dtype_size(wt));
+    for (int64_t row = 0; row < s.rows; ++row)
+      for (int64_t j = 0; j < s.dim; ++j) put(weights.back(), row * s.dim + j, m.w(g, row, j), wt);
+    offsets.emplace_back(1, 0);
+    indices.emplace_back();
+    psws.emplace_back();
+    for (int64_t bag = 0; bag < bags; ++bag) {
+      for (int64_t i = 0; i < m.bag_size(g, bag); ++i) {
+        indices.back().push_back(m.index(g, bag, i));
+        psws.back().push_back(Model::psw(g, static_cast<int64_t>(indices.back().size()) - 1));
+      }
+      offsets.back().push_back(static_cast<int64_t>(indices.back().size()));
+    }
+  }
+  auto put_in = [&mem](const void* h, size_t n) {
+    void* d = mem.alloc(std::max<size_t>(n, 16));
+    mem.to(d, h, n);
+    return d;
+  };
+  for (size_t t = 0; t < weights.size(); ++t)
+    in.push_back({put_in(weights[t].data(), weights[t].size()),
+                  static_cast<const int64_t*>(put_in(offsets[t].data(), offsets[t].size() * 8)),
+                  static_cast<const int64_t*>(put_in(indices[t].data(), indices[t].size() * 8)),
+                  weighted ? static_cast<const float*>(put_in(psws[t].data(), psws[t].size() * 4)) : nullptr});
+  std::vector<unsigned char> out(static_cast<size_t>(std::max<int64_t>(1, m.batch * op.total_dim())) *
+                                 dev::dtype_size(ot));
+  void* d_out = mem.alloc(out.size());
+  EmbeddingA2ARunOptions opt;
+  opt.method = method;
+  opt.stream = mem.stream;
+  op.forward(in.data(), d_out, opt);
+  mem.from(out.data(), d_out, out.size());
+  // The reference: sample b of this rank is bag r * batch + b of every table.
+  int64_t col = 0;
+  for (size_t g = 0; g < m.shapes.size(); ++g) {
+    const EmbeddingTableShape& s = m.shapes[g];
+    for (int64_t b = 0; b < m.batch; ++b) {
+      const int64_t bag = r * m.batch + b;
+      int64_t first = 0;
+      for (int64_t q = 0; q < bag; ++q) first += m.bag_size(g, q);
+      const int64_t n = m.bag_size(g, bag);
+      for (int64_t j = 0; j < s.dim; ++j) {
+        float acc = 0;
+        for (int64_t i = 0; i < n; ++i)
+          acc += (weighted ? Model::psw(g, first + i) : 1.f) * round_to(m.w(g, m.index(g, bag, i), j), wt);
+        if (pool == EmbeddingPooling::kMean && n > 0) acc *= 1.f / static_cast<float>(n);
+        const float want = round_to(acc, ot), got = get(out, b * op.total_dim() + col + j, ot);
+        WEFT_CHECK(got == want, fmt::format("{}: rank {} sample {} table {} column {}: {}, expected {}", what, r, b, g,
+                                            j, got, want));
+      }
+    }
+    col += s.dim;
+  }
+  return out;
+}
+
+}  // namespace weft::testing::embedding
