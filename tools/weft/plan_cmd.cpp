@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -15,6 +16,7 @@
 #include "weft/core/error.hpp"
 #include "weft/ops/gemm_overlap_model.hpp"
 #include "weft/plan/cost.hpp"
+#include "weft/plan/dlrm.hpp"
 #include "weft/plan/schedule.hpp"
 #include "weft/plan/templates.hpp"
 #include "weft/plan/text.hpp"
@@ -47,6 +49,10 @@ struct PlanOptions {
   int nodes = 1, gpus = 2;
   double link_gbps = 0, net_gbps = 50;
   int64_t bytes = 0;
+  // simulate --model dlrm
+  std::string model;
+  std::string calibration;  // a `weft bench embedding_a2a` JSON; empty: bench/constants/embedding_a2a-h200x2.json
+  int64_t batch = 4096;
 };
 
 // The transfers and tiles (over all ranks) the CLI builds and simulates for one plan.
@@ -333,6 +339,94 @@ int run_simulate(PlanOptions o) {
   return 0;
 }
 
+// `weft simulate --model dlrm`: the calibration table (the fitted model against the measured
+// DLRM points), then the iteration on 1 ... 128 nodes (or --nodes) of --gpus GPUs.
+int run_simulate_dlrm(const PlanOptions& o) {
+  require_at_least("--gpus", o.gpus, 1);
+  require_at_least("--batch", o.batch, 1);
+  require_rate("--net-gbps", o.net_gbps, /*zero_ok=*/false);
+  std::string path = o.calibration;
+  if (path.empty())
+    for (std::string p : {std::string("bench/constants/embedding_a2a-h200x2.json"),
+                          std::string(WEFT_SOURCE_DIR) + "/bench/constants/embedding_a2a-h200x2.json"})
+      if (std::ifstream(p).good()) {
+        path = p;
+        break;
+      }
+  if (path.empty()) throw UsageError("simulate --model dlrm: no calibration; pass --calibration FILE (a `weft bench "
+                                     "embedding_a2a` JSON with DLRM points)");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_input(path, "--calibration", kMaxInputBytes));
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(fmt::format("--calibration {}: not JSON ({})", path, e.what()));
+  }
+  std::map<int64_t, plan::DlrmMeasured> by_batch;
+  const int world = j.value("world", 0);
+  double copy = j.value("copy_gbps", 0.0);
+  for (const auto& p : j.value("points", nlohmann::json::array())) {
+    if (p.value("shape", "") != "dlrm") continue;
+    plan::DlrmMeasured& m = by_batch[p.value("batch", int64_t{0})];
+    m.world = world;
+    m.batch = p.value("batch", int64_t{0});
+    const std::string method = p.value("method", "");
+    const double us = p.value("median_us", 0.0);
+    if (method == "lookup") m.lookup_us = us;
+    if (method == "all_to_all") m.all_to_all_us = us;
+    if (method == "baseline") m.baseline_us = us;
+    if (method == "fused") m.fused_us = us;
+  }
+  std::vector<plan::DlrmMeasured> points;
+  for (const auto& [b, m] : by_batch) points.push_back(m);
+  const plan::DeviceConstants dev = constants(o);
+  const plan::DlrmCalibration cal = plan::fit_dlrm(points, copy, plan::link_gbps(dev, plan::Engine::kSm), path);
+  std::cout << fmt::format(
+      "calibration ({} GPUs, {}): lookups {:.0f} GB/s of rows; all-to-all {:.1f} us + bytes at {:.0f} GB/s; "
+      "copies {:.0f} GB/s; fused's pushes cost the lookups {:.2f} x their link time\n",
+      world, path, cal.lookup_gbps, cal.a2a_us, cal.a2a_gbps, cal.copy_gbps, cal.push_cost);
+  std::cout << fmt::format("{:>7} | {:>21} | {:>21} | {:>21} | {:>21}\n", "batch", "lookup us (pred, err)",
+                           "all-to-all", "baseline", "fused");
+  double worst = 0;
+  for (const plan::DlrmMeasured& m : points) {
+    plan::DlrmModel md;
+    md.batch = m.batch;
+    const plan::DlrmMeasured pr = plan::predict_dlrm_forward(cal, md, world);
+    auto cell = [&](double meas, double pred) {
+      const double err = (pred - meas) / meas;
+      worst = std::max(worst, std::fabs(err));
+      return fmt::format("{:7.1f} ({:7.1f} {:+4.0f}%)", meas, pred, 100 * err);
+    };
+    std::cout << fmt::format("{:>7} | {} | {} | {} | {}\n", m.batch, cell(m.lookup_us, pr.lookup_us),
+                             cell(m.all_to_all_us, pr.all_to_all_us), cell(m.baseline_us, pr.baseline_us),
+                             cell(m.fused_us, pr.fused_us));
+  }
+  std::cout << fmt::format("largest error {:.0f}%\n\n", 100 * worst);
+  plan::DlrmModel md;
+  md.batch = o.batch;
+  std::cout << fmt::format(
+      "DLRM-DCNv2 training iteration, {} samples a GPU, {} GPUs a node, network {} GB/s a GPU; dense params {:.1f} M "
+      "at half the GEMM rate of {}\n",
+      o.batch, o.gpus, o.net_gbps, md.dense_params() / 1e6, dev.device);
+  std::cout << fmt::format("{:>6} {:>6} {:>14} {:>14} {:>8}   {}\n", "nodes", "GPUs", "baseline us", "fused us", "gain",
+                           "embedding fwd + bwd: baseline -> fused us");
+  std::vector<int> nodes;
+  if (o.nodes > 1)
+    nodes = {o.nodes};
+  else
+    for (int n = 1; n <= 128; n *= 2) nodes.push_back(n);
+  double last_gain = 0;
+  for (int n : nodes) {
+    const plan::DlrmPrediction p = plan::predict_dlrm(dev, cal, md, n, o.gpus, o.net_gbps);
+    last_gain = 1 - p.fused_us / p.baseline_us;
+    std::cout << fmt::format("{:>6} {:>6} {:>14.1f} {:>14.1f} {:>7.1f}%   {:.0f} + {:.0f} -> {:.0f} + {:.0f}\n", n,
+                             n * o.gpus, p.baseline_us, p.fused_us, 100 * last_gain, p.steps[0].baseline_us,
+                             p.steps[3].baseline_us, p.steps[0].fused_us, p.steps[3].fused_us);
+  }
+  std::cout << fmt::format("predicted gain of fused at {} node(s): {:.1f}% less iteration time\n", nodes.back(),
+                           100 * last_gain);
+  return 0;
+}
+
 void add_common(CLI::App* c, PlanOptions& o) {
   c->add_option("--collective", o.collective, "all_gather, reduce_scatter, all_reduce, all_to_all");
   c->add_option("--algo", o.algo,
@@ -378,8 +472,21 @@ std::function<int()> add_plan_commands(CLI::App& app) {
   sim->add_option("--bytes", o->bytes, "bytes per rank (sets --rows from --cols)");
   sim->add_option("--link-gbps", o->link_gbps, "intra-node link GB/s (default: the constants file)");
   sim->add_option("--net-gbps", o->net_gbps, "inter-node GB/s per GPU");
+  sim->add_option("--model", o->model,
+                  "dlrm: a DLRM-DCNv2 training iteration, embedding + all-to-all by the baseline and fused, on 1 ... "
+                  "128 nodes (or --nodes) of --gpus GPUs");
+  sim->add_option("--calibration", o->calibration,
+                  "--model dlrm: a `weft bench embedding_a2a` JSON with DLRM points (default "
+                  "bench/constants/embedding_a2a-h200x2.json)");
+  sim->add_option("--batch", o->batch, "--model dlrm: samples a GPU (default 4096)");
   return [plan, sim, o]() -> int {
     if (*plan) return run_plan(*o);
+    if (*sim && !o->model.empty()) {
+      if (o->model != "dlrm") throw UsageError(fmt::format("--model {}: the models are: dlrm", o->model));
+      PlanOptions d = *o;
+      if (sim->count("--gpus") == 0) d.gpus = 8;
+      return run_simulate_dlrm(d);
+    }
     if (*sim) return run_simulate(*o);
     return -1;
   };

@@ -1,0 +1,91 @@
+// The DLRM iteration in the cost model (include/weft/plan/dlrm.hpp): the fit recovers the
+// calibration that made its points, the forward's predictions follow the formulas, the
+// iteration's terms behave (fused never slower, the network's share grows with the nodes),
+// and bad calibration points are refused by name.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "weft/core/error.hpp"
+#include "weft/plan/dlrm.hpp"
+
+using namespace weft;
+using namespace weft::plan;
+
+namespace {
+
+DlrmCalibration truth() {
+  DlrmCalibration c;
+  c.lookup_gbps = 2500;
+  c.a2a_us = 30;
+  c.a2a_gbps = 330;
+  c.copy_gbps = 4200;
+  c.link_gbps = 360;
+  c.push_cost = 0.3;
+  return c;
+}
+
+}  // namespace
+
+TEST(PlanDlrm, FitRecoversTheCalibrationOfItsPoints) {
+  const DlrmCalibration t = truth();
+  std::vector<DlrmMeasured> pts;
+  for (int64_t b : {65536, 2048, 16384}) {
+    DlrmModel m;
+    m.batch = b;
+    pts.push_back(predict_dlrm_forward(t, m, 2));
+  }
+  const DlrmCalibration c = fit_dlrm(pts, t.copy_gbps, t.link_gbps, "synthetic");
+  EXPECT_NEAR(c.lookup_gbps, t.lookup_gbps, 1e-6 * t.lookup_gbps);
+  EXPECT_NEAR(c.a2a_gbps, t.a2a_gbps, 1e-6 * t.a2a_gbps);
+  EXPECT_NEAR(c.a2a_us, t.a2a_us, 1e-6);
+  EXPECT_NEAR(c.push_cost, t.push_cost, 1e-9);
+  // The forward of 4096 samples on 2 GPUs by the formulas: 4096 x 216 x 128 x 4 bytes of rows.
+  DlrmModel m;
+  const DlrmMeasured f = predict_dlrm_forward(t, m, 2);
+  EXPECT_NEAR(f.lookup_us, 4096.0 * 216 * 128 * 4 / 2500e3, 1e-6);
+  EXPECT_NEAR(f.all_to_all_us, 30 + 4096.0 * 26 * 128 * 4 / 2 / 330e3, 1e-6);
+  EXPECT_GT(f.baseline_us, f.fused_us);
+}
+
+TEST(PlanDlrm, IterationTermsBehave) {
+  const DlrmCalibration c = truth();
+  const DeviceConstants d = h200_constants();
+  DlrmModel m;
+  double last_fwd = 0;
+  for (int nodes : {1, 2, 8, 128}) {
+    const DlrmPrediction p = predict_dlrm(d, c, m, nodes, 8, 50);
+    ASSERT_EQ(p.steps.size(), 4u);
+    double b = 0, f = 0;
+    for (const DlrmStep& s : p.steps) {
+      EXPECT_LE(s.fused_us, s.baseline_us + 1e-9) << s.name << " at " << nodes << " nodes";
+      b += s.baseline_us;
+      f += s.fused_us;
+    }
+    EXPECT_NEAR(p.baseline_us, b, 1e-9);
+    EXPECT_NEAR(p.fused_us, f, 1e-9);
+    EXPECT_GE(p.steps[0].baseline_us, last_fwd);  // more of the pooled bytes cross the network
+    last_fwd = p.steps[0].baseline_us;
+  }
+  // A faster network shrinks the exchange, never the lookups.
+  const DlrmPrediction slow = predict_dlrm(d, c, m, 16, 8, 25), fast = predict_dlrm(d, c, m, 16, 8, 100);
+  EXPECT_GT(slow.steps[0].baseline_us, fast.steps[0].baseline_us);
+  EXPECT_GT(m.dense_params(), 1e6);
+}
+
+TEST(PlanDlrm, BadPointsAreRefused) {
+  const DlrmCalibration t = truth();
+  DlrmModel m;
+  const DlrmMeasured one = predict_dlrm_forward(t, m, 2);
+  EXPECT_THROW(fit_dlrm({one}, 4200, 360, "one point"), InvalidArgument);
+  DlrmMeasured zero = one;
+  zero.batch = 8192;
+  zero.fused_us = 0;
+  try {
+    fit_dlrm({one, zero}, 4200, 360, "file.json");
+    FAIL() << "a point without a time was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("file.json"), std::string::npos) << e.what();
+  }
+}
