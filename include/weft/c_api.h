@@ -233,6 +233,53 @@ int weft_moe_layer_forward(weft_moe_layer* m, const void* x, const int32_t* ids,
                            const void* w_up, const void* w_down, void* y, int64_t tokens, const char* method,
                            void* stream);
 
+/* ---- Embedding-bag lookups + all-to-all (ops::EmbeddingA2A, docs/embedding_a2a.md) --------
+ * Recommendation models' sparse features: the tables are sharded across ranks (each rank holds
+ * whole tables, maybe none), the samples are not (rank p owns samples p * batch ... (p + 1) *
+ * batch - 1 of the global batch of world * batch). forward: each of this rank's tables' bags
+ * for the whole global batch (offsets and indices as nn.EmbeddingBag takes them) -> out
+ * [batch, total_dim] on every rank: its own samples' pooled rows for every table of every rank,
+ * the tables in global order (rank 0's, then rank 1's, ...), each table's dim columns. A bag's
+ * pooled row: the sum over its indices, in index order in fp32, of weight * row (weight 1
+ * without per-sample weights), rounded once to out_dtype; "mean" divides the sum by the bag's
+ * size first; an empty bag pools to zeros. */
+typedef struct weft_embedding_a2a_config {
+  int64_t n_tables;    /* this rank's tables (0: none; the rank still takes part) */
+  const int64_t* rows; /* [n_tables]: each table's rows (>= 1) */
+  const int64_t* dims; /* [n_tables]: each table's columns, a multiple of 8 in 8 ... 1024 */
+  int64_t batch;       /* samples each rank owns (>= 0) */
+  int weight_dtype;    /* WEFT_F32, WEFT_BF16 or WEFT_F16: alike on every rank, tables or not */
+  int out_dtype;       /* WEFT_F32 or WEFT_BF16 */
+  const char* pooling; /* "sum" (NULL) or "mean" */
+  int check_indices;   /* non-zero: eager GPU forwards read back an index outside its table (a
+                          host synchronisation); the host backend always checks */
+} weft_embedding_a2a_config;
+
+/* One of this rank's tables' inputs, for the global batch (world * batch bags). */
+typedef struct weft_embedding_bag {
+  const void* weight;              /* [rows, dim] in weight_dtype */
+  const int64_t* offsets;          /* [world * batch + 1]: bag b is indices[offsets[b] .. offsets[b + 1]) */
+  const int64_t* indices;          /* [offsets[world * batch]] rows of the table (NULL when none) */
+  const float* per_sample_weights; /* one per index, or NULL */
+} weft_embedding_bag;
+
+typedef struct weft_embedding_a2a weft_embedding_a2a;
+/* Collective (agrees batch, dtypes and pooling across ranks, exchanges the tables' dims). */
+int weft_embedding_a2a_create(weft_world* w, const weft_embedding_a2a_config* cfg, weft_embedding_a2a** out);
+int weft_embedding_a2a_destroy(weft_embedding_a2a* e);
+/* Collective. tables: [n_tables] (NULL with none); out [batch, total_dim] in out_dtype; method
+ * "auto" (or NULL), "baseline", "decomposed", "fused" (the host backend runs each as the
+ * baseline). A bad call on any rank (offsets not starting at 0 or decreasing, an index outside
+ * its table -- the message names the table, its global number and the position --, null
+ * pointers) is refused on every rank (WEFT_EINVAL). */
+int weft_embedding_a2a_forward(weft_embedding_a2a* e, const weft_embedding_bag* tables, void* out, const char* method,
+                               void* stream);
+/* out's layout: total_dim (its columns), every rank's tables' dims in global order (*dims: n_dims
+ * values, valid while the op lives), where this rank's first table is in that order, and
+ * local_dim (the sum of this rank's dims). Any pointer may be NULL. */
+int weft_embedding_a2a_layout(const weft_embedding_a2a* e, int64_t* total_dim, const int64_t** dims, int64_t* n_dims,
+                              int64_t* first_table, int64_t* local_dim);
+
 #ifdef __cplusplus
 }
 #endif

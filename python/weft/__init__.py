@@ -2,8 +2,8 @@
 
 This module is the torch-free, low-level binding of weft's C API (include/weft/c_api.h)
 through ctypes: worlds (ranks, bootstrap, backend, symmetric heap), symmetric memory,
-collectives, GEMM+communication ops, the decode GEMV + AllReduce and the MoE token exchange, all on raw pointers
-(ints) and streams (ints). The
+collectives, GEMM+communication ops, the decode GEMV + AllReduce, the MoE token exchange and the embedding-bag
+lookups + all-to-all, all on raw pointers (ints) and streams (ints). The
 PyTorch frontend (weft.torch) is built on it.
 
 Errors: every failing call raises WeftError or one of its kinds: InvalidArgument (also a
@@ -18,7 +18,7 @@ from . import _lib
 
 __all__ = [
     "F32", "F16", "BF16", "WeftError", "InvalidArgument", "PeerTimeout", "World", "Collectives", "GemmOverlap",
-    "GemvAllReduce", "MoeDispatchCombine", "MoeLayer",
+    "GemvAllReduce", "MoeDispatchCombine", "MoeLayer", "EmbeddingA2A",
     "has_cuda", "library_path",
 ]
 
@@ -405,6 +405,59 @@ class MoeLayer(_Op):
         _check(self._world._lib.weft_moe_layer_forward(self.handle, _ptr(x_ptr), _ptr(ids_ptr), _ptr(weights_ptr),
                                                        _ptr(w_up_ptr), _ptr(w_down_ptr), _ptr(y_ptr), int(tokens),
                                                        _text(method), _ptr(stream)))
+
+
+class EmbeddingA2A(_Op):
+    """Embedding-bag lookups + all-to-all for recommendation models (collective to create;
+    docs/embedding_a2a.md). The tables are sharded across ranks -- this rank's are `tables`, a
+    sequence of (rows, dim), maybe empty -- and the samples are not: rank p owns samples
+    p * batch ... (p + 1) * batch - 1 of the global batch of world * batch. forward pools each of
+    this rank's tables' bags for the whole global batch and hands every rank its own samples'
+    pooled rows of every rank's tables: out [batch, total_dim], the tables in global order (rank
+    0's first; dims lists them, first_table is this rank's first). weight_dtype F32, BF16 or F16
+    (alike on every rank, tables or not); out_dtype F32 or BF16; pooling "sum" or "mean".
+    Methods auto, baseline, decomposed, fused (the host backend runs each as the baseline)."""
+
+    _destroy = "weft_embedding_a2a_destroy"
+
+    def __init__(self, world, tables, batch, weight_dtype, *, out_dtype=F32, pooling="sum", check_indices=True):
+        super().__init__(world)
+        shapes = [(int(rows), int(dim)) for rows, dim in tables]
+        n = len(shapes)
+        rows = (ctypes.c_int64 * max(n, 1))(*[r for r, _ in shapes])
+        dims = (ctypes.c_int64 * max(n, 1))(*[d for _, d in shapes])
+        i64p = ctypes.POINTER(ctypes.c_int64)
+        cfg = _lib.EmbeddingA2AConfig(n_tables=n, rows=ctypes.cast(rows, i64p), dims=ctypes.cast(dims, i64p),
+                                      batch=int(batch), weight_dtype=int(weight_dtype), out_dtype=int(out_dtype),
+                                      pooling=_text(pooling), check_indices=1 if check_indices else 0)
+        h = ctypes.c_void_p()
+        _check(world._lib.weft_embedding_a2a_create(world.handle, ctypes.byref(cfg), ctypes.byref(h)))
+        self._handle = h.value
+        world._register(self)
+        self.tables, self.batch, self.pooling = shapes, int(batch), pooling
+        self.weight_dtype, self.out_dtype = int(weight_dtype), int(out_dtype)
+        total, n_dims, first, local = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
+        all_dims = i64p()
+        _check(world._lib.weft_embedding_a2a_layout(self._handle, ctypes.byref(total), ctypes.byref(all_dims),
+                                                    ctypes.byref(n_dims), ctypes.byref(first), ctypes.byref(local)))
+        self.total_dim, self.first_table, self.local_dim = total.value, first.value, local.value
+        self.dims = [all_dims[i] for i in range(n_dims.value)]
+        self._bags = (_lib.EmbeddingBag * max(n, 1))()  # forward's argument, filled per call
+
+    def forward(self, tables, out_ptr, method=None, stream=0):
+        """Collective: tables, one (weight_ptr, offsets_ptr, indices_ptr, per_sample_weights_ptr or
+        None) per table of this rank, for the global batch: weight [rows, dim], offsets int64
+        [world * batch + 1], indices int64 [offsets[-1]], per-sample weights fp32 (one per index);
+        out [batch, total_dim] in out_dtype."""
+        tables = list(tables)
+        if len(tables) != len(self.tables):
+            raise InvalidArgument(f"weft.EmbeddingA2A.forward: {len(tables)} tables' inputs for the {len(self.tables)} "
+                                  f"tables of this rank")
+        for bag, (weight, offsets, indices, psw) in zip(self._bags, tables):
+            bag.weight, bag.offsets, bag.indices, bag.per_sample_weights = (_ptr(weight), _ptr(offsets), _ptr(indices),
+                                                                            _ptr(psw))
+        _check(self._world._lib.weft_embedding_a2a_forward(self.handle, self._bags if tables else None, _ptr(out_ptr),
+                                                           _text(method), _ptr(stream)))
 
 
 class GemvAllReduce(_Op):

@@ -77,6 +77,28 @@ class MoeConfig(Structure):
     ]
 
 
+class EmbeddingA2AConfig(Structure):
+    _fields_ = [
+        ("n_tables", c_int64),
+        ("rows", POINTER(c_int64)),
+        ("dims", POINTER(c_int64)),
+        ("batch", c_int64),
+        ("weight_dtype", c_int),
+        ("out_dtype", c_int),
+        ("pooling", c_char_p),
+        ("check_indices", c_int),
+    ]
+
+
+class EmbeddingBag(Structure):
+    _fields_ = [
+        ("weight", c_void_p),
+        ("offsets", c_void_p),
+        ("indices", c_void_p),
+        ("per_sample_weights", c_void_p),
+    ]
+
+
 _p = c_void_p
 _u64p = POINTER(c_uint64)
 _i64p = POINTER(c_int64)
@@ -123,6 +145,10 @@ _SIGNATURES = {
     "weft_moe_layer_create": (c_int, [_p, POINTER(MoeConfig), c_int64, POINTER(c_void_p)]),
     "weft_moe_layer_destroy": (c_int, [_p]),
     "weft_moe_layer_forward": (c_int, [_p, _p, _p, _p, _p, _p, _p, c_int64, c_char_p, _p]),
+    "weft_embedding_a2a_create": (c_int, [_p, POINTER(EmbeddingA2AConfig), POINTER(c_void_p)]),
+    "weft_embedding_a2a_destroy": (c_int, [_p]),
+    "weft_embedding_a2a_forward": (c_int, [_p, POINTER(EmbeddingBag), _p, c_char_p, _p]),
+    "weft_embedding_a2a_layout": (c_int, [_p, _i64p, POINTER(_i64p), _i64p, _i64p, _i64p]),
 }
 
 

@@ -17,6 +17,7 @@
 
 #include "weft/core/error.hpp"
 #include "weft/ops/collectives.hpp"
+#include "weft/ops/embedding_a2a.hpp"
 #include "weft/ops/gemm_overlap.hpp"
 #include "weft/ops/gemv_ar.hpp"
 #include "weft/ops/moe.hpp"
@@ -139,6 +140,12 @@ struct weft_moe {
 struct weft_moe_layer {
   weft_world* w = nullptr;
   std::unique_ptr<ops::MoeLayer> op;
+};
+
+struct weft_embedding_a2a {
+  weft_world* w = nullptr;
+  std::unique_ptr<ops::EmbeddingA2A> op;
+  std::vector<ops::EmbeddingBagInput> in;  // forward's tables, converted (kept: no allocation per call)
 };
 
 namespace {
@@ -734,5 +741,71 @@ WEFT_API int weft_moe_layer_forward(weft_moe_layer* m, const void* x, const int3
     require_arg(m != nullptr, "weft_moe_layer_forward: the weft_moe_layer handle is null");
     const ops::MoeLayerMethod how = ops::parse_moe_layer_method(text_or(method, "auto"));
     m->op->forward(x, ids, weights, w_up, w_down, y, {.method = how, .tokens = tokens, .stream = stream});
+  });
+}
+
+// ---- Embedding-bag lookups + all-to-all -------------------------------------------------------
+namespace {
+ops::EmbeddingPooling parse_pooling(const std::string& s) {
+  if (s == "sum") return ops::EmbeddingPooling::kSum;
+  require_arg(s == "mean", fmt::format("embedding_a2a: unknown pooling '{}': expected sum or mean", s));
+  return ops::EmbeddingPooling::kMean;
+}
+}  // namespace
+
+WEFT_API int weft_embedding_a2a_create(weft_world* w, const weft_embedding_a2a_config* cfg, weft_embedding_a2a** out) {
+  return guard([&] {
+    require_arg(w != nullptr && cfg != nullptr && out != nullptr,
+                "weft_embedding_a2a_create: the world, config and out must not be null");
+    require_arg(cfg->n_tables >= 0 && (cfg->n_tables == 0 || (cfg->rows != nullptr && cfg->dims != nullptr)),
+                fmt::format("weft_embedding_a2a_create: {} tables with rows at {} and dims at {}", cfg->n_tables,
+                            static_cast<const void*>(cfg->rows), static_cast<const void*>(cfg->dims)));
+    ops::EmbeddingA2AConfig oc;
+    for (int64_t t = 0; t < cfg->n_tables; ++t) oc.tables.push_back({cfg->rows[t], cfg->dims[t]});
+    oc.batch = cfg->batch;
+    oc.weight_dtype = to_dtype(cfg->weight_dtype, "weft_embedding_a2a_create (weight_dtype)");
+    oc.out_dtype = to_dtype(cfg->out_dtype, "weft_embedding_a2a_create (out_dtype)");
+    oc.pooling = parse_pooling(text_or(cfg->pooling, "sum"));
+    oc.check_indices = cfg->check_indices != 0;
+    auto e = std::make_unique<weft_embedding_a2a>();
+    e->w = w;
+    e->op = std::make_unique<ops::EmbeddingA2A>(*w->backend, oc);
+    e->in.resize(static_cast<size_t>(cfg->n_tables));
+    *out = e.release();
+    ++w->live_ops;
+  });
+}
+
+WEFT_API int weft_embedding_a2a_destroy(weft_embedding_a2a* e) {
+  return guard([&] {
+    if (!e) return;
+    std::unique_ptr<weft_embedding_a2a> own(e);
+    --e->w->live_ops;
+  });
+}
+
+WEFT_API int weft_embedding_a2a_forward(weft_embedding_a2a* e, const weft_embedding_bag* tables, void* out,
+                                        const char* method, void* stream) {
+  return guard([&] {
+    require_arg(e != nullptr, "weft_embedding_a2a_forward: the weft_embedding_a2a handle is null");
+    const ops::EmbeddingA2AMethod how = ops::parse_embedding_a2a_method(text_or(method, "auto"));
+    // Null tables reach the op, which refuses them on every rank (a refusal here alone would
+    // leave the other ranks waiting).
+    for (size_t t = 0; tables && t < e->in.size(); ++t)
+      e->in[t] = {tables[t].weight, tables[t].offsets, tables[t].indices, tables[t].per_sample_weights};
+    e->op->forward(tables ? e->in.data() : nullptr, out, {.method = how, .stream = stream});
+  });
+}
+
+WEFT_API int weft_embedding_a2a_layout(const weft_embedding_a2a* e, int64_t* total_dim, const int64_t** dims,
+                                       int64_t* n_dims, int64_t* first_table, int64_t* local_dim) {
+  return guard([&] {
+    require_arg(e != nullptr, "weft_embedding_a2a_layout: the weft_embedding_a2a handle is null");
+    const ops::EmbeddingA2A& op = *e->op;
+    if (total_dim) *total_dim = op.total_dim();
+    if (dims) *dims = op.dims().data();
+    if (n_dims) *n_dims = static_cast<int64_t>(op.dims().size());
+    if (first_table) *first_table = op.first_table();
+    if (local_dim) *local_dim = op.local_dim();
   });
 }

@@ -1,7 +1,8 @@
 // The C API (include/weft/c_api.h) on the host backend: forked ranks build their world through
 // weft_world_create with the test's own allgather (files in the launcher's shared directory);
 // every collective exact on integer data into heap and plain outputs, all_to_all_v, the heap,
-// a GEMM op and the GEMV + AllReduce op exact, and the status codes and messages of bad input and timeouts.
+// a GEMM op, the GEMV + AllReduce op and the embedding-bag lookups + all-to-all exact, and the status codes and
+// messages of bad input and timeouts.
 #include "weft/c_api.h"
 
 #include <fcntl.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -294,6 +296,147 @@ void gemv_exact() {
   ok(weft_world_destroy(w), "destroy");
 }
 
+// weft_embedding_a2a_*: rank r holds (2r + 1) % 3 tables (worlds 2 and 3 have a rank with none)
+// of different dims; out on rank r is its samples' pooled rows of every table in global order,
+// exact on integer tables (sum and mean, per-sample weights of halves, f32 and bf16, empty bags)
+// by every method; the layout query; bad input refused with the message, on every rank.
+void embedding_exact() {
+  FileExchange x;
+  weft_world* w = make_world(x);
+  const int me = x.rank, world = x.size;
+  const int64_t B = 3, bags = world * B;
+  std::vector<int> owner;  // global table -> rank
+  for (int r = 0; r < world; ++r)
+    for (int t = 0; t < (2 * r + 1) % 3; ++t) owner.push_back(r);
+  const int64_t n_global = static_cast<int64_t>(owner.size());
+  auto rows = [](int64_t g) { return 5 + 2 * g; };
+  auto dim = [](int64_t g) { return 8 * (1 + g % 3); };
+  auto W = [](int64_t g, int64_t row, int64_t j) { return static_cast<float>((g * 7 + row * 3 + j) % 5 - 2); };
+  auto bag_size = [](int64_t g, int64_t bag) { return (g + bag) % 3; };  // 0 (empty), 1 or 2: means exact
+  auto index = [&](int64_t g, int64_t bag, int64_t i) { return (g + bag * 5 + i * 3) % rows(g); };
+  auto psw = [](int64_t bag, int64_t i) { return (bag + i) % 2 ? 0.5f : 1.f; };
+  int64_t first = 0, total = 0, local = 0;
+  std::vector<int64_t> my_rows, my_dims, cols;  // cols: each global table's first column in out
+  for (int64_t g = 0; g < n_global; ++g) {
+    if (owner[g] < me) ++first;
+    cols.push_back(total);
+    total += dim(g);
+    if (owner[g] != me) continue;
+    my_rows.push_back(rows(g));
+    my_dims.push_back(dim(g));
+    local += dim(g);
+  }
+  const int64_t n_mine = static_cast<int64_t>(my_rows.size());
+  // This rank's inputs (per-sample weights beside them, used where the call is weighted).
+  std::vector<std::vector<int64_t>> offsets(n_mine), indices(n_mine);
+  std::vector<std::vector<float>> psws(n_mine), wf(n_mine);
+  std::vector<std::vector<dev::bf16_t>> wb(n_mine);
+  for (int64_t t = 0; t < n_mine; ++t) {
+    const int64_t g = first + t;
+    for (int64_t row = 0; row < rows(g); ++row)
+      for (int64_t j = 0; j < dim(g); ++j) {
+        wf[t].push_back(W(g, row, j));
+        wb[t].push_back(dev::from_float<dev::bf16_t>(W(g, row, j)));
+      }
+    offsets[t].push_back(0);
+    for (int64_t bag = 0; bag < bags; ++bag) {
+      for (int64_t i = 0; i < bag_size(g, bag); ++i) {
+        indices[t].push_back(index(g, bag, i));
+        psws[t].push_back(psw(bag, i));
+      }
+      offsets[t].push_back(static_cast<int64_t>(indices[t].size()));
+    }
+  }
+  const std::array<const char*, 5> kMethods = {"auto", "baseline", "decomposed", "fused", nullptr};
+  size_t checks = 0;
+  for (int wt : {WEFT_F32, WEFT_BF16})
+    for (int ot : {WEFT_F32, WEFT_BF16})
+      for (const char* pooling : {"sum", static_cast<const char*>(nullptr), "mean"})
+        for (int weighted : {0, 1}) {
+          weft_embedding_a2a_config cfg{};
+          cfg.n_tables = n_mine;
+          cfg.rows = my_rows.data();
+          cfg.dims = my_dims.data();
+          cfg.batch = B;
+          cfg.weight_dtype = wt;
+          cfg.out_dtype = ot;
+          cfg.pooling = pooling;
+          cfg.check_indices = 1;
+          weft_embedding_a2a* e = nullptr;
+          ok(weft_embedding_a2a_create(w, &cfg, &e), "weft_embedding_a2a_create");
+          int64_t got_total = -1, n_dims = -1, got_first = -1, got_local = -1;
+          const int64_t* dims = nullptr;
+          ok(weft_embedding_a2a_layout(e, &got_total, &dims, &n_dims, &got_first, &got_local), "layout");
+          WEFT_CHECK(got_total == total && n_dims == n_global && got_first == first && got_local == local,
+                     fmt::format("layout: total {} ({}), {} dims ({}), first {} ({}), local {} ({})", got_total, total,
+                                 n_dims, n_global, got_first, first, got_local, local));
+          for (int64_t g = 0; g < n_global; ++g)
+            WEFT_CHECK(dims[g] == dim(g), fmt::format("dims[{}] = {}, want {}", g, dims[g], dim(g)));
+          std::vector<weft_embedding_bag> in;
+          for (int64_t t = 0; t < n_mine; ++t)
+            in.push_back({wt == WEFT_F32 ? static_cast<const void*>(wf[t].data()) : wb[t].data(), offsets[t].data(),
+                          indices[t].empty() ? nullptr : indices[t].data(), weighted ? psws[t].data() : nullptr});
+          std::vector<float> out_f(static_cast<size_t>(B * total), -99.f);
+          std::vector<dev::bf16_t> out_b(static_cast<size_t>(B * total), dev::from_float<dev::bf16_t>(-99.f));
+          void* out = ot == WEFT_F32 ? static_cast<void*>(out_f.data()) : out_b.data();
+          const char* method = kMethods[checks++ % kMethods.size()];
+          ok(weft_embedding_a2a_forward(e, in.empty() ? nullptr : in.data(), out, method, nullptr), "forward");
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t g = 0; g < n_global; ++g) {
+              const int64_t bag = me * B + b, n = bag_size(g, bag);
+              for (int64_t j = 0; j < dim(g); ++j) {
+                float want = 0;
+                for (int64_t i = 0; i < n; ++i) want += (weighted ? psw(bag, i) : 1.f) * W(g, index(g, bag, i), j);
+                if (pooling && std::strcmp(pooling, "mean") == 0 && n > 0) want /= static_cast<float>(n);
+                const size_t at = static_cast<size_t>(b * total + cols[g] + j);
+                const float got = ot == WEFT_F32 ? out_f[at] : dev::to_float(out_b[at]);
+                WEFT_CHECK(got == want,
+                           fmt::format("weights {} out {} {}{} {}: sample {} table {} column {}: {}, want {}", wt, ot,
+                                       pooling ? pooling : "(null)", weighted ? " weighted" : "",
+                                       method ? method : "(null)", b, g, j, got, want));
+              }
+            }
+          ok(weft_embedding_a2a_destroy(e), "weft_embedding_a2a_destroy");
+        }
+  // Bad input, refused on every rank with the message.
+  weft_embedding_a2a_config cfg{};
+  cfg.n_tables = n_mine;
+  cfg.rows = my_rows.data();
+  cfg.dims = my_dims.data();
+  cfg.batch = B;
+  cfg.weight_dtype = WEFT_F32;
+  cfg.out_dtype = WEFT_F32;
+  weft_embedding_a2a* e = nullptr;
+  cfg.pooling = "max";
+  expect_err(weft_embedding_a2a_create(w, &cfg, &e), WEFT_EINVAL, {"unknown pooling 'max'", "sum or mean"},
+             "bad pooling");
+  cfg.pooling = nullptr;
+  cfg.out_dtype = 7;
+  expect_err(weft_embedding_a2a_create(w, &cfg, &e), WEFT_EINVAL, {"dtype 7"}, "dtype 7");
+  cfg.out_dtype = WEFT_F32;
+  expect_err(weft_embedding_a2a_create(w, nullptr, &e), WEFT_EINVAL, {"null"}, "null config");
+  ok(weft_embedding_a2a_create(w, &cfg, &e), "weft_embedding_a2a_create");
+  std::vector<weft_embedding_bag> in;
+  for (int64_t t = 0; t < n_mine; ++t) in.push_back({wf[t].data(), offsets[t].data(), indices[t].data(), nullptr});
+  std::vector<float> out(static_cast<size_t>(B * total));
+  const weft_embedding_bag* tables = in.empty() ? nullptr : in.data();
+  expect_err(weft_embedding_a2a_forward(e, tables, out.data(), "quick", nullptr), WEFT_EINVAL, {"quick"}, "bad method");
+  expect_err(weft_embedding_a2a_forward(e, tables, nullptr, nullptr, nullptr), WEFT_EINVAL, {"out", "null"},
+             "null out");
+  // An index outside its table on rank 0 (global table 0) alone: rank 0 names the table and the
+  // position, the others hear that a rank's call is bad.
+  if (me == 0) indices[0][1] = 99;
+  expect_err(weft_embedding_a2a_forward(e, tables, out.data(), nullptr, nullptr), WEFT_EINVAL,
+             {me == 0 ? "table 0 (global 0): indices[1] = 99 is outside 0 ... 4" : "disagree"}, "index out of range");
+  if (me == 0) indices[0][1] = 0;
+  ok(weft_embedding_a2a_forward(e, tables, out.data(), nullptr, nullptr), "forward after the refusals");
+  expect_err(weft_embedding_a2a_layout(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr), WEFT_EINVAL, {"null"},
+             "null handle");
+  expect_err(weft_world_destroy(w), WEFT_EINVAL, {"destroy them first"}, "world before its op");
+  ok(weft_embedding_a2a_destroy(e), "weft_embedding_a2a_destroy");
+  ok(weft_world_destroy(w), "destroy");
+}
+
 }  // namespace
 
 class CApiCollectives : public ::testing::TestWithParam<std::tuple<int, bool, const char*>> {};
@@ -394,6 +537,43 @@ TEST(CApi, GemmOpsExact) {
 
 TEST(CApi, GemvOpExact) {
   for (int world : {1, 2, 3}) expect_all_ok(run_host_ranks(world, [] { gemv_exact(); }));
+}
+
+TEST(CApi, EmbeddingA2AExact) {
+  for (int world : {1, 2, 3}) expect_all_ok(run_host_ranks(world, [] { embedding_exact(); }));
+}
+
+// A configuration every rank gets wrong alike is refused on every rank, naming the value.
+TEST(CApi, EmbeddingA2AConfigurationFaultsAreRefused) {
+  for (int world : {1, 2})
+    expect_all_ok(run_host_ranks(world, [] {
+      FileExchange x;
+      weft_world* w = make_world(x);
+      const int64_t rows[] = {5}, dims[] = {8}, dims12[] = {12};
+      weft_embedding_a2a_config cfg{};
+      cfg.n_tables = 1;
+      cfg.rows = rows;
+      cfg.dims = dims;
+      cfg.batch = 2;
+      cfg.weight_dtype = WEFT_F32;
+      cfg.out_dtype = WEFT_F16;
+      weft_embedding_a2a* e = nullptr;
+      expect_err(weft_embedding_a2a_create(w, &cfg, &e), WEFT_EINVAL, {"output must be f32 or bf16, got f16"},
+                 "f16 out");
+      cfg.out_dtype = WEFT_F32;
+      cfg.batch = -1;
+      expect_err(weft_embedding_a2a_create(w, &cfg, &e), WEFT_EINVAL, {"batch must be >= 0, got -1"}, "batch -1");
+      cfg.batch = 2;
+      cfg.dims = dims12;
+      expect_err(weft_embedding_a2a_create(w, &cfg, &e), WEFT_EINVAL, {"dim must be a multiple of 8", "got 12"},
+                 "dim 12");
+      cfg.dims = dims;
+      cfg.n_tables = 2;
+      cfg.rows = nullptr;
+      expect_err(weft_embedding_a2a_create(w, &cfg, &e), WEFT_EINVAL, {"2 tables with rows at"}, "rows null");
+      WEFT_CHECK(e == nullptr, "no op after a refusal");
+      ok(weft_world_destroy(w), "destroy");
+    }));
 }
 
 TEST(CApi, BadInputIsRefusedWithTheMessage) {

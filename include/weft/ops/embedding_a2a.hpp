@@ -90,7 +90,9 @@ class EmbeddingA2A {
   // tables: one input per table of config().tables; out [batch, total_dim()] in out_dtype.
   // Throws InvalidArgument -- on every rank, when any rank's call is bad -- for null pointers,
   // offsets that do not start at 0 or decrease, an index outside its table (naming the table,
-  // its global number and the position), out overlapping an input.
+  // its global number and the position), out overlapping an input. On GPUs the offsets and
+  // indices are checked by the kernel as it reads them (config().check_indices): there the
+  // call completes on every rank and throws after it on the rank that passed them.
   void forward(const EmbeddingBagInput* tables, void* out, const EmbeddingA2ARunOptions& opt = {});
 
   // This rank's lookups alone (not collective; the forward's first step): pooled

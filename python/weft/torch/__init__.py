@@ -109,8 +109,23 @@ def moe_layer(x, ids, weights, w_up, w_down, experts, max_tokens=0, recv_capacit
                                     method, group_name(group))
 
 
+def embedding_a2a(weights, offsets, indices, batch, per_sample_weights=None, pooling="sum", out_dtype=torch.float32,
+                  method="auto", group=None, total_dim=0, weight_dtype=None, check_indices=True):
+    """Embedding-bag lookups + all-to-all (DLRM): this rank's tables (weights [rows, dim], maybe
+    none) pool the bags of the whole global batch (offsets int64 [world * batch + 1], indices
+    int64, optional per_sample_weights: fp32 a table, None for a table without), and each rank
+    gets its own batch samples' pooled rows of every rank's tables, in global table order -> out
+    [batch, total_dim] (out_dtype float32 or bfloat16); docs/embedding_a2a.md. total_dim 0: the
+    op's (pass it under torch.compile); weight_dtype: where this rank holds no table and the
+    tables are not float32."""
+    return torch.ops.weft.embedding_a2a(list(weights), list(offsets), list(indices), int(batch),
+                                        [] if per_sample_weights is None else list(per_sample_weights), pooling,
+                                        out_dtype, method, group_name(group), int(total_dim), weight_dtype,
+                                        bool(check_indices))
+
+
 from . import nn  # noqa: E402
 
 __all__ = ["init", "world", "shutdown", "TorchWorld", "group_name", "empty", "is_symmetric", "prepare",
            "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_v", "ag_gemm", "ag_gemm_gathered",
-           "gemm_rs", "gemm_ar", "gemv_ar", "moe_dispatch", "moe_combine", "moe_layer", "nn"]
+           "gemm_rs", "gemm_ar", "gemv_ar", "moe_dispatch", "moe_combine", "moe_layer", "embedding_a2a", "nn"]

@@ -14,6 +14,7 @@ world, or the only world); weft.torch.group_name(group) converts a ProcessGroup.
 """
 
 import math
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -762,6 +763,153 @@ def _moe_layer_bwd(ctx, *grads):
 moe_layer.register_autograd(_moe_layer_bwd, setup_context=_moe_layer_no_grad)
 
 
+# ---- Embedding-bag lookups + all-to-all ---------------------------------------------------------
+# One weft.EmbeddingA2A per (this rank's tables' shapes, batch, weight dtype, out dtype, pooling,
+# check_indices, group): made at the first call of a configuration (collective: every rank makes
+# its first call of a configuration together, as for every op), kept until release_ops().
+# Nothing is allocated after that: calls may be captured in CUDA graphs (the eager GPU call with
+# check_indices reads the indices' verdict back; inside a capture it does not).
+
+EMBEDDING_A2A_METHODS = ("auto", "baseline", "decomposed", "fused")
+EMBEDDING_POOLINGS = ("sum", "mean")
+_EMBEDDING_WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_EMBEDDING_OUT_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _embedding_a2a_operands(weights, offsets, indices, batch, per_sample_weights, pooling, out_dtype, method, group,
+                            total_dim, weight_dtype):
+    """(world, weights, offsets, indices, per-sample weights (a list, None where none), this rank's
+    tables' (rows, dim), the weights' dtype), after the checks that need no tensor's values."""
+    op = "embedding_a2a"
+    wd = _world.lookup(group)
+    _check_method(op, method, EMBEDDING_A2A_METHODS)
+    if pooling not in EMBEDDING_POOLINGS:
+        raise weft.InvalidArgument(f"weft.{op}: unknown pooling {pooling!r} (one of {', '.join(EMBEDDING_POOLINGS)})")
+    if out_dtype not in _EMBEDDING_OUT_DTYPES:
+        raise weft.InvalidArgument(f"weft.{op}: out_dtype {out_dtype} is not one of "
+                                   f"{', '.join(str(d) for d in _EMBEDDING_OUT_DTYPES)}")
+    if weight_dtype is not None and weight_dtype not in _EMBEDDING_WEIGHT_DTYPES:
+        raise weft.InvalidArgument(f"weft.{op}: weight_dtype {weight_dtype} is not one of "
+                                   f"{', '.join(str(d) for d in _EMBEDDING_WEIGHT_DTYPES)}")
+    if batch < 0 or total_dim < 0:
+        raise weft.InvalidArgument(f"weft.{op}: batch ({batch}) and total_dim ({total_dim}) must be >= 0")
+    n = len(weights)
+    psw = list(per_sample_weights) if per_sample_weights else [None] * n
+    if len(offsets) != n or len(indices) != n or len(psw) != n:
+        raise weft.InvalidArgument(f"weft.{op}: one weight, offsets, indices (and per_sample_weights, where given) a "
+                                   f"table: got {n} weights, {len(offsets)} offsets, {len(indices)} indices, "
+                                   f"{len(psw)} per_sample_weights")
+    bags = wd.size * batch
+    ws, offs, idxs, psws, shapes = [], [], [], [], []
+    for t in range(n):
+        w = _check_input(wd, op, f"weights[{t}]", weights[t], _EMBEDDING_WEIGHT_DTYPES)
+        if w.dim() != 2:
+            raise weft.InvalidArgument(f"weft.{op}: weights[{t}] must be [rows, dim], got {tuple(w.shape)}")
+        want = weight_dtype or (ws[0].dtype if ws else w.dtype)
+        if w.dtype != want:
+            said = f"weight_dtype is {weight_dtype}" if weight_dtype else f"weights[0] is {want}"
+            raise weft.InvalidArgument(f"weft.{op}: weights[{t}] is {w.dtype} but {said}: the tables have one dtype")
+        o = _check_input(wd, op, f"offsets[{t}]", offsets[t], (torch.int64,))
+        i = _check_input(wd, op, f"indices[{t}]", indices[t], (torch.int64,))
+        if o.dim() != 1 or o.shape[0] != bags + 1:
+            raise weft.InvalidArgument(f"weft.{op}: offsets[{t}] has shape {tuple(o.shape)}; it needs world * batch "
+                                       f"+ 1 = {bags + 1} elements (a bag per sample of the global batch, and the end)")
+        if i.dim() != 1:
+            raise weft.InvalidArgument(f"weft.{op}: indices[{t}] must be 1-D, got {tuple(i.shape)}")
+        p = psw[t]
+        if p is not None:
+            p = _check_input(wd, op, f"per_sample_weights[{t}]", p, (torch.float32,))
+            if tuple(p.shape) != tuple(i.shape):
+                raise weft.InvalidArgument(f"weft.{op}: per_sample_weights[{t}] has shape {tuple(p.shape)}; "
+                                           f"indices[{t}] {tuple(i.shape)} (one weight per index)")
+        ws.append(w)
+        offs.append(o)
+        idxs.append(i)
+        psws.append(p)
+        shapes.append((w.shape[0], w.shape[1]))
+    wdtype = weight_dtype or (ws[0].dtype if ws else torch.float32)
+    return wd, ws, offs, idxs, psws, tuple(shapes), wdtype
+
+
+def _embedding_a2a_key(shapes, batch, wdtype, out_dtype, pooling, check_indices):
+    return ("embedding_a2a", shapes, batch, wdtype, out_dtype, pooling, bool(check_indices))
+
+
+def _embedding_a2a_object(wd, shapes, batch, wdtype, out_dtype, pooling, check_indices, t, capture_check=True):
+    return _cached_object(
+        "embedding_a2a", wd, _embedding_a2a_key(shapes, batch, wdtype, out_dtype, pooling, check_indices),
+        f"tables {list(shapes)}, batch={batch}, weights {wdtype}, out {out_dtype}, pooling {pooling}",
+        lambda: weft.EmbeddingA2A(wd.world, shapes, batch, _WEFT_DTYPE[wdtype], out_dtype=_WEFT_DTYPE[out_dtype],
+                                  pooling=pooling, check_indices=check_indices), t, capture_check)
+
+
+@torch.library.custom_op("weft::embedding_a2a", mutates_args=())
+def embedding_a2a(weights: list[Tensor], offsets: list[Tensor], indices: list[Tensor], batch: int,
+                  per_sample_weights: list[Optional[Tensor]], pooling: str = "sum",
+                  out_dtype: torch.dtype = torch.float32, method: str = "auto", group: str = "", total_dim: int = 0,
+                  weight_dtype: Optional[torch.dtype] = None, check_indices: bool = True) -> Tensor:
+    """Embedding-bag lookups + all-to-all (DLRM's sparse features; docs/embedding_a2a.md). The
+    tables are sharded across ranks, the samples are not: rank p owns samples p * batch ...
+    (p + 1) * batch - 1 of the global batch. For each of this rank's tables (maybe none): weights
+    [rows, dim] (f32, bf16 or f16, one dtype), offsets int64 [world * batch + 1] and indices int64
+    for the bags of the whole global batch (as nn.EmbeddingBag takes them, include_last_offset);
+    per_sample_weights: fp32 (one per index) a table, None for a table without, or [] for none (a
+    list argument has no default in torch 2.11's custom ops). Returns out [batch, total_dim] in
+    out_dtype (float32 or bfloat16): this rank's samples' pooled rows of every rank's tables, the
+    tables in global order (rank 0's first), each table's dim columns; sum or mean pooling in
+    fp32, an empty bag pools to zeros. total_dim: out's columns, the sum of every rank's tables' dims (0:
+    the op's; pass it under torch.compile). weight_dtype: the tables' dtype, alike on every rank
+    (None: weights[0]'s, or float32 where this rank holds no table). No autograd yet."""
+    wd, ws, offs, idxs, psws, shapes, wdtype = _embedding_a2a_operands(
+        weights, offsets, indices, batch, per_sample_weights, pooling, out_dtype, method, group, total_dim,
+        weight_dtype)
+    for t, (o, i) in enumerate(zip(offs, idxs)):
+        # On CUDA this would synchronise with the device: there the offsets' end stays unchecked
+        # against indices' length. weft checks the offsets' order and every index's table.
+        if o.device.type == "cpu" and int(o[-1]) > i.shape[0]:
+            raise weft.InvalidArgument(f"weft.embedding_a2a: offsets[{t}] ends at {int(o[-1])}, past the "
+                                       f"{i.shape[0]} indices of indices[{t}]")
+    anchor = ws[0] if ws else torch.empty(0, device=wd.device)
+    e = _embedding_a2a_object(wd, shapes, batch, wdtype, out_dtype, pooling, check_indices, anchor)
+    if total_dim and total_dim != e.total_dim:
+        raise weft.InvalidArgument(f"weft.embedding_a2a: total_dim {total_dim}, but every rank's tables' dims "
+                                   f"{e.dims} sum to {e.total_dim}")
+    out = torch.empty((batch, e.total_dim), dtype=out_dtype, device=wd.device)
+    tables = [(w.data_ptr(), o.data_ptr(), i.data_ptr() if i.numel() else 0,
+               p.data_ptr() if p is not None and p.numel() else 0) for w, o, i, p in zip(ws, offs, idxs, psws)]
+    e.forward(tables, out.data_ptr() if out.numel() else 0, method, _stream(anchor))
+    return out
+
+
+@embedding_a2a.register_fake
+def _(weights, offsets, indices, batch, per_sample_weights, pooling="sum", out_dtype=torch.float32,
+      method="auto", group="", total_dim=0, weight_dtype=None, check_indices=True):
+    wd, ws, offs, idxs, psws, shapes, wdtype = _embedding_a2a_operands(
+        weights, offsets, indices, batch, per_sample_weights, pooling, out_dtype, method, group, total_dim,
+        weight_dtype)
+    if not total_dim:
+        # The op of this configuration, where an eager call (or prepare) made it.
+        e = wd._gemms.get(_embedding_a2a_key(shapes, batch, wdtype, out_dtype, pooling, check_indices))
+        if e is None:
+            raise weft.InvalidArgument("weft.embedding_a2a: pass total_dim (out's columns: the sum of every rank's "
+                                       "tables' dims) under torch.compile, or make one eager call of this "
+                                       "configuration first")
+        total_dim = e.total_dim
+    return torch.empty((batch, total_dim), dtype=out_dtype, device=ws[0].device if ws else wd.device)
+
+
+def _embedding_a2a_no_grad(ctx, inputs, output):
+    raise RuntimeError("weft.embedding_a2a has no backward yet: call it under torch.no_grad() or "
+                       "torch.inference_mode(), or with weights that do not require grad")
+
+
+def _embedding_a2a_bwd(ctx, *grads):
+    raise RuntimeError("weft.embedding_a2a has no backward yet")
+
+
+embedding_a2a.register_autograd(_embedding_a2a_bwd, setup_context=_embedding_a2a_no_grad)
+
+
 # ---- prepare: create an op's state ahead (for CUDA graph capture) ---------------------------
 
 _PREPARE_PARAMS = {
@@ -779,6 +927,8 @@ _PREPARE_PARAMS = {
     "moe_dispatch": ("x", "ids", "experts", "max_tokens", "recv_capacity", "method", "group"),
     "moe_layer": ("x", "ids", "weights", "w_up", "w_down", "experts", "max_tokens", "recv_capacity", "method",
                   "group"),
+    "embedding_a2a": ("weights", "offsets", "indices", "batch", "per_sample_weights", "pooling", "out_dtype", "method",
+                      "group", "total_dim", "weight_dtype", "check_indices"),
 }
 
 
@@ -831,6 +981,19 @@ def prepare(op: str, *args, **kwargs) -> None:
         mt = _moe_max_tokens(x.shape[0], int(vals.get("max_tokens", 0)))
         _moe_layer_object(w, x.shape[1], w_up.shape[1] // 2, int(vals["experts"]), ids.shape[1], mt,
                           int(vals.get("recv_capacity", 0)), x.dtype, x, capture_check=False)
+        return
+    if op == "embedding_a2a":  # this rank's tables' shapes and dtypes only (meta tensors do; offsets and indices
+        # are not read and may be None)
+        _check_method(op, method, EMBEDDING_A2A_METHODS)
+        weights, pooling = list(vals.get("weights", ())), vals.get("pooling", "sum")
+        out_dtype, wdtype = vals.get("out_dtype", torch.float32), vals.get("weight_dtype")
+        if pooling not in EMBEDDING_POOLINGS or out_dtype not in _EMBEDDING_OUT_DTYPES or \
+                any(t.dim() != 2 or t.dtype not in _EMBEDDING_WEIGHT_DTYPES for t in weights):
+            raise weft.InvalidArgument("weft.prepare: embedding_a2a takes weights [rows, dim] (f32/bf16/f16), pooling "
+                                       "sum or mean and out_dtype float32 or bfloat16")
+        wdtype = wdtype or (weights[0].dtype if weights else torch.float32)
+        _embedding_a2a_object(w, tuple((t.shape[0], t.shape[1]) for t in weights), int(vals["batch"]), wdtype,
+                              out_dtype, pooling, vals.get("check_indices", True), None, capture_check=False)
         return
     if op in ("ag_gemm", "gemm_rs", "gemm_ar"):
         _check_method(op, method, GEMM_METHODS)

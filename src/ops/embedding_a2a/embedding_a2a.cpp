@@ -114,6 +114,7 @@ EmbeddingA2A::EmbeddingA2A(Backend& backend, const EmbeddingA2AConfig& config) {
     bad = fmt::format("embedding_a2a: a rank holds at most {} tables on GPUs, this one {}",
                       kernels::kEmbeddingMaxTables, config.tables.size());
   I.op.agree("whether the configuration is valid", bad.empty() ? std::string("valid") : bad);
+  WEFT_REQUIRE(bad.empty(), bad);  // every rank alike
   I.op.agree("the configuration", describe(config));
   // Every rank's tables: their count, then their dims (a bootstrap exchange of fixed size).
   const int W = I.op.world();
