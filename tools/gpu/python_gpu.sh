@@ -7,8 +7,8 @@
 #   here:   bash tools/gpu/build.sh && bash tools/gpu/pack.sh .gpu
 #           (and the pytest wheels into .whl: see the device README)
 #   device: bash tools/gpu/python_gpu.sh .gpu     (carry .gpu and .whl)
-# Environment: SKIP_CPP_TESTS=1, SKIP_PYTEST=1, SKIP_BENCH=1; CPP_FILTER (a gtest filter); PYTEST_ARGS
-# (e.g. "-k moe");
+# Environment: SKIP_CPP_TESTS=1, SKIP_PYTEST=1, SKIP_BENCH=1; CPP_FILTER (a gtest filter); PYTEST_FILES
+# (default tests/python/test_torch_gpu.py); PYTEST_ARGS (e.g. "-k moe");
 # BENCH_ARGS (e.g. "--seqs 4096"); WORLDS (e.g. "2 4": the benchmark on the first 2, then 4 GPUs).
 set -uo pipefail
 BIN=${1:?bin dir}
@@ -39,7 +39,7 @@ if [ "${SKIP_CPP_TESTS:-0}" != 1 ]; then
 fi
 if [ "${SKIP_PYTEST:-0}" != 1 ]; then
   step "Python GPU tests (tests/python/test_torch_gpu.py)"
-  timeout -s KILL 420 python3 -m pytest -q -x tests/python/test_torch_gpu.py ${PYTEST_ARGS:-} > "$OUT/pytest_gpu.log" 2>&1 || status=1
+  timeout -s KILL 420 python3 -m pytest -q -x ${PYTEST_FILES:-tests/python/test_torch_gpu.py} ${PYTEST_ARGS:-} > "$OUT/pytest_gpu.log" 2>&1 || status=1
   tail -25 "$OUT/pytest_gpu.log"
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
