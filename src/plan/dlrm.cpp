@@ -53,8 +53,8 @@ DlrmCalibration fit_dlrm(const std::vector<DlrmMeasured>& points, double copy_gb
   c.copy_gbps = copy_gbps;
   c.link_gbps = link_gbps;
   DlrmModel m;
-  // lookup: the rate of the largest batch (fixed costs least); all-to-all: a line through the
-  // smallest and the largest batch; push_cost: least squares over every point.
+  // lookup and all-to-all: a line (a fixed cost and a rate) through the smallest and the largest
+  // batch; push_cost: least squares over every point.
   std::vector<DlrmMeasured> p = points;
   std::sort(p.begin(), p.end(), [](const DlrmMeasured& a, const DlrmMeasured& b) { return a.batch < b.batch; });
   for (const DlrmMeasured& x : p)
@@ -62,9 +62,13 @@ DlrmCalibration fit_dlrm(const std::vector<DlrmMeasured>& points, double copy_gb
                      x.fused_us > 0,
                  fmt::format("dlrm calibration: a point of {} has no time, or another world", source));
   m.batch = p.back().batch;
-  c.lookup_gbps = rows_read(m) / (p.back().lookup_us * 1e3);
   DlrmModel lo = m;
   lo.batch = p.front().batch;
+  const double r0 = rows_read(lo), r1 = rows_read(m);
+  WEFT_REQUIRE(p.back().lookup_us > p.front().lookup_us,
+               fmt::format("dlrm calibration: the lookups of {} do not grow with the batch", source));
+  c.lookup_gbps = (r1 - r0) / ((p.back().lookup_us - p.front().lookup_us) * 1e3);
+  c.lookup_us = std::max(0.0, p.front().lookup_us - r0 / (c.lookup_gbps * 1e3));
   const double b0 = pooled_sent(lo, world), b1 = pooled_sent(m, world);
   const double t0 = p.front().all_to_all_us, t1 = p.back().all_to_all_us;
   WEFT_REQUIRE(b1 > b0 && t1 > t0,
@@ -88,7 +92,7 @@ DlrmMeasured predict_dlrm_forward(const DlrmCalibration& c, const DlrmModel& m, 
   DlrmMeasured r;
   r.world = world;
   r.batch = m.batch;
-  r.lookup_us = rows_read(m) / (c.lookup_gbps * 1e3);
+  r.lookup_us = c.lookup_us + rows_read(m) / (c.lookup_gbps * 1e3);
   const double sent = pooled_sent(m, world);
   r.all_to_all_us = world > 1 ? c.a2a_us + sent / (c.a2a_gbps * 1e3) : 0;
   r.baseline_us = r.lookup_us + r.all_to_all_us + (world > 1 ? 2.0 * out_bytes(m) / (c.copy_gbps * 1e3) : 0);
@@ -111,7 +115,7 @@ DlrmPrediction predict_dlrm(const DeviceConstants& d, const DlrmCalibration& c, 
   const double sent = pooled_sent(m, world);
   const double intra = world > 1 ? sent * (gpus - 1) / (world - 1) : 0, inter = sent - intra;
   const double a2a = world > 1 ? c.a2a_us + std::max(intra / (c.a2a_gbps * 1e3), inter / (net_gbps * 1e3)) : 0;
-  const double lookup = rows_read(m) / (c.lookup_gbps * 1e3);
+  const double lookup = c.lookup_us + rows_read(m) / (c.lookup_gbps * 1e3);
   const double relayout = world > 1 ? 2.0 * out_bytes(m) / (c.copy_gbps * 1e3) : 0;
   const double land = world > 1 ? 2.0 * out_bytes(m) * (world - 1) / world / (c.copy_gbps * 1e3) : 0;
   // fused: the exchange beside the lookups; the pushes over NVLink cost the lookups as measured,

@@ -17,6 +17,7 @@ namespace {
 
 DlrmCalibration truth() {
   DlrmCalibration c;
+  c.lookup_us = 12;
   c.lookup_gbps = 2500;
   c.a2a_us = 30;
   c.a2a_gbps = 330;
@@ -38,13 +39,14 @@ TEST(PlanDlrm, FitRecoversTheCalibrationOfItsPoints) {
   }
   const DlrmCalibration c = fit_dlrm(pts, t.copy_gbps, t.link_gbps, "synthetic");
   EXPECT_NEAR(c.lookup_gbps, t.lookup_gbps, 1e-6 * t.lookup_gbps);
+  EXPECT_NEAR(c.lookup_us, t.lookup_us, 1e-6);
   EXPECT_NEAR(c.a2a_gbps, t.a2a_gbps, 1e-6 * t.a2a_gbps);
   EXPECT_NEAR(c.a2a_us, t.a2a_us, 1e-6);
   EXPECT_NEAR(c.push_cost, t.push_cost, 1e-9);
   // The forward of 4096 samples on 2 GPUs by the formulas: 4096 x 216 x 128 x 4 bytes of rows.
   DlrmModel m;
   const DlrmMeasured f = predict_dlrm_forward(t, m, 2);
-  EXPECT_NEAR(f.lookup_us, 4096.0 * 216 * 128 * 4 / 2500e3, 1e-6);
+  EXPECT_NEAR(f.lookup_us, 12 + 4096.0 * 216 * 128 * 4 / 2500e3, 1e-6);
   EXPECT_NEAR(f.all_to_all_us, 30 + 4096.0 * 26 * 128 * 4 / 2 / 330e3, 1e-6);
   EXPECT_GT(f.baseline_us, f.fused_us);
 }

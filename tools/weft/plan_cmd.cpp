@@ -381,9 +381,9 @@ int run_simulate_dlrm(const PlanOptions& o) {
   const plan::DeviceConstants dev = constants(o);
   const plan::DlrmCalibration cal = plan::fit_dlrm(points, copy, plan::link_gbps(dev, plan::Engine::kSm), path);
   std::cout << fmt::format(
-      "calibration ({} GPUs, {}): lookups {:.0f} GB/s of rows; all-to-all {:.1f} us + bytes at {:.0f} GB/s; "
-      "copies {:.0f} GB/s; fused's pushes cost the lookups {:.2f} x their link time\n",
-      world, path, cal.lookup_gbps, cal.a2a_us, cal.a2a_gbps, cal.copy_gbps, cal.push_cost);
+      "calibration ({} GPUs, {}): lookups {:.1f} us + rows at {:.0f} GB/s; all-to-all {:.1f} us + bytes at {:.0f} "
+      "GB/s; copies {:.0f} GB/s; fused's pushes cost the lookups {:.2f} x their link time\n",
+      world, path, cal.lookup_us, cal.lookup_gbps, cal.a2a_us, cal.a2a_gbps, cal.copy_gbps, cal.push_cost);
   std::cout << fmt::format("{:>7} | {:>21} | {:>21} | {:>21} | {:>21}\n", "batch", "lookup us (pred, err)",
                            "all-to-all", "baseline", "fused");
   double worst = 0;

@@ -22,14 +22,14 @@ struct DlrmMeasured {
 };
 
 // The embedding forward's terms, fitted on DlrmMeasured points (fit_dlrm):
-//  lookup      = rows read / lookup_gbps
+//  lookup      = lookup_us + rows read / lookup_gbps
 //  all_to_all  = a2a_us + bytes sent / a2a_gbps                        (NCCL, one node)
 //  baseline    = lookup + all_to_all + relayout (out read and written at copy_gbps)
 //  fused       = lookup + land (the peers' columns read and written at copy_gbps)
 //                + push_cost * bytes sent / link_gbps                   (the pushes' toll on the lookups)
 struct DlrmCalibration {
   std::string source;  // where the points came from
-  double lookup_gbps = 0, a2a_us = 0, a2a_gbps = 0, copy_gbps = 0, link_gbps = 0, push_cost = 0;
+  double lookup_us = 0, lookup_gbps = 0, a2a_us = 0, a2a_gbps = 0, copy_gbps = 0, link_gbps = 0, push_cost = 0;
 };
 
 struct DlrmModel {
