@@ -159,4 +159,84 @@ inline std::vector<unsigned char> run_and_check(Backend& b, const Model& m, dev:
   return out;
 }
 
+// One backward of `m` on this rank (host backend), checked exactly against the transpose
+// computed here in the op's order: grad_out of rank q, sample b, column c is a small integer.
+inline void run_and_check_backward(Backend& b, const Model& m, dev::DType wt, dev::DType ot, EmbeddingPooling pool,
+                                   bool weighted, const std::string& what, Mem& mem,
+                                   EmbeddingA2AMethod method = EmbeddingA2AMethod::kAuto) {
+  const int r = b.rank();
+  EmbeddingA2AConfig cfg;
+  cfg.tables = m.tables_of(r);
+  cfg.batch = m.batch;
+  cfg.weight_dtype = wt;
+  cfg.out_dtype = ot;
+  cfg.pooling = pool;
+  EmbeddingA2A op(b, cfg);
+  const int64_t bags = m.world * m.batch, T = op.total_dim();
+  auto grad = [](int q, int64_t s, int64_t c) { return static_cast<float>((q * 7 + s * 3 + c) % 5 - 2); };
+  std::vector<unsigned char> go(static_cast<size_t>(std::max<int64_t>(1, m.batch * T)) * dev::dtype_size(ot));
+  for (int64_t s = 0; s < m.batch; ++s)
+    for (int64_t c = 0; c < T; ++c) put(go, s * T + c, grad(r, s, c), ot);
+  std::vector<std::vector<unsigned char>> weights;
+  std::vector<std::vector<int64_t>> offsets, indices;
+  std::vector<std::vector<float>> psws, gws;
+  std::vector<size_t> mine;
+  for (size_t g = 0; g < m.shapes.size(); ++g) {
+    if (m.owner[g] != r) continue;
+    mine.push_back(g);
+    const EmbeddingTableShape& sh = m.shapes[g];
+    weights.emplace_back(static_cast<size_t>(sh.rows * sh.dim) * dev::dtype_size(wt));
+    offsets.emplace_back(1, 0);
+    indices.emplace_back();
+    psws.emplace_back();
+    gws.emplace_back(static_cast<size_t>(sh.rows * sh.dim), -7.f);  // poisoned: backward sets every element
+    for (int64_t bag = 0; bag < bags; ++bag) {
+      for (int64_t i = 0; i < m.bag_size(g, bag); ++i) {
+        indices.back().push_back(m.index(g, bag, i));
+        psws.back().push_back(Model::psw(g, static_cast<int64_t>(indices.back().size()) - 1));
+      }
+      offsets.back().push_back(static_cast<int64_t>(indices.back().size()));
+    }
+  }
+  std::vector<EmbeddingBagInput> in;
+  std::vector<float*> gw_ptrs;
+  for (size_t t = 0; t < weights.size(); ++t) {
+    in.push_back({weights[t].data(), offsets[t].data(), indices[t].data(), weighted ? psws[t].data() : nullptr});
+    gw_ptrs.push_back(gws[t].data());
+  }
+  EmbeddingA2ARunOptions opt;
+  opt.method = method;
+  opt.stream = mem.stream;
+  op.backward(in.data(), go.data(), gw_ptrs.data(), opt);
+  // The reference: global column of table g's column j.
+  std::vector<int64_t> col_of(m.shapes.size());
+  int64_t col = 0;
+  for (size_t g = 0; g < m.shapes.size(); ++g) {
+    col_of[g] = col;
+    col += m.shapes[g].dim;
+  }
+  for (size_t t = 0; t < mine.size(); ++t) {
+    const size_t g = mine[t];
+    const EmbeddingTableShape& sh = m.shapes[g];
+    std::vector<float> want(static_cast<size_t>(sh.rows * sh.dim), 0.f);
+    int64_t first = 0;
+    for (int64_t bag = 0; bag < bags; ++bag) {
+      const int64_t n = m.bag_size(g, bag);
+      const float s = pool == EmbeddingPooling::kMean && n > 0 ? 1.f / static_cast<float>(n) : 1.f;
+      const int q = static_cast<int>(bag / m.batch);
+      for (int64_t i = 0; i < n; ++i) {
+        const float f = (weighted ? Model::psw(g, first + i) : 1.f) * s;
+        const int64_t row = m.index(g, bag, i);
+        for (int64_t j = 0; j < sh.dim; ++j)
+          want[static_cast<size_t>(row * sh.dim + j)] += f * round_to(grad(q, bag % m.batch, col_of[g] + j), ot);
+      }
+      first += n;
+    }
+    for (size_t e = 0; e < want.size(); ++e)
+      WEFT_CHECK(gws[t][e] == want[e],
+                 fmt::format("{}: rank {} table {} grad_weight[{}][{}]: {}, expected {}", what, r, g,
+                             e / static_cast<size_t>(sh.dim), e % static_cast<size_t>(sh.dim), gws[t][e], want[e]));
+  }
+}
+
 }  // namespace weft::testing::embedding

@@ -95,6 +95,16 @@ class EmbeddingA2A {
   // call completes on every rank and throws after it on the rank that passed them.
   void forward(const EmbeddingBagInput* tables, void* out, const EmbeddingA2ARunOptions& opt = {});
 
+  // Collective. The transpose of forward (the second step of issue 24; the host backend so far:
+  // GPUs refuse it). grad_out [batch, total_dim()] in out_dtype: the gradient of forward's out on
+  // every rank; each rank's columns go back to the tables' owners (the all-to-all reversed), and
+  // grad_weights[t] -- [rows, dim] fp32 for this rank's table t -- is set to the sum, over every
+  // bag of the global batch in order and each of its indices i in order, of (w_i * s) * the
+  // bag's pooled gradient, added into row indices[i] (w_i the per-sample weight or 1, s 1, or
+  // 1 / the bag's size for mean). Checks as forward's; grad_weights must not overlap the inputs.
+  void backward(const EmbeddingBagInput* tables, const void* grad_out, float* const* grad_weights,
+                const EmbeddingA2ARunOptions& opt = {});
+
   // This rank's lookups alone (not collective; the forward's first step): pooled
   // [world * batch, local_dim()] in out_dtype, bag g's row the pooled rows of bag g of every
   // one of this rank's tables, side by side in table order (what nn.EmbeddingBag on each table

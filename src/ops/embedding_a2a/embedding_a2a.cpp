@@ -140,7 +140,10 @@ EmbeddingA2A::EmbeddingA2A(Backend& backend, const EmbeddingA2AConfig& config) {
   }
   I.ob = dev::dtype_size(config.out_dtype);
   I.wb = dev::dtype_size(config.weight_dtype);
-  I.recv_elems = static_cast<uint64_t>(std::max<int64_t>(1, config.batch * I.total));
+  // forward receives [batch][total]; backward every rank's gradients of this rank's columns (the
+  // same size on every rank: a symmetric allocation).
+  const int64_t widest = *std::max_element(I.rank_dim.begin(), I.rank_dim.end());
+  I.recv_elems = static_cast<uint64_t>(std::max<int64_t>(1, config.batch * std::max(I.total, W * widest)));
   const SymmetricHeap::Scope in(I.share.scope());
   if (!I.gpu) {
     I.recv_off = I.op.workspace(I.recv_elems * I.ob, "recv");
@@ -495,6 +498,73 @@ void EmbeddingA2A::forward(const EmbeddingBagInput* tables, void* out, const Emb
         std::memcpy(o + static_cast<size_t>(b * I.total + I.rank_col[static_cast<size_t>(s)]) * I.ob,
                     recv + (at + static_cast<uint64_t>(b * Ds)) * I.ob, static_cast<size_t>(Ds) * I.ob);
       at += static_cast<uint64_t>(B * Ds);
+    }
+  });
+}
+
+void EmbeddingA2A::backward(const EmbeddingBagInput* tables, const void* grad_out, float* const* grad_weights,
+                            const EmbeddingA2ARunOptions& opt) {
+  Impl& I = *impl_;
+  I.op.guarded([&] {
+    const EmbeddingA2AConfig& c = I.cfg;
+    const int W = I.op.world(), me = I.op.rank();
+    const int64_t B = c.batch, Dm = I.rank_dim[static_cast<size_t>(me)];
+    const size_t n_tables = c.tables.size();
+    I.op.agree("the backward's method", to_string(opt.method));
+    I.op.checked_everywhere("whether the backward call is valid", [&] {
+      WEFT_REQUIRE(!I.gpu, "embedding_a2a: backward is not built on GPUs yet (issue 24); the host backend has it");
+      host_checks(I, tables, nullptr, 0);
+      if (B > 0 && I.total > 0) I.op.check_ptr(grad_out, I.ob, "grad_out");
+      if (n_tables) WEFT_REQUIRE(grad_weights != nullptr, "embedding_a2a: grad_weights: null pointer");
+      for (size_t t = 0; t < n_tables; ++t) {
+        const int64_t g = I.first + static_cast<int64_t>(t);
+        I.op.check_ptr(grad_weights[t], 4, fmt::format("table {} (global {}): grad_weights", t, g));
+        const uint64_t gw = static_cast<uint64_t>(c.tables[t].rows * c.tables[t].dim) * 4;
+        for (size_t u = 0; u < n_tables; ++u)
+          WEFT_REQUIRE(!detail::ranges_overlap(grad_weights[t], gw, tables[u].weight,
+                                               static_cast<uint64_t>(c.tables[u].rows * c.tables[u].dim) * I.wb),
+                       fmt::format("embedding_a2a: table {} (global {})'s grad_weights overlap a weight", t, g));
+      }
+    });
+    // Each owner s's columns of grad_out, packed by owner: [s][B][rank_dim[s]].
+    std::vector<unsigned char> send(std::max<size_t>(static_cast<size_t>(B * I.total) * I.ob, I.ob));
+    std::vector<uint64_t> send_counts(static_cast<size_t>(W)), recv_counts(static_cast<size_t>(W));
+    const auto* go = static_cast<const unsigned char*>(grad_out);
+    uint64_t at = 0;
+    for (int s = 0; s < W; ++s) {
+      const int64_t Ds = I.rank_dim[static_cast<size_t>(s)];
+      send_counts[static_cast<size_t>(s)] = static_cast<uint64_t>(B * Ds);
+      for (int64_t b = 0; b < B && Ds > 0; ++b)
+        std::memcpy(send.data() + (at + static_cast<uint64_t>(b * Ds)) * I.ob,
+                    go + static_cast<size_t>(b * I.total + I.rank_col[static_cast<size_t>(s)]) * I.ob,
+                    static_cast<size_t>(Ds) * I.ob);
+      at += static_cast<uint64_t>(B * Ds);
+    }
+    I.coll.all_to_all_v(send.data(), send_counts.data(), I.recv_off, I.recv_elems, recv_counts.data(), c.out_dtype,
+                        Method::kBaseline, opt.stream);
+    // Received packed by sample rank: [q][B][Dm] -- bag q * B + b's pooled gradient, forward's send layout.
+    const unsigned char* gp = I.b.ctx().local<const unsigned char>(I.recv_off);
+    for (int q = 0; q < W; ++q)
+      WEFT_CHECK(recv_counts[static_cast<size_t>(q)] == static_cast<uint64_t>(B * Dm),
+                 "embedding_a2a: the backward's all-to-all counts disagree with the ranks' tables");
+    const int64_t bags = static_cast<int64_t>(W) * B;
+    int64_t col = 0;
+    for (size_t t = 0; t < n_tables; ++t) {
+      const EmbeddingBagInput& in = tables[t];
+      const int64_t D = c.tables[t].dim;
+      float* gw = grad_weights[t];
+      std::fill(gw, gw + c.tables[t].rows * D, 0.f);
+      for (int64_t bag = 0; bag < bags; ++bag) {
+        const int64_t i0 = in.offsets[bag], i1 = in.offsets[bag + 1];
+        const float s = c.pooling == EmbeddingPooling::kMean && i1 > i0 ? 1.f / static_cast<float>(i1 - i0) : 1.f;
+        const unsigned char* row = gp + static_cast<size_t>(bag * Dm + col) * I.ob;
+        for (int64_t i = i0; i < i1; ++i) {
+          const float f = (in.per_sample_weights ? in.per_sample_weights[i] : 1.f) * s;
+          float* dst = gw + in.indices[i] * D;
+          for (int64_t j = 0; j < D; ++j) dst[j] += f * load(row, j, c.out_dtype);
+        }
+      }
+      col += D;
     }
   });
 }
