@@ -190,7 +190,7 @@ TEST(EmbeddingA2AGpuErrors, BadIndicesAreNamed) {
       opt.method = m;
       opt.stream = s;
       std::vector<int64_t> bad = idx;
-      if (r == 0) bad[5] = rows;  // table 1 only
+      if (r == 0) bad[1] = rows;  // table 1 only (W * B >= 4 indices)
       mem.to(didx, idx.data(), idx.size() * 8);
       auto* dbad = static_cast<int64_t*>(mem.alloc(bad.size() * 8));
       mem.to(dbad, bad.data(), bad.size() * 8);
@@ -198,7 +198,7 @@ TEST(EmbeddingA2AGpuErrors, BadIndicesAreNamed) {
       if (r == 0)
         expect_message(
             [&] { op.forward(in, dout, opt); },
-            fmt::format("embedding_a2a: table 1 (global 1): indices[5] = {} is outside 0 ... {}", rows, rows - 1));
+            fmt::format("embedding_a2a: table 1 (global 1): indices[1] = {} is outside 0 ... {}", rows, rows - 1));
       else
         op.forward(in, dout, opt);
       in[1].indices = didx;  // the op goes on (the flag was reset)
