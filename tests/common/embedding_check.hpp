@@ -79,6 +79,45 @@ struct Model {
     return (static_cast<int64_t>(g) + bag * 5 + i * 3) % shapes[g].rows;  // duplicates in long bags
   }
   static float psw(size_t g, int64_t i) { return g % 2 == 1 ? static_cast<float>(i % 3 - 1 + (i % 3 == 1)) : 1.f; }
+  EmbeddingA2AConfig config(int r, dev::DType wt, dev::DType ot, EmbeddingPooling pool) const {
+    EmbeddingA2AConfig c;
+    c.tables = tables_of(r);
+    c.batch = batch;
+    c.weight_dtype = wt;
+    c.out_dtype = ot;
+    c.pooling = pool;
+    return c;
+  }
+  // Rank r's tables' inputs in host memory: their global numbers, weights in wt, and the bags
+  // of the global batch (offsets, indices, per-sample weights).
+  struct Inputs {
+    std::vector<size_t> global;
+    std::vector<std::vector<unsigned char>> weights;
+    std::vector<std::vector<int64_t>> offsets, indices;
+    std::vector<std::vector<float>> psws;
+  };
+  Inputs inputs(int r, dev::DType wt) const {
+    Inputs in;
+    for (size_t g = 0; g < shapes.size(); ++g) {
+      if (owner[g] != r) continue;
+      in.global.push_back(g);
+      const EmbeddingTableShape& s = shapes[g];
+      in.weights.emplace_back(static_cast<size_t>(s.rows * s.dim) * dev::dtype_size(wt));
+      for (int64_t row = 0; row < s.rows; ++row)
+        for (int64_t j = 0; j < s.dim; ++j) put(in.weights.back(), row * s.dim + j, w(g, row, j), wt);
+      in.offsets.emplace_back(1, 0);
+      in.indices.emplace_back();
+      in.psws.emplace_back();
+      for (int64_t bag = 0; bag < world * batch; ++bag) {
+        for (int64_t i = 0; i < bag_size(g, bag); ++i) {
+          in.indices.back().push_back(index(g, bag, i));
+          in.psws.back().push_back(psw(g, static_cast<int64_t>(in.indices.back().size()) - 1));
+        }
+        in.offsets.back().push_back(static_cast<int64_t>(in.indices.back().size()));
+      }
+    }
+    return in;
+  }
 };
 
 // One forward of `m` on this rank, checked exactly against the per-sample reference.
@@ -87,36 +126,14 @@ inline std::vector<unsigned char> run_and_check(Backend& b, const Model& m, dev:
                                                 EmbeddingPooling pool, bool weighted, const std::string& what, Mem& mem,
                                                 EmbeddingA2AMethod method = EmbeddingA2AMethod::kAuto) {
   const int r = b.rank();
-  EmbeddingA2AConfig cfg;
-  cfg.tables = m.tables_of(r);
-  cfg.batch = m.batch;
-  cfg.weight_dtype = wt;
-  cfg.out_dtype = ot;
-  cfg.pooling = pool;
-  EmbeddingA2A op(b, cfg);
+  EmbeddingA2A op(b, m.config(r, wt, ot, pool));
   WEFT_CHECK(static_cast<size_t>(op.dims().size()) == m.shapes.size(), what + ": every rank's tables");
-  const int64_t bags = m.world * m.batch;
-  std::vector<std::vector<unsigned char>> weights;
-  std::vector<std::vector<int64_t>> offsets, indices;
-  std::vector<std::vector<float>> psws;
+  const Model::Inputs h = m.inputs(r, wt);
+  const auto& weights = h.weights;
+  const auto& offsets = h.offsets;
+  const auto& indices = h.indices;
+  const auto& psws = h.psws;
   std::vector<EmbeddingBagInput> in;
-  for (size_t g = 0; g < m.shapes.size(); ++g) {
-    if (m.owner[g] != r) continue;
-    const EmbeddingTableShape& s = m.shapes[g];
-    weights.emplace_back(static_cast<size_t>(s.rows * s.dim) * dev::dtype_size(wt));
-    for (int64_t row = 0; row < s.rows; ++row)
-      for (int64_t j = 0; j < s.dim; ++j) put(weights.back(), row * s.dim + j, m.w(g, row, j), wt);
-    offsets.emplace_back(1, 0);
-    indices.emplace_back();
-    psws.emplace_back();
-    for (int64_t bag = 0; bag < bags; ++bag) {
-      for (int64_t i = 0; i < m.bag_size(g, bag); ++i) {
-        indices.back().push_back(m.index(g, bag, i));
-        psws.back().push_back(Model::psw(g, static_cast<int64_t>(indices.back().size()) - 1));
-      }
-      offsets.back().push_back(static_cast<int64_t>(indices.back().size()));
-    }
-  }
   auto put_in = [&mem](const void* h, size_t n) {
     void* d = mem.alloc(std::max<size_t>(n, 16));
     mem.to(d, h, n);
@@ -165,43 +182,22 @@ inline void run_and_check_backward(Backend& b, const Model& m, dev::DType wt, de
                                    bool weighted, const std::string& what, Mem& mem,
                                    EmbeddingA2AMethod method = EmbeddingA2AMethod::kAuto) {
   const int r = b.rank();
-  EmbeddingA2AConfig cfg;
-  cfg.tables = m.tables_of(r);
-  cfg.batch = m.batch;
-  cfg.weight_dtype = wt;
-  cfg.out_dtype = ot;
-  cfg.pooling = pool;
-  EmbeddingA2A op(b, cfg);
+  EmbeddingA2A op(b, m.config(r, wt, ot, pool));
   const int64_t bags = m.world * m.batch, T = op.total_dim();
   auto grad = [](int q, int64_t s, int64_t c) { return static_cast<float>((q * 7 + s * 3 + c) % 5 - 2); };
   std::vector<unsigned char> go(static_cast<size_t>(std::max<int64_t>(1, m.batch * T)) * dev::dtype_size(ot));
   for (int64_t s = 0; s < m.batch; ++s)
     for (int64_t c = 0; c < T; ++c) put(go, s * T + c, grad(r, s, c), ot);
-  std::vector<std::vector<unsigned char>> weights;
-  std::vector<std::vector<int64_t>> offsets, indices;
-  std::vector<std::vector<float>> psws, gws;
-  std::vector<size_t> mine;
-  for (size_t g = 0; g < m.shapes.size(); ++g) {
-    if (m.owner[g] != r) continue;
-    mine.push_back(g);
-    const EmbeddingTableShape& sh = m.shapes[g];
-    weights.emplace_back(static_cast<size_t>(sh.rows * sh.dim) * dev::dtype_size(wt));
-    offsets.emplace_back(1, 0);
-    indices.emplace_back();
-    psws.emplace_back();
-    gws.emplace_back(static_cast<size_t>(sh.rows * sh.dim), -7.f);  // poisoned: backward sets every element
-    for (int64_t bag = 0; bag < bags; ++bag) {
-      for (int64_t i = 0; i < m.bag_size(g, bag); ++i) {
-        indices.back().push_back(m.index(g, bag, i));
-        psws.back().push_back(Model::psw(g, static_cast<int64_t>(indices.back().size()) - 1));
-      }
-      offsets.back().push_back(static_cast<int64_t>(indices.back().size()));
-    }
-  }
+  Model::Inputs h = m.inputs(r, wt);
+  const std::vector<size_t>& mine = h.global;
+  std::vector<std::vector<float>> gws;
+  for (size_t g : mine)  // poisoned: backward sets every element
+    gws.emplace_back(static_cast<size_t>(m.shapes[g].rows * m.shapes[g].dim), -7.f);
   std::vector<EmbeddingBagInput> in;
   std::vector<float*> gw_ptrs;
-  for (size_t t = 0; t < weights.size(); ++t) {
-    in.push_back({weights[t].data(), offsets[t].data(), indices[t].data(), weighted ? psws[t].data() : nullptr});
+  for (size_t t = 0; t < mine.size(); ++t) {
+    in.push_back(
+        {h.weights[t].data(), h.offsets[t].data(), h.indices[t].data(), weighted ? h.psws[t].data() : nullptr});
     gw_ptrs.push_back(gws[t].data());
   }
   EmbeddingA2ARunOptions opt;
