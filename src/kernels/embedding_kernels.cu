@@ -3,6 +3,9 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_run_length_encode.cuh>
+#include <cub/device/device_scan.cuh>
 
 #include "weft/device/signal.hpp"
 #include "weft/kernels/embedding_kernels.hpp"
@@ -362,6 +365,323 @@ __global__ void relayout_kernel(const __grid_constant__ EmbeddingRelayoutArgs a)
   }
 }
 
+// ---- Backward ----
+
+constexpr int kGradThreads = 256;
+constexpr int kSumThreads = 128;
+constexpr int kSumWarps = kSumThreads / 32;
+constexpr int kSendThreads = 512;
+
+// The largest i < n with v[i] <= x (v ascending, v[0] <= x).
+template <class T, class X>
+__device__ __forceinline__ int last_at_most(const T* v, int n, X x) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (v[mid] <= x)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+// Every position's key, its bag and its own number (the sort's values); offsets checked.
+__global__ void __launch_bounds__(kGradThreads) grad_keys_kernel(const __grid_constant__ EmbeddingGradArgs a) {
+  __shared__ int64_t pos_base[kEmbeddingMaxTables + 1];
+  __shared__ int64_t used[kEmbeddingMaxTables];  // positions a table's bags cover: offsets[bags], at most count
+  for (int t = static_cast<int>(threadIdx.x); t <= a.n_tables; t += blockDim.x) {
+    if (t == a.n_tables) {
+      pos_base[t] = a.positions;
+      continue;
+    }
+    const EmbeddingGradTableArgs& x = a.t[t];
+    pos_base[t] = x.pos_base;
+    const int64_t last = __ldg(x.offsets + a.bags);
+    if (last > x.count && blockIdx.x == 0)
+      atomicMin(a.bad + 2, (static_cast<unsigned long long>(x.global) << 40) | static_cast<uint64_t>(last));
+    used[t] = last < x.count ? last : x.count;
+  }
+  __syncthreads();
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < a.positions; p += step) {
+    const int t = last_at_most(pos_base, a.n_tables, p);
+    const EmbeddingGradTableArgs& x = a.t[t];
+    const int64_t i = p - pos_base[t];
+    uint32_t key = a.keys;
+    int32_t bag = -1;
+    if (i < used[t] && a.bags > 0) {
+      const int64_t r = __ldg(x.indices + i);
+      if (r >= 0 && r < x.rows) {
+        const int g = last_at_most(x.offsets, static_cast<int>(a.bags), i);
+        if (__ldg(x.offsets + g) <= i && i < __ldg(x.offsets + g + 1)) {
+          bag = g;
+          key = x.row_base + static_cast<uint32_t>(r);
+        }
+      } else {
+        atomicMin(a.bad, (static_cast<unsigned long long>(x.global) << 40) | static_cast<uint64_t>(i));
+      }
+    }
+    a.key[p] = key;
+    a.pos[p] = static_cast<int32_t>(p);
+    a.bag_of[p] = bag;
+  }
+  // Offsets that decrease (their positions' bags are not found: left out).
+  const int64_t checks = static_cast<int64_t>(a.n_tables) * a.bags;
+  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < checks; k += step) {
+    const EmbeddingGradTableArgs& x = a.t[k / a.bags];
+    const int64_t g = k % a.bags;
+    if (__ldg(x.offsets + g + 1) < __ldg(x.offsets + g))
+      atomicMin(a.bad + 1, (static_cast<unsigned long long>(x.global) << 40) | static_cast<uint64_t>(g));
+  }
+}
+
+// Four consecutive elements of a gradient row (f32 or bf16) as floats.
+__device__ __forceinline__ void load4(const char* p, bool bf16, float* f) {
+  if (!bf16) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    f[0] = v.x;
+    f[1] = v.y;
+    f[2] = v.z;
+    f[3] = v.w;
+    return;
+  }
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  f[0] = __uint_as_float(v.x << 16);
+  f[1] = __uint_as_float(v.x & 0xFFFF0000u);
+  f[2] = __uint_as_float(v.y << 16);
+  f[3] = __uint_as_float(v.y & 0xFFFF0000u);
+}
+
+// Four consecutive weights (f32, bf16 or f16) as floats, and back (each rounded once).
+__device__ __forceinline__ void load_w4(const char* p, dev::DType t, float* f) {
+  if (t == dev::DType::kF32) return load4(p, false, f);
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  const uint16_t h[4] = {static_cast<uint16_t>(v.x), static_cast<uint16_t>(v.x >> 16), static_cast<uint16_t>(v.y),
+                         static_cast<uint16_t>(v.y >> 16)};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) f[e] = dev::from_bits16(h[e], t);
+}
+__device__ __forceinline__ void store_w4(char* p, dev::DType t, const float* f) {
+  if (t == dev::DType::kF32) {
+    *reinterpret_cast<float4*>(p) = make_float4(f[0], f[1], f[2], f[3]);
+    return;
+  }
+  uint16_t h[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) h[e] = dev::to_bits16(f[e], t);
+  *reinterpret_cast<uint2*>(p) =
+      make_uint2(h[0] | (static_cast<uint32_t>(h[1]) << 16), h[2] | (static_cast<uint32_t>(h[3]) << 16));
+}
+
+// One position's bag and factor (w_i * s, as the host's).
+__device__ __forceinline__ void position_meta(const EmbeddingGradArgs& a, const EmbeddingGradTableArgs& x, int32_t p,
+                                              int32_t& bag, float& f) {
+  bag = a.bag_of[p];
+  const int64_t i = p - x.pos_base;
+  float s = 1.f;
+  if (a.mean) {
+    const int64_t n = __ldg(x.offsets + bag + 1) - __ldg(x.offsets + bag);
+    if (n > 0) s = __fdiv_rn(1.f, static_cast<float>(n));
+  }
+  f = __fmul_rn(x.psw ? __ldg(x.psw + i) : 1.f, s);
+}
+
+// acc += f * bag's gradient row (lane l's vectors l, l + 32, ... of 4 elements).
+template <int kV>
+__device__ __forceinline__ void add_row(const EmbeddingGradArgs& a, const char* src, const EmbeddingGradTableArgs& x,
+                                        int32_t bag, float f, float (&acc)[kV][4]) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const bool bf16 = a.gt == dev::DType::kBF16;
+  const size_t ge = bf16 ? 2 : 4;
+  const int64_t q = bag / a.batch, b = bag % a.batch;
+  const char* row = q == a.ctx.rank
+                        ? static_cast<const char*>(a.own) + static_cast<size_t>(b * a.own_stride + x.col) * ge
+                        : src + q * a.src_rank_bytes + static_cast<size_t>(b * a.src_stride + x.col) * ge;
+  float g[kV][4];
+#pragma unroll
+  for (int v = 0; v < kV; ++v) {
+    const int vec = lane + 32 * v;
+    if (vec * 4 < x.dim)
+      load4(row + static_cast<size_t>(vec) * 4 * ge, bf16, g[v]);
+    else
+      g[v][0] = g[v][1] = g[v][2] = g[v][3] = 0.f;
+  }
+#pragma unroll
+  for (int v = 0; v < kV; ++v)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[v][e] = __fadd_rn(acc[v][e], __fmul_rn(f, g[v][e]));
+}
+
+// What an update reads of row r before it writes it: the weights, and Adagrad's state.
+template <int kV>
+struct RowOld {
+  float w[kV][4];
+  float st[kV][4];
+};
+
+template <int kV, EmbeddingSink kS>
+__device__ __forceinline__ void sink_load(const EmbeddingGradArgs& a, const EmbeddingGradTableArgs& x, int64_t r,
+                                          RowOld<kV>& o) {
+  if constexpr (kS == EmbeddingSink::kSgd || kS == EmbeddingSink::kAdagrad) {
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const size_t wb = a.wt == dev::DType::kF32 ? 4 : 2;
+#pragma unroll
+    for (int v = 0; v < kV; ++v) {
+      const int vec = lane + 32 * v;
+      if (vec * 4 >= x.dim) continue;
+      const size_t at = static_cast<size_t>(r * x.dim + vec * 4);
+      load_w4(static_cast<const char*>(x.weight) + at * wb, a.wt, o.w[v]);
+      if constexpr (kS == EmbeddingSink::kAdagrad) {
+        const float4 st = *reinterpret_cast<const float4*>(x.state + at);
+        o.st[v][0] = st.x;
+        o.st[v][1] = st.y;
+        o.st[v][2] = st.z;
+        o.st[v][3] = st.w;
+      }
+    }
+  }
+}
+
+// Row r of table x gets g (its k-th distinct row) as the sink says (o: sink_load's).
+template <int kV, EmbeddingSink kS>
+__device__ __forceinline__ void sink_store(const EmbeddingGradArgs& a, const EmbeddingGradTableArgs& x, int64_t r,
+                                           int64_t k, float (&g)[kV][4], RowOld<kV>& o) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  if (kS == EmbeddingSink::kSparse && lane == 0) x.rows_out[k] = r;
+#pragma unroll
+  for (int v = 0; v < kV; ++v) {
+    const int vec = lane + 32 * v;
+    if (vec * 4 >= x.dim) continue;
+    const size_t at = static_cast<size_t>(r * x.dim + vec * 4);
+    if constexpr (kS == EmbeddingSink::kDense || kS == EmbeddingSink::kSparse) {
+      float* d = kS == EmbeddingSink::kDense ? x.dense + at : x.values + static_cast<size_t>(k * x.dim + vec * 4);
+      *reinterpret_cast<float4*>(d) = make_float4(g[v][0], g[v][1], g[v][2], g[v][3]);
+      continue;
+    } else {
+      float* w = o.w[v];
+      if constexpr (kS == EmbeddingSink::kSgd) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w[e] = __fsub_rn(w[e], __fmul_rn(a.lr, g[v][e]));
+      } else {
+        float* sv = o.st[v];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          sv[e] = __fadd_rn(sv[e], __fmul_rn(g[v][e], g[v][e]));
+          const float d = __fdiv_rn(g[v][e], __fadd_rn(__fsqrt_rn(sv[e]), a.eps));
+          w[e] = __fadd_rn(w[e], __fmul_rn(-a.lr, d));
+        }
+        *reinterpret_cast<float4*>(x.state + at) = make_float4(sv[0], sv[1], sv[2], sv[3]);
+      }
+      store_w4(static_cast<char*>(x.weight) + at * (a.wt == dev::DType::kF32 ? 4 : 2), a.wt, w);
+    }
+  }
+}
+
+// A warp takes 32 runs (distinct rows) at a time: each lane reads one run's place and its first
+// position's bag and factor, then the warp sums each run's rows in order (the run's other
+// positions read 32 at a time) and sinks it.
+template <int kV, EmbeddingSink kS>
+__global__ void __launch_bounds__(kSumThreads) grad_sums_kernel(const __grid_constant__ EmbeddingGradArgs a) {
+  const dev::DeviceCtx& c = a.ctx;
+  __shared__ uint32_t row_base[kEmbeddingMaxTables + 1];
+  __shared__ int32_t first_run[kEmbeddingMaxTables + 1];
+  const uint64_t n = a.wait ? a.calls[0] + 1 : 0;
+  if (a.wait && static_cast<int>(threadIdx.x) < c.world && static_cast<int>(threadIdx.x) != c.rank)
+    dev::wait_ge(c, a.sig_off + 8ull * threadIdx.x, n * static_cast<uint64_t>(a.send_ctas),
+                 static_cast<int>(threadIdx.x), dev::WaitKind::kSignal, dev::op_tag("emb_bwd"));
+  const int runs = *a.num_runs;
+  for (int t = static_cast<int>(threadIdx.x); t <= a.n_tables; t += blockDim.x) {
+    const uint32_t rb = t < a.n_tables ? a.t[t].row_base : a.keys;
+    row_base[t] = rb;
+    int lo = 0, hi = runs;  // the first run whose key >= rb
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (a.run_key[mid] < rb)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    first_run[t] = lo;
+  }
+  __syncthreads();
+  if (kS == EmbeddingSink::kSparse && blockIdx.x == 0)
+    for (int t = static_cast<int>(threadIdx.x); t < a.n_tables; t += blockDim.x)
+      *a.t[t].count_out = first_run[t + 1] - first_run[t];
+  const int valid = first_run[a.n_tables];
+  const char* src = a.wait ? c.local<const char>(a.land_off + (n & 1) * a.land_bytes) : static_cast<const char*>(a.src);
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kSumWarps * 32;
+  for (int64_t k0 = (static_cast<int64_t>(blockIdx.x) * kSumWarps + warp) * 32; k0 < valid; k0 += step) {
+    const int64_t k = k0 + lane;
+    int32_t start = 0, len = 0, bag = 0;
+    uint32_t key = 0;
+    int t = 0;
+    float f = 0.f;
+    if (k < valid) {
+      start = a.run_start[k];
+      len = a.run_len[k];
+      key = a.run_key[k];
+      t = last_at_most(row_base, a.n_tables, key);
+      position_meta(a, a.t[t], a.pos_sorted[start], bag, f);
+    }
+    const int nr = valid - k0 < 32 ? static_cast<int>(valid - k0) : 32;
+    for (int j = 0; j < nr; ++j) {
+      const int32_t sj = __shfl_sync(0xFFFFFFFFu, start, j), lj = __shfl_sync(0xFFFFFFFFu, len, j);
+      const int tj = __shfl_sync(0xFFFFFFFFu, t, j);
+      const uint32_t kj = __shfl_sync(0xFFFFFFFFu, key, j);
+      const EmbeddingGradTableArgs& x = a.t[tj];
+      float acc[kV][4];
+#pragma unroll
+      for (int v = 0; v < kV; ++v) acc[v][0] = acc[v][1] = acc[v][2] = acc[v][3] = 0.f;
+      add_row<kV>(a, src, x, __shfl_sync(0xFFFFFFFFu, bag, j), __shfl_sync(0xFFFFFFFFu, f, j), acc);
+      for (int32_t c0 = 1; c0 < lj; c0 += 32) {  // the run's other positions
+        int32_t b2 = 0;
+        float f2 = 0.f;
+        if (c0 + lane < lj) position_meta(a, x, a.pos_sorted[sj + c0 + lane], b2, f2);
+        const int m = lj - c0 < 32 ? lj - c0 : 32;
+        for (int u = 0; u < m; ++u)
+          add_row<kV>(a, src, x, __shfl_sync(0xFFFFFFFFu, b2, u), __shfl_sync(0xFFFFFFFFu, f2, u), acc);
+      }
+      RowOld<kV> old;
+      const int64_t r = static_cast<int64_t>(kj) - row_base[tj];
+      sink_load<kV, kS>(a, x, r, old);
+      sink_store<kV, kS>(a, x, r, k0 + j - first_run[tj], acc, old);
+    }
+  }
+  if (a.wait) {
+    __syncthreads();
+    if (threadIdx.x == 0 && atomicAdd(reinterpret_cast<unsigned long long*>(a.calls + 1), 1ull) == gridDim.x - 1) {
+      a.calls[1] = 0;
+      a.calls[0] = n;
+    }
+  }
+}
+
+// Owner q's columns of every sample to q (a plain buffer, or q's heap with the signals).
+__global__ void __launch_bounds__(kSendThreads) grad_send_kernel(const __grid_constant__ EmbeddingGradSendArgs a) {
+  const dev::DeviceCtx& c = a.ctx;
+  const uint64_t parity = a.push ? (a.calls[0] + 1) & 1 : 0;
+  const int64_t row_v = a.stride * static_cast<int64_t>(a.elem) / 16;
+  const uint4* grad = static_cast<const uint4*>(a.grad);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kSendThreads;
+  for (int k = 1; k < c.world; ++k) {
+    const int q = (c.rank + k) % c.world;
+    if (a.dims[q] == 0) continue;
+    uint4* dst = a.push ? c.ptr<uint4>(q, a.land_off + parity * a.land_bytes + c.rank * a.rank_bytes)
+                        : reinterpret_cast<uint4*>(static_cast<char*>(a.send) + a.send_at[q] * a.elem);
+    const int64_t dv = a.dims[q] * static_cast<int64_t>(a.elem) / 16, cv = a.cols[q] * a.elem / 16,
+                  total = a.batch * dv;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kSendThreads + threadIdx.x; i < total; i += step)
+      dst[i] = grad[(i / dv) * row_v + cv + i % dv];
+  }
+  if (a.push) {
+    __syncthreads();
+    if (static_cast<int>(threadIdx.x) < c.world && static_cast<int>(threadIdx.x) != c.rank)
+      dev::signal_add(c, static_cast<int>(threadIdx.x), a.sig_off + 8ull * static_cast<uint64_t>(c.rank));
+  }
+}
+
 int sm_count() {
   static const int n = [] {
     int dev = 0, sms = 0;
@@ -370,6 +690,27 @@ int sm_count() {
     return sms;
   }();
   return n;
+}
+
+// The sums' grid: one wave (every CTA resident: the work is split evenly by a grid stride).
+template <int kV, EmbeddingSink kS>
+cudaError_t launch_sums_v(const EmbeddingGradArgs& a, cudaStream_t s) {
+  static const int per_sm = [] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, grad_sums_kernel<kV, kS>, kSumThreads, 0) != cudaSuccess)
+      n = 1;
+    return n < 1 ? 1 : n;
+  }();
+  grad_sums_kernel<kV, kS><<<sm_count() * per_sm, kSumThreads, 0, s>>>(a);
+  return cudaGetLastError();
+}
+
+template <EmbeddingSink kS>
+cudaError_t launch_sums(const EmbeddingGradArgs& a, int vectors, cudaStream_t s) {
+  if (vectors <= 1) return launch_sums_v<1, kS>(a, s);
+  if (vectors <= 2) return launch_sums_v<2, kS>(a, s);
+  if (vectors <= 4) return launch_sums_v<4, kS>(a, s);
+  return launch_sums_v<8, kS>(a, s);
 }
 
 }  // namespace
@@ -408,6 +749,75 @@ cudaError_t embedding_relayout(const EmbeddingRelayoutArgs& a, cudaStream_t s) {
   const int grid = static_cast<int>(std::clamp<int64_t>((vectors + 511) / 512, 1, 4 * sm_count()));
   relayout_kernel<<<grid, 512, 0, s>>>(a);
   return cudaGetLastError();
+}
+
+int embedding_grad_send_ctas() { return std::max(8, sm_count() / 4); }
+
+cudaError_t embedding_grad_send(const EmbeddingGradSendArgs& a, cudaStream_t s) {
+  int grid = a.ctas;
+  if (!a.push) {
+    int64_t vectors = 0;
+    for (int q = 0; q < a.ctx.world; ++q) vectors += a.batch * a.dims[q] * static_cast<int64_t>(a.elem) / 16;
+    if (vectors == 0) return cudaSuccess;
+    grid = static_cast<int>(std::clamp<int64_t>((vectors + kSendThreads - 1) / kSendThreads, 1, 2 * sm_count()));
+  }
+  grad_send_kernel<<<grid, kSendThreads, 0, s>>>(a);
+  return cudaGetLastError();
+}
+
+size_t embedding_grad_scratch(int64_t positions) {
+  const int n = static_cast<int>(positions);
+  size_t sort = 0, rle = 0, scan = 0;
+  cub::DeviceRadixSort::SortPairs(nullptr, sort, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+                                  static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n);
+  cub::DeviceRunLengthEncode::Encode(nullptr, rle, static_cast<const uint32_t*>(nullptr),
+                                     static_cast<uint32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+                                     static_cast<int32_t*>(nullptr), n);
+  cub::DeviceScan::ExclusiveSum(nullptr, scan, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n);
+  return std::max({sort, rle, scan, size_t{256}});
+}
+
+cudaError_t embedding_grad_sort(const EmbeddingGradArgs& a, void* scratch, size_t scratch_bytes, cudaStream_t s) {
+  if (a.positions == 0) return cudaMemsetAsync(a.num_runs, 0, sizeof(int32_t), s);
+  const int n = static_cast<int>(a.positions);
+  const int grid = static_cast<int>(std::clamp<int64_t>(
+      (std::max<int64_t>(a.positions, a.n_tables * a.bags) + kGradThreads - 1) / kGradThreads, 1, 8 * sm_count()));
+  grad_keys_kernel<<<grid, kGradThreads, 0, s>>>(a);
+  cudaError_t e = cudaGetLastError();
+  int end_bit = 1;  // the keys are <= a.keys
+  while (end_bit < 32 && (a.keys >> end_bit) != 0) ++end_bit;
+  size_t bytes = scratch_bytes;
+  if (e == cudaSuccess)
+    e = cub::DeviceRadixSort::SortPairs(scratch, bytes, a.key, a.key_sorted, a.pos, a.pos_sorted, n, 0, end_bit, s);
+  bytes = scratch_bytes;
+  if (e == cudaSuccess)
+    e = cub::DeviceRunLengthEncode::Encode(scratch, bytes, a.key_sorted, a.run_key, a.run_len, a.num_runs, n, s);
+  bytes = scratch_bytes;
+  if (e == cudaSuccess) e = cub::DeviceScan::ExclusiveSum(scratch, bytes, a.run_len, a.run_start, n, s);
+  return e;
+}
+
+cudaError_t embedding_grad_sums(const EmbeddingGradArgs& a, cudaStream_t s) {
+  int most = 4;
+  for (int t = 0; t < a.n_tables; ++t) {
+    most = std::max<int>(most, a.t[t].dim);
+    if (a.sink == EmbeddingSink::kDense) {
+      const cudaError_t e =
+          cudaMemsetAsync(a.t[t].dense, 0, static_cast<size_t>(a.t[t].rows * a.t[t].dim) * sizeof(float), s);
+      if (e != cudaSuccess) return e;
+    }
+  }
+  const int vectors = (most / 4 + 31) / 32;
+  switch (a.sink) {
+    case EmbeddingSink::kDense:
+      return launch_sums<EmbeddingSink::kDense>(a, vectors, s);
+    case EmbeddingSink::kSparse:
+      return launch_sums<EmbeddingSink::kSparse>(a, vectors, s);
+    case EmbeddingSink::kSgd:
+      return launch_sums<EmbeddingSink::kSgd>(a, vectors, s);
+    default:
+      return launch_sums<EmbeddingSink::kAdagrad>(a, vectors, s);
+  }
 }
 
 }  // namespace weft::kernels

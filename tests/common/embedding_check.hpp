@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -176,11 +177,13 @@ inline std::vector<unsigned char> run_and_check(Backend& b, const Model& m, dev:
   return out;
 }
 
-// One backward of `m` on this rank (host backend), checked exactly against the transpose
-// computed here in the op's order: grad_out of rank q, sample b, column c is a small integer.
+// One backward of `m` on this rank into `kind`'s sinks, checked exactly against the transpose
+// computed here in the op's order (grad_out of rank q, sample b, column c is a small integer),
+// and, for the updates, against SGD's and Adagrad's steps computed here the same way.
 inline void run_and_check_backward(Backend& b, const Model& m, dev::DType wt, dev::DType ot, EmbeddingPooling pool,
                                    bool weighted, const std::string& what, Mem& mem,
-                                   EmbeddingA2AMethod method = EmbeddingA2AMethod::kAuto) {
+                                   EmbeddingA2AMethod method = EmbeddingA2AMethod::kAuto,
+                                   EmbeddingGradKind kind = EmbeddingGradKind::kDense) {
   const int r = b.rank();
   EmbeddingA2A op(b, m.config(r, wt, ot, pool));
   const int64_t bags = m.world * m.batch, T = op.total_dim();
@@ -190,20 +193,43 @@ inline void run_and_check_backward(Backend& b, const Model& m, dev::DType wt, de
     for (int64_t c = 0; c < T; ++c) put(go, s * T + c, grad(r, s, c), ot);
   Model::Inputs h = m.inputs(r, wt);
   const std::vector<size_t>& mine = h.global;
-  std::vector<std::vector<float>> gws;
-  for (size_t g : mine)  // poisoned: backward sets every element
-    gws.emplace_back(static_cast<size_t>(m.shapes[g].rows * m.shapes[g].dim), -7.f);
+  auto put_in = [&mem](const void* p, size_t n) {
+    void* d = mem.alloc(std::max<size_t>(n, 16));
+    mem.to(d, p, n);
+    return d;
+  };
+  const float lr = 0.375f, eps = 1e-3f;
+  auto state0 = [](size_t e) { return static_cast<float>(e % 3) * 0.5f; };
   std::vector<EmbeddingBagInput> in;
-  std::vector<float*> gw_ptrs;
+  std::vector<EmbeddingTableGrad> sinks(mine.size());
+  std::vector<int64_t> zero(1, 0);
   for (size_t t = 0; t < mine.size(); ++t) {
-    in.push_back(
-        {h.weights[t].data(), h.offsets[t].data(), h.indices[t].data(), weighted ? h.psws[t].data() : nullptr});
-    gw_ptrs.push_back(gws[t].data());
+    const EmbeddingTableShape& sh = m.shapes[mine[t]];
+    const size_t elems = static_cast<size_t>(sh.rows * sh.dim), nnz = h.indices[t].size();
+    EmbeddingBagInput x{put_in(h.weights[t].data(), h.weights[t].size()),
+                        static_cast<const int64_t*>(put_in(h.offsets[t].data(), h.offsets[t].size() * 8)),
+                        static_cast<const int64_t*>(put_in(h.indices[t].data(), nnz * 8)),
+                        weighted ? static_cast<const float*>(put_in(h.psws[t].data(), nnz * 4)) : nullptr};
+    x.num_indices = static_cast<int64_t>(nnz);
+    in.push_back(x);
+    EmbeddingTableGrad& g = sinks[t];
+    const std::vector<float> poison(elems, -7.f);  // backward sets every element it owns
+    g.dense = static_cast<float*>(put_in(poison.data(), elems * 4));
+    g.rows = static_cast<int64_t*>(mem.alloc(std::max<size_t>(nnz, 2) * 8));
+    g.values = static_cast<float*>(mem.alloc(std::max<size_t>(nnz * static_cast<size_t>(sh.dim), 4) * 4));
+    g.count = static_cast<int64_t*>(put_in(zero.data(), 8));
+    g.weight = const_cast<void*>(x.weight);
+    std::vector<float> st(elems);
+    for (size_t e = 0; e < elems; ++e) st[e] = state0(e);
+    g.state = static_cast<float*>(put_in(st.data(), elems * 4));
   }
-  EmbeddingA2ARunOptions opt;
+  EmbeddingBackwardOptions opt;
   opt.method = method;
   opt.stream = mem.stream;
-  op.backward(in.data(), go.data(), gw_ptrs.data(), opt);
+  opt.kind = kind;
+  opt.lr = lr;
+  opt.eps = eps;
+  op.backward(in.data(), put_in(go.data(), go.size()), sinks.data(), opt);
   // The reference: global column of table g's column j.
   std::vector<int64_t> col_of(m.shapes.size());
   int64_t col = 0;
@@ -214,7 +240,8 @@ inline void run_and_check_backward(Backend& b, const Model& m, dev::DType wt, de
   for (size_t t = 0; t < mine.size(); ++t) {
     const size_t g = mine[t];
     const EmbeddingTableShape& sh = m.shapes[g];
-    std::vector<float> want(static_cast<size_t>(sh.rows * sh.dim), 0.f);
+    const size_t elems = static_cast<size_t>(sh.rows * sh.dim), D = static_cast<size_t>(sh.dim);
+    std::vector<float> want(elems, 0.f);
     int64_t first = 0;
     for (int64_t bag = 0; bag < bags; ++bag) {
       const int64_t n = m.bag_size(g, bag);
@@ -228,10 +255,63 @@ inline void run_and_check_backward(Backend& b, const Model& m, dev::DType wt, de
       }
       first += n;
     }
-    for (size_t e = 0; e < want.size(); ++e)
-      WEFT_CHECK(gws[t][e] == want[e],
-                 fmt::format("{}: rank {} table {} grad_weight[{}][{}]: {}, expected {}", what, r, g,
-                             e / static_cast<size_t>(sh.dim), e % static_cast<size_t>(sh.dim), gws[t][e], want[e]));
+    std::vector<int64_t> rows = h.indices[t];  // the distinct rows indexed, ascending
+    std::sort(rows.begin(), rows.end());
+    rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+    auto fail = [&](const std::string& where, float got, float expected) {
+      return fmt::format("{} ({}): rank {} table {} {}: {}, expected {}", what, to_string(kind), r, g, where, got,
+                         expected);
+    };
+    const EmbeddingTableGrad& x = sinks[t];
+    if (kind == EmbeddingGradKind::kDense) {
+      std::vector<float> got(elems);
+      mem.from(got.data(), x.dense, elems * 4);
+      for (size_t e = 0; e < elems; ++e)
+        WEFT_CHECK(got[e] == want[e], fail(fmt::format("grad[{}][{}]", e / D, e % D), got[e], want[e]));
+    } else if (kind == EmbeddingGradKind::kSparse) {
+      int64_t count = -1;
+      mem.from(&count, x.count, 8);
+      WEFT_CHECK(count == static_cast<int64_t>(rows.size()),
+                 fmt::format("{}: rank {} table {}: {} sparse rows, expected {}", what, r, g, count, rows.size()));
+      std::vector<int64_t> got_rows(rows.size());
+      std::vector<float> got(rows.size() * D);
+      mem.from(got_rows.data(), x.rows, rows.size() * 8);
+      mem.from(got.data(), x.values, got.size() * 4);
+      for (size_t k = 0; k < rows.size(); ++k) {
+        WEFT_CHECK(got_rows[k] == rows[k], fmt::format("{}: rank {} table {}: sparse row {} is {}, expected {}", what,
+                                                       r, g, k, got_rows[k], rows[k]));
+        for (size_t j = 0; j < D; ++j)
+          WEFT_CHECK(
+              got[k * D + j] == want[static_cast<size_t>(rows[k]) * D + j],
+              fail(fmt::format("values[{}][{}]", k, j), got[k * D + j], want[static_cast<size_t>(rows[k]) * D + j]));
+      }
+    } else {
+      std::vector<unsigned char> w(h.weights[t].size());
+      std::vector<float> st(elems);
+      mem.from(w.data(), x.weight, w.size());
+      mem.from(st.data(), x.state, elems * 4);
+      std::vector<bool> touched(static_cast<size_t>(sh.rows), false);
+      for (int64_t row : rows) touched[static_cast<size_t>(row)] = true;
+      for (size_t e = 0; e < elems; ++e) {
+        const float w0 = get(h.weights[t], static_cast<int64_t>(e), wt), gr = want[e];
+        float w1 = w0, s1 = state0(e);
+        if (touched[e / D] && kind == EmbeddingGradKind::kSgd) {
+          const float step = lr * gr;
+          w1 = round_to(w0 - step, wt);
+        } else if (touched[e / D]) {
+          const float sq = gr * gr;
+          s1 = s1 + sq;
+          const float den = std::sqrt(s1) + eps;
+          const float d = gr / den;
+          const float step = -lr * d;
+          w1 = round_to(w0 + step, wt);
+        }
+        const float got = get(w, static_cast<int64_t>(e), wt);
+        WEFT_CHECK(got == w1, fail(fmt::format("weight[{}][{}]", e / D, e % D), got, w1));
+        if (kind == EmbeddingGradKind::kAdagrad)
+          WEFT_CHECK(st[e] == s1, fail(fmt::format("state[{}][{}]", e / D, e % D), st[e], s1));
+      }
+    }
   }
 }
 

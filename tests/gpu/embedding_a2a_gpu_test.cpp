@@ -91,6 +91,43 @@ TEST_P(EmbeddingA2AGpu, MethodsAreBitwiseAlike) {
   }));
 }
 
+// The backward into every sink by every method: the host test's exact checks (the transpose in
+// the op's order; SGD's and Adagrad's steps).
+TEST_P(EmbeddingA2AGpu, BackwardIsExact) {
+  const int n = GetParam() == 0 ? gpus() : GetParam();
+  if (gpus() < 1 || n > gpus()) GTEST_SKIP() << "needs " << n << " GPU(s)";
+  expect_all_ok(run_gpu(n, [] {
+    auto b = make_backend();
+    const int world = b->size();
+    cudaStream_t s;
+    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    int checks = 0;
+    for (EmbeddingGradKind kind :
+         {EmbeddingGradKind::kDense, EmbeddingGradKind::kSparse, EmbeddingGradKind::kSgd, EmbeddingGradKind::kAdagrad})
+      for (int64_t dim_base : {8, 336})
+        for (int64_t batch : {3, 300})
+          for (dev::DType wt : {dev::DType::kF32, dev::DType::kBF16})
+            for (dev::DType ot : {dev::DType::kF32, dev::DType::kBF16})
+              for (EmbeddingPooling pool : {EmbeddingPooling::kSum, EmbeddingPooling::kMean}) {
+                if (batch == 300 && dim_base > 8) continue;
+                const bool weighted = checks % 2 == 1;
+                for (EmbeddingA2AMethod m : kMethods) {
+                  DevMem mem(s);
+                  run_and_check_backward(
+                      *b, Model(world, batch, dim_base), wt, ot, pool, weighted,
+                      fmt::format("gpu backward world {} dims {}x batch {} weights {} grads {} {}{} {}", world,
+                                  dim_base, batch, dev::dtype_name(wt), dev::dtype_name(ot),
+                                  pool == EmbeddingPooling::kSum ? "sum" : "mean", weighted ? " weighted" : "",
+                                  to_string(m)),
+                      mem, m, kind);
+                  ++checks;
+                }
+              }
+    if (b->rank() == 0) std::printf("[gpu] embedding_a2a backward: %d ranks, %d checks passed\n", world, checks);
+    WEFT_CUDA_CHECK(cudaStreamDestroy(s));
+  }));
+}
+
 INSTANTIATE_TEST_SUITE_P(Gpus, EmbeddingA2AGpu, ::testing::Values(1, 0));
 
 // Every method captured into a CUDA graph, replayed with new indices written into the same
@@ -152,6 +189,50 @@ TEST(EmbeddingA2AGpuGraph, CapturedForwardReplays) {
                                                   to_string(m), call, bb, q, j, got, want));
             }
           }
+      }
+      WEFT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      WEFT_CUDA_CHECK(cudaGraphDestroy(graph));
+    }
+    // The backward (dense) captured the same way: grad_out of rank q's sample b is q * 100 + b +
+    // call in every column, so row x's gradient is the sum of that over the bags indexing x.
+    auto* dgo = static_cast<float*>(mem.alloc(static_cast<size_t>(B * W * D) * 4));
+    auto* dgw = static_cast<float*>(mem.alloc(static_cast<size_t>(rows * D) * 4));
+    auto set_grad = [&](int call) {
+      std::vector<float> go(static_cast<size_t>(B * W * D));
+      for (int64_t bb = 0; bb < B; ++bb)
+        for (int64_t c = 0; c < W * D; ++c)
+          go[static_cast<size_t>(bb * W * D + c)] = static_cast<float>(r * 100 + bb + call);
+      mem.to(dgo, go.data(), go.size() * 4);
+    };
+    in.num_indices = W * B;
+    for (EmbeddingA2AMethod m : kMethods) {
+      EmbeddingBackwardOptions opt;
+      opt.method = m;
+      opt.stream = s;
+      EmbeddingTableGrad sink;
+      sink.dense = dgw;
+      set_call(0);
+      set_grad(0);
+      op.backward(&in, dgo, &sink, opt);  // the first call outside the capture sizes the work space
+      cudaGraph_t graph;
+      WEFT_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      op.backward(&in, dgo, &sink, opt);
+      WEFT_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+      cudaGraphExec_t exec;
+      WEFT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int call = 1; call <= 5; ++call) {
+        set_call(call);
+        set_grad(call);
+        WEFT_CUDA_CHECK(cudaGraphLaunch(exec, s));
+        std::vector<float> got(static_cast<size_t>(rows * D)), want(static_cast<size_t>(rows), 0.f);
+        mem.from(got.data(), dgw, got.size() * 4);
+        for (int64_t g = 0; g < W * B; ++g)
+          want[static_cast<size_t>((g + call) % rows)] += static_cast<float>((g / B) * 100 + g % B + call);
+        for (int64_t x = 0; x < rows; ++x)
+          for (int64_t j = 0; j < D; ++j)
+            WEFT_CHECK(got[static_cast<size_t>(x * D + j)] == want[static_cast<size_t>(x)],
+                       fmt::format("backward {} replay {}: row {} column {}: {}, expected {}", to_string(m), call, x, j,
+                                   got[static_cast<size_t>(x * D + j)], want[static_cast<size_t>(x)]));
       }
       WEFT_CUDA_CHECK(cudaGraphExecDestroy(exec));
       WEFT_CUDA_CHECK(cudaGraphDestroy(graph));
@@ -221,6 +302,31 @@ TEST(EmbeddingA2AGpuErrors, BadIndicesAreNamed) {
                      "embedding_a2a: table 0 (global 0): offsets decrease at bag 1");
     else
       op.forward(in, dout, opt);
+    // The backward: without num_indices refused on every rank; a bad index named, its peers'
+    // calls complete.
+    auto* dgo = static_cast<float*>(mem.alloc(static_cast<size_t>(B * 2 * W * D) * 4));
+    auto* dgw = static_cast<float*>(mem.alloc(static_cast<size_t>(2 * rows * D) * 4));
+    EmbeddingTableGrad sinks[2];
+    sinks[0].dense = dgw;
+    sinks[1].dense = dgw + rows * D;
+    EmbeddingBackwardOptions bopt;
+    bopt.stream = s;
+    in[0].offsets = doffs;
+    in[0].num_indices = W * B;
+    if (r != 0) in[1].num_indices = W * B;  // rank 0 leaves it out: every rank refuses the call
+    expect_message([&] { op.backward(in, dgo, sinks, bopt); },
+                   "table 1 (global 1): backward on GPUs needs num_indices");
+    in[1].num_indices = W * B;
+    std::vector<int64_t> bad = idx;
+    if (r == 0) bad[2] = -1;
+    auto* dbad = static_cast<int64_t*>(mem.alloc(bad.size() * 8));
+    mem.to(dbad, bad.data(), bad.size() * 8);
+    in[0].indices = dbad;
+    if (r == 0)
+      expect_message([&] { op.backward(in, dgo, sinks, bopt); },
+                     "embedding_a2a: table 0 (global 0): indices[2] = -1 is outside 0 ... 9");
+    else
+      op.backward(in, dgo, sinks, bopt);
     WEFT_CUDA_CHECK(cudaStreamDestroy(s));
   }));
 }

@@ -100,4 +100,100 @@ struct EmbeddingRelayoutArgs {
 cudaError_t embedding_relayout(const EmbeddingRelayoutArgs& a, cudaStream_t s);
 #endif
 
+// ---- Backward (ops::EmbeddingA2A::backward on GPUs; docs/embedding_a2a.md, "Backward") ----
+// Every position of the rank's tables' indices, concatenated (table t's at pos_base ...), gets a
+// key -- row_base + its row, or `keys` (past every table's) where it is left out -- and its bag;
+// a stable radix sort by key then puts each row's positions together in their order, and the
+// sums walk each row's run in that order (the host's order: the same bits).
+
+enum class EmbeddingSink : int { kDense, kSparse, kSgd, kAdagrad };
+
+struct EmbeddingGradTableArgs {
+  const int64_t* offsets = nullptr;  // [world * batch + 1]
+  const int64_t* indices = nullptr;  // [count]
+  const float* psw = nullptr;
+  int64_t rows = 0, count = 0;           // count: the indices given (num_indices)
+  int64_t pos_base = 0;                  // its first position among every table's
+  uint32_t row_base = 0;                 // its first key
+  int32_t dim = 0, col = 0, global = 0;  // col: its first column among the rank's dims
+  // The sink (EmbeddingA2AGradArgs::sink says which fields).
+  float* dense = nullptr;
+  int64_t* rows_out = nullptr;
+  float* values = nullptr;
+  int64_t* count_out = nullptr;
+  void* weight = nullptr;
+  float* state = nullptr;
+};
+
+struct EmbeddingGradArgs {
+  dev::DeviceCtx ctx;
+  EmbeddingGradTableArgs t[kEmbeddingMaxTables];
+  int n_tables = 0;
+  int64_t bags = 0, positions = 0;  // world * batch; the sum of the tables' counts
+  uint32_t keys = 0;                // the sum of the tables' rows (row_base of a table past the last)
+  bool mean = false;
+  // The work space ([positions] each; num_runs one).
+  uint32_t* key = nullptr;  // the keys kernel's; the sorted ones in key_sorted
+  uint32_t* key_sorted = nullptr;
+  int32_t* pos = nullptr;  // 0 ... positions - 1; sorted by key in pos_sorted
+  int32_t* pos_sorted = nullptr;
+  int32_t* bag_of = nullptr;  // each position's bag
+  uint32_t* run_key = nullptr;
+  int32_t* run_len = nullptr;
+  int32_t* run_start = nullptr;
+  int32_t* num_runs = nullptr;
+  // [3], atomicMin as EmbeddingPoolArgs::bad: a bad index, decreasing offsets, and
+  // (global << 40) | bag count where a table's offsets run past its count.
+  unsigned long long* bad = nullptr;
+  // The sums: bag g's (rank g / batch's sample g % batch) pooled gradient row for this rank's
+  // columns is, for g / batch == own_rank, own + (g % batch) * own_stride elements of gt, else
+  // src + (g / batch) * src_rank_bytes + (g % batch) * src_stride elements.
+  dev::DType gt = dev::DType::kF32;
+  dev::DType wt = dev::DType::kF32;
+  const void* own = nullptr;
+  int64_t own_stride = 0;
+  const void* src = nullptr;
+  uint64_t src_rank_bytes = 0;
+  int64_t src_stride = 0;
+  int64_t batch = 0;
+  EmbeddingSink sink = EmbeddingSink::kDense;
+  float lr = 0.f, eps = 0.f;
+  // fused: src is the heap's landing buffer (land_off + parity * land_bytes, parity that of the
+  // call calls[0] + 1); the sums wait until every peer's send CTAs signalled (sig_off + 8 * q >=
+  // call * send_ctas), and the last CTA counts the call (calls[0] += 1; calls[1] its CTAs done).
+  bool wait = false;
+  uint64_t land_off = 0, land_bytes = 0, sig_off = 0;
+  int send_ctas = 0;
+  uint64_t* calls = nullptr;
+};
+
+// Sends grad_out's columns to their owners: owner q's [batch][dims[q]] block (columns cols[q] ...
+// of grad_out [batch][stride]) to q, every q but the own rank: with push into q's heap at
+// land_off + parity * land_bytes + rank * rank_bytes (parity that of calls[0] + 1; then every CTA
+// signals every peer, sig_off + 8 * rank), else into send + send_at[q] elements.
+struct EmbeddingGradSendArgs {
+  dev::DeviceCtx ctx;
+  const void* grad = nullptr;
+  int64_t batch = 0, stride = 0;
+  size_t elem = 4;
+  int64_t dims[dev::kMaxPeers] = {}, cols[dev::kMaxPeers] = {}, send_at[dev::kMaxPeers] = {};
+  void* send = nullptr;
+  bool push = false;
+  uint64_t land_off = 0, land_bytes = 0, rank_bytes = 0, sig_off = 0;
+  const uint64_t* calls = nullptr;
+  int ctas = 0;  // with push: the same on every rank
+};
+
+#ifdef WEFT_HAVE_CUDA
+// The grid the send kernel runs with push.
+int embedding_grad_send_ctas();
+cudaError_t embedding_grad_send(const EmbeddingGradSendArgs& a, cudaStream_t s);
+// The CUB work space the sort and the runs need for `positions` (bytes; positions < 2^31).
+size_t embedding_grad_scratch(int64_t positions);
+// The keys, the stable sort and the runs (no gradient read), then the sums and the sinks (dense:
+// the whole tables set, zeros where no bag indexes a row; sparse: every table's count written).
+cudaError_t embedding_grad_sort(const EmbeddingGradArgs& a, void* scratch, size_t scratch_bytes, cudaStream_t s);
+cudaError_t embedding_grad_sums(const EmbeddingGradArgs& a, cudaStream_t s);
+#endif
+
 }  // namespace weft::kernels

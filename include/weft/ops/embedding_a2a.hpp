@@ -70,6 +70,43 @@ struct EmbeddingBagInput {
   const int64_t* offsets = nullptr;           // [world * batch + 1]: bag b is indices[offsets[b] .. offsets[b + 1])
   const int64_t* indices = nullptr;           // [offsets[world * batch]] rows of the table (may be null when empty)
   const float* per_sample_weights = nullptr;  // optional, one per index
+  // The number of indices (offsets[world * batch]); -1: not given. backward on GPUs needs it
+  // (its sort's size, known without reading the offsets back); where given it is checked.
+  int64_t num_indices = -1;
+};
+
+// What backward makes of each table's gradient: the dense gradient, the sparse one (the rows the
+// bags index and their gradients), or an optimizer's update of those rows in place.
+enum class EmbeddingGradKind { kDense, kSparse, kSgd, kAdagrad };
+inline constexpr Named<EmbeddingGradKind> kEmbeddingGradKindNames[] = {{EmbeddingGradKind::kDense, "dense"},
+                                                                       {EmbeddingGradKind::kSparse, "sparse"},
+                                                                       {EmbeddingGradKind::kSgd, "sgd"},
+                                                                       {EmbeddingGradKind::kAdagrad, "adagrad"}};
+inline const char* to_string(EmbeddingGradKind k) { return name_in(kEmbeddingGradKindNames, k); }
+inline EmbeddingGradKind parse_embedding_grad_kind(const std::string& s) {
+  return parse_in(kEmbeddingGradKindNames, s, "gradient kind");
+}
+
+// One of this rank's tables' gradient sink (the fields its kind uses; the others are ignored).
+// A row's gradient g is fp32: see backward.
+struct EmbeddingTableGrad {
+  float* dense = nullptr;    // kDense: [rows, dim], set (rows no bag indexes: zeros)
+  int64_t* rows = nullptr;   // kSparse: [n] the distinct rows the bags index, ascending
+  float* values = nullptr;   // kSparse: [n, dim] their gradients (n <= the table's indices)
+  int64_t* count = nullptr;  // kSparse: n (one int64; device memory on GPUs)
+  // kSgd: w = w - lr * g; kAdagrad (torch.optim.Adagrad's sparse step): state = state + g * g,
+  // w = w + (-lr) * (g / (sqrt(state) + eps)); in fp32, each operation rounded, w rounded once
+  // to weight_dtype; only the rows the bags index.
+  void* weight = nullptr;  // kSgd, kAdagrad: [rows, dim] in weight_dtype (usually the table's weight)
+  float* state = nullptr;  // kAdagrad: [rows, dim]
+};
+
+struct EmbeddingBackwardOptions {
+  EmbeddingA2AMethod method = EmbeddingA2AMethod::kAuto;
+  void* stream = nullptr;
+  EmbeddingGradKind kind = EmbeddingGradKind::kDense;
+  float lr = 0.f;      // kSgd, kAdagrad
+  float eps = 1e-10f;  // kAdagrad (torch.optim.Adagrad's default)
 };
 
 struct EmbeddingA2ARunOptions {
@@ -95,13 +132,20 @@ class EmbeddingA2A {
   // call completes on every rank and throws after it on the rank that passed them.
   void forward(const EmbeddingBagInput* tables, void* out, const EmbeddingA2ARunOptions& opt = {});
 
-  // Collective. The transpose of forward (the second step of issue 24; the host backend so far:
-  // GPUs refuse it). grad_out [batch, total_dim()] in out_dtype: the gradient of forward's out on
-  // every rank; each rank's columns go back to the tables' owners (the all-to-all reversed), and
-  // grad_weights[t] -- [rows, dim] fp32 for this rank's table t -- is set to the sum, over every
-  // bag of the global batch in order and each of its indices i in order, of (w_i * s) * the
-  // bag's pooled gradient, added into row indices[i] (w_i the per-sample weight or 1, s 1, or
-  // 1 / the bag's size for mean). Checks as forward's; grad_weights must not overlap the inputs.
+  // Collective. The transpose of forward. grad_out [batch, total_dim()] in out_dtype: the
+  // gradient of forward's out on every rank; each rank's columns go back to the tables' owners
+  // (the all-to-all reversed). Row r of this rank's table t gets the gradient g: the sum, in
+  // fp32 from 0, over every bag of the global batch in order and each of its indices i in order
+  // with indices[i] == r, of (w_i * s) * the bag's pooled gradient (w_i the per-sample weight or
+  // 1, s 1, or 1 / the bag's size for mean), each product and sum rounded; grads[t] takes it as
+  // opt.kind says. Methods: `baseline` (NCCL's all-to-all, then the sort by row and the sums),
+  // `decomposed` (the sort beside the all-to-all), `fused` (each rank stores its gradients
+  // straight into the owners' heap while they sort; the sums wait for them under the deadline),
+  // `auto` (fused on GPUs). Checks as forward's, and the sinks' pointers; on GPUs every table's
+  // num_indices is needed (an InvalidArgument without it).
+  void backward(const EmbeddingBagInput* tables, const void* grad_out, const EmbeddingTableGrad* grads,
+                const EmbeddingBackwardOptions& opt);
+  // The dense gradient into grad_weights[t] ([rows, dim] fp32 for this rank's table t).
   void backward(const EmbeddingBagInput* tables, const void* grad_out, float* const* grad_weights,
                 const EmbeddingA2ARunOptions& opt = {});
 

@@ -8,12 +8,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "../common/op_base.hpp"
-#include "../moe/rows.hpp"
+#include "../common/rows.hpp"
 #include "weft/core/error.hpp"
 #include "weft/kernels/embedding_kernels.hpp"
 #include "weft/ops/collectives.hpp"
@@ -91,12 +92,23 @@ struct EmbeddingA2A::Impl {
   // the heap could not hold them (then fused runs as decomposed).
   uint64_t land_off = 0, land_bytes = 0, sig_off = 0;
   int push_ctas = 0;  // the fused pool kernel's grid: the fewest any rank's GPU holds
+  // backward: fused's [2 parities][world][batch][widest] landing buffers and [world] signals in
+  // the heap (0 where it could not hold them: then decomposed), its send grid, the join event;
+  // the sort's work space (EmbeddingGradArgs), grown by a call that needs more.
+  uint64_t bland_off = 0, bland_bytes = 0, bland_rank_bytes = 0, bsig_off = 0;
+  int bsend_ctas = 0;
+  cudaEvent_t ev_join = nullptr;
+  void* d_ws = nullptr;
+  int64_t ws_positions = -1;
+  size_t scratch_bytes = 0;
   ~Impl() {
     if (!gpu) return;
     cudaDeviceSynchronize();
     cudaFree(d_send);
     cudaFree(d_recv);
     cudaFree(d_bad);
+    cudaFree(d_ws);
+    if (ev_join) cudaEventDestroy(ev_join);
     for (cudaEvent_t e : ev) cudaEventDestroy(e);
     if (ev_fork) cudaEventDestroy(ev_fork);
     if (side) cudaStreamDestroy(side);
@@ -152,13 +164,16 @@ EmbeddingA2A::EmbeddingA2A(Backend& backend, const EmbeddingA2AConfig& config) {
   }
 #ifdef WEFT_HAVE_CUDA
   const uint64_t B = static_cast<uint64_t>(config.batch), T = static_cast<uint64_t>(I.total);
-  const uint64_t send_bytes = static_cast<uint64_t>(W) * B * static_cast<uint64_t>(I.rank_dim[I.op.rank()]) * I.ob;
-  WEFT_CUDA_CHECK(cudaMalloc(&I.d_send, std::max<uint64_t>(send_bytes, 256)));
-  WEFT_CUDA_CHECK(cudaMalloc(&I.d_recv, std::max<uint64_t>(B * T * I.ob, 256)));
+  // forward sends [world][batch][own dims] and receives [batch][total]; backward the reverse.
+  const uint64_t own = static_cast<uint64_t>(W) * B * static_cast<uint64_t>(I.rank_dim[I.op.rank()]) * I.ob;
+  WEFT_CUDA_CHECK(cudaMalloc(&I.d_send, std::max<uint64_t>({own, B * T * I.ob, 256})));
+  WEFT_CUDA_CHECK(cudaMalloc(&I.d_recv, std::max<uint64_t>({own, B * T * I.ob, 256})));
+  // [0 ... 2]: the kernels' bad-input slots; [4, 5]: forward's calls; [6, 7]: backward's.
   WEFT_CUDA_CHECK(cudaMalloc(&I.d_bad, 64));
-  I.d_calls = reinterpret_cast<uint64_t*>(I.d_bad + 2);
-  WEFT_CUDA_CHECK(cudaMemset(I.d_bad, 0xFF, 16));
-  WEFT_CUDA_CHECK(cudaMemset(I.d_calls, 0, 16));
+  I.d_calls = reinterpret_cast<uint64_t*>(I.d_bad + 4);
+  WEFT_CUDA_CHECK(cudaMemset(I.d_bad, 0xFF, 32));
+  WEFT_CUDA_CHECK(cudaMemset(I.d_calls, 0, 32));
+  WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&I.ev_join, cudaEventDisableTiming));
   int lo = 0, hi = 0;
   WEFT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
   WEFT_CUDA_CHECK(cudaStreamCreateWithPriority(&I.side, cudaStreamNonBlocking, hi));
@@ -176,6 +191,17 @@ EmbeddingA2A::EmbeddingA2A(Backend& backend, const EmbeddingA2AConfig& config) {
     I.land_bytes = land;
     I.land_off = I.op.workspace(2 * land, "landing");
     I.sig_off = I.op.workspace(8ull * static_cast<uint64_t>(W), "signals");
+  }
+  int bctas = kernels::embedding_grad_send_ctas();
+  backend.bootstrap().allgather(&bctas, sizeof bctas, all_ctas.data());
+  I.bsend_ctas = *std::min_element(all_ctas.begin(), all_ctas.end());
+  const uint64_t brank = (B * static_cast<uint64_t>(widest) * I.ob + 255) / 256 * 256;
+  const uint64_t bland = brank * static_cast<uint64_t>(W);
+  if (W > 1 && bland > 0 && 2 * bland + 4096 + (1ull << 20) <= heap.capacity() - heap.used()) {
+    I.bland_rank_bytes = brank;
+    I.bland_bytes = bland;
+    I.bland_off = I.op.workspace(2 * bland, "backward landing");
+    I.bsig_off = I.op.workspace(8ull * static_cast<uint64_t>(W), "backward signals");
   }
   WEFT_CUDA_CHECK(cudaDeviceSynchronize());  // before any stream's call (torch's streams do not wait)
 #endif
@@ -372,15 +398,20 @@ void gpu_forward(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, void* o
 // The kernels' verdict on the indices and offsets, read back: throws naming the first bad one.
 void read_bad(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, cudaStream_t s) {
   const EmbeddingA2AConfig& c = I.cfg;
-  unsigned long long bad[2] = {~0ull, ~0ull};
-  WEFT_CUDA_CHECK(cudaMemcpyAsync(bad, I.d_bad, 16, cudaMemcpyDeviceToHost, s));
+  unsigned long long bad[3] = {~0ull, ~0ull, ~0ull};
+  WEFT_CUDA_CHECK(cudaMemcpyAsync(bad, I.d_bad, 24, cudaMemcpyDeviceToHost, s));
   WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
-  if (bad[0] == ~0ull && bad[1] == ~0ull) return;
-  WEFT_CUDA_CHECK(cudaMemsetAsync(I.d_bad, 0xFF, 16, s));
+  if (bad[0] == ~0ull && bad[1] == ~0ull && bad[2] == ~0ull) return;
+  WEFT_CUDA_CHECK(cudaMemsetAsync(I.d_bad, 0xFF, 24, s));
   WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
-  const unsigned long long x = bad[0] != ~0ull ? bad[0] : bad[1];
+  const unsigned long long x = bad[0] != ~0ull ? bad[0] : bad[1] != ~0ull ? bad[1] : bad[2];
   const int64_t g = static_cast<int64_t>(x >> 40), at = static_cast<int64_t>(x & ((1ull << 40) - 1));
   const int64_t t = g - I.first;
+  if (bad[0] == ~0ull && bad[1] == ~0ull)
+    throw_invalid(__FILE__, __LINE__,
+                  fmt::format("embedding_a2a: table {} (global {}): the offsets end at {}, past num_indices = {}: the "
+                              "indices past it were left out",
+                              t, g, at, tables[t].num_indices));
   if (bad[0] != ~0ull) {
     int64_t v = 0;
     WEFT_CUDA_CHECK(cudaMemcpy(&v, tables[t].indices + at, 8, cudaMemcpyDeviceToHost));
@@ -502,71 +533,374 @@ void EmbeddingA2A::forward(const EmbeddingBagInput* tables, void* out, const Emb
   });
 }
 
-void EmbeddingA2A::backward(const EmbeddingBagInput* tables, const void* grad_out, float* const* grad_weights,
-                            const EmbeddingA2ARunOptions& opt) {
-  Impl& I = *impl_;
-  I.op.guarded([&] {
-    const EmbeddingA2AConfig& c = I.cfg;
-    const int W = I.op.world(), me = I.op.rank();
-    const int64_t B = c.batch, Dm = I.rank_dim[static_cast<size_t>(me)];
-    const size_t n_tables = c.tables.size();
-    I.op.agree("the backward's method", to_string(opt.method));
-    I.op.checked_everywhere("whether the backward call is valid", [&] {
-      WEFT_REQUIRE(!I.gpu, "embedding_a2a: backward is not built on GPUs yet (issue 24); the host backend has it");
-      host_checks(I, tables, nullptr, 0);
-      if (B > 0 && I.total > 0) I.op.check_ptr(grad_out, I.ob, "grad_out");
-      if (n_tables) WEFT_REQUIRE(grad_weights != nullptr, "embedding_a2a: grad_weights: null pointer");
-      for (size_t t = 0; t < n_tables; ++t) {
-        const int64_t g = I.first + static_cast<int64_t>(t);
-        I.op.check_ptr(grad_weights[t], 4, fmt::format("table {} (global {}): grad_weights", t, g));
-        const uint64_t gw = static_cast<uint64_t>(c.tables[t].rows * c.tables[t].dim) * 4;
-        for (size_t u = 0; u < n_tables; ++u)
-          WEFT_REQUIRE(!detail::ranges_overlap(grad_weights[t], gw, tables[u].weight,
-                                               static_cast<uint64_t>(c.tables[u].rows * c.tables[u].dim) * I.wb),
-                       fmt::format("embedding_a2a: table {} (global {})'s grad_weights overlap a weight", t, g));
-      }
-    });
-    // Each owner s's columns of grad_out, packed by owner: [s][B][rank_dim[s]].
-    std::vector<unsigned char> send(std::max<size_t>(static_cast<size_t>(B * I.total) * I.ob, I.ob));
-    std::vector<uint64_t> send_counts(static_cast<size_t>(W)), recv_counts(static_cast<size_t>(W));
-    const auto* go = static_cast<const unsigned char*>(grad_out);
-    uint64_t at = 0;
-    for (int s = 0; s < W; ++s) {
-      const int64_t Ds = I.rank_dim[static_cast<size_t>(s)];
-      send_counts[static_cast<size_t>(s)] = static_cast<uint64_t>(B * Ds);
-      for (int64_t b = 0; b < B && Ds > 0; ++b)
-        std::memcpy(send.data() + (at + static_cast<uint64_t>(b * Ds)) * I.ob,
-                    go + static_cast<size_t>(b * I.total + I.rank_col[static_cast<size_t>(s)]) * I.ob,
-                    static_cast<size_t>(Ds) * I.ob);
-      at += static_cast<uint64_t>(B * Ds);
+namespace {
+
+// What every backward call must have alike on every rank (the sinks' pointers are checked by
+// each rank for its own tables): both backends.
+void grad_checks(const EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, const void* grad_out,
+                 const EmbeddingTableGrad* grads, const EmbeddingBackwardOptions& opt) {
+  const EmbeddingA2AConfig& c = I.cfg;
+  const size_t n_tables = c.tables.size();
+  const size_t align = I.gpu ? 16 : 4;
+  const int64_t bags = static_cast<int64_t>(I.op.world()) * c.batch;
+  if (c.batch > 0 && I.total > 0) I.op.check_ptr(grad_out, I.gpu ? 16 : I.ob, "grad_out");
+  if (n_tables) WEFT_REQUIRE(grads != nullptr, "embedding_a2a: grads: null pointer");
+  const bool update = opt.kind == EmbeddingGradKind::kSgd || opt.kind == EmbeddingGradKind::kAdagrad;
+  if (update) WEFT_REQUIRE(std::isfinite(opt.lr), fmt::format("embedding_a2a: lr must be finite, got {}", opt.lr));
+  if (opt.kind == EmbeddingGradKind::kAdagrad)
+    WEFT_REQUIRE(std::isfinite(opt.eps) && opt.eps >= 0.f,
+                 fmt::format("embedding_a2a: eps must be finite and >= 0, got {}", opt.eps));
+  uint64_t rows = 0, positions = 0;
+  for (size_t t = 0; t < n_tables; ++t) {
+    const int64_t g = I.first + static_cast<int64_t>(t);
+    const std::string name = fmt::format("table {} (global {})", t, g);
+    const EmbeddingTableGrad& x = grads[t];
+    const uint64_t elems = static_cast<uint64_t>(c.tables[t].rows * c.tables[t].dim);
+    rows += static_cast<uint64_t>(c.tables[t].rows);
+    const int64_t given = tables[t].num_indices;
+    if (I.gpu) {
+      WEFT_REQUIRE(given >= 0 || bags == 0,
+                   fmt::format("embedding_a2a: {}: backward on GPUs needs num_indices (the indices' count)", name));
+      if (bags > 0) positions += static_cast<uint64_t>(given);
+    } else if (given >= 0) {
+      WEFT_REQUIRE(given == tables[t].offsets[bags],
+                   fmt::format("embedding_a2a: {}: num_indices = {} but the offsets end at {}", name, given,
+                               tables[t].offsets[bags]));
     }
-    I.coll.all_to_all_v(send.data(), send_counts.data(), I.recv_off, I.recv_elems, recv_counts.data(), c.out_dtype,
-                        Method::kBaseline, opt.stream);
-    // Received packed by sample rank: [q][B][Dm] -- bag q * B + b's pooled gradient, forward's send layout.
-    const unsigned char* gp = I.b.ctx().local<const unsigned char>(I.recv_off);
-    for (int q = 0; q < W; ++q)
-      WEFT_CHECK(recv_counts[static_cast<size_t>(q)] == static_cast<uint64_t>(B * Dm),
-                 "embedding_a2a: the backward's all-to-all counts disagree with the ranks' tables");
-    const int64_t bags = static_cast<int64_t>(W) * B;
-    int64_t col = 0;
-    for (size_t t = 0; t < n_tables; ++t) {
-      const EmbeddingBagInput& in = tables[t];
-      const int64_t D = c.tables[t].dim;
-      float* gw = grad_weights[t];
-      std::fill(gw, gw + c.tables[t].rows * D, 0.f);
-      for (int64_t bag = 0; bag < bags; ++bag) {
-        const int64_t i0 = in.offsets[bag], i1 = in.offsets[bag + 1];
-        const float s = c.pooling == EmbeddingPooling::kMean && i1 > i0 ? 1.f / static_cast<float>(i1 - i0) : 1.f;
+    switch (opt.kind) {
+      case EmbeddingGradKind::kDense:
+        I.op.check_ptr(x.dense, align, name + ": the dense gradient");
+        for (size_t u = 0; u < n_tables; ++u)
+          WEFT_REQUIRE(!detail::ranges_overlap(x.dense, elems * 4, tables[u].weight,
+                                               static_cast<uint64_t>(c.tables[u].rows * c.tables[u].dim) * I.wb),
+                       fmt::format("embedding_a2a: {}'s dense gradient overlaps a weight", name));
+        break;
+      case EmbeddingGradKind::kSparse:
+        I.op.check_ptr(x.rows, 8, name + ": the sparse gradient's rows");
+        I.op.check_ptr(x.values, align, name + ": the sparse gradient's values");
+        I.op.check_ptr(x.count, 8, name + ": the sparse gradient's count");
+        break;
+      case EmbeddingGradKind::kAdagrad:
+        I.op.check_ptr(x.state, align, name + ": the Adagrad state");
+        [[fallthrough]];
+      case EmbeddingGradKind::kSgd:
+        I.op.check_ptr(x.weight, I.gpu ? 16 : I.wb, name + ": the weight to update");
+        break;
+    }
+  }
+  if (I.gpu) {
+    WEFT_REQUIRE(rows < 0xFFFFFFFFull,
+                 fmt::format("embedding_a2a: backward on GPUs takes fewer than 2^32 - 1 rows over a rank's tables, "
+                             "this one has {}",
+                             rows));
+    WEFT_REQUIRE(positions < (1ull << 31),
+                 fmt::format("embedding_a2a: backward on GPUs takes fewer than 2^31 indices over a rank's tables, "
+                             "this call has {}",
+                             positions));
+  }
+}
+
+// Row r's gradient g (the k-th distinct row of its table) into the table's sink (host backend).
+void host_sink(const EmbeddingA2A::Impl& I, const EmbeddingTableGrad& x, const EmbeddingBackwardOptions& opt, int64_t D,
+               int64_t r, int64_t k, const std::vector<float>& g) {
+  const dev::DType wt = I.cfg.weight_dtype;
+  switch (opt.kind) {
+    case EmbeddingGradKind::kDense:
+      std::copy(g.begin(), g.end(), x.dense + r * D);
+      return;
+    case EmbeddingGradKind::kSparse:
+      x.rows[k] = r;
+      std::copy(g.begin(), g.end(), x.values + k * D);
+      return;
+    case EmbeddingGradKind::kSgd:
+    case EmbeddingGradKind::kAdagrad: {
+      auto* w = static_cast<unsigned char*>(x.weight) + static_cast<size_t>(r * D) * I.wb;
+      for (int64_t j = 0; j < D; ++j) {
+        const float gj = g[static_cast<size_t>(j)];
+        float v = load(w, j, wt);
+        if (opt.kind == EmbeddingGradKind::kSgd) {
+          const float step = opt.lr * gj;
+          v = v - step;
+        } else {
+          float& st = x.state[r * D + j];
+          const float sq = gj * gj;
+          st = st + sq;
+          const float den = std::sqrt(st) + opt.eps;
+          const float d = gj / den;
+          const float step = -opt.lr * d;
+          v = v + step;
+        }
+        store(w, j, v, wt);
+      }
+      return;
+    }
+  }
+}
+
+// The host backend: the reversed all-to-all, then each table's positions in a stable order by
+// row, and each row's sum in that order.
+void host_backward(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, const void* grad_out,
+                   const EmbeddingTableGrad* grads, const EmbeddingBackwardOptions& opt) {
+  const EmbeddingA2AConfig& c = I.cfg;
+  const int W = I.op.world(), me = I.op.rank();
+  const int64_t B = c.batch, Dm = I.rank_dim[static_cast<size_t>(me)];
+  // Each owner s's columns of grad_out, packed by owner: [s][B][rank_dim[s]].
+  std::vector<unsigned char> send(std::max<size_t>(static_cast<size_t>(B * I.total) * I.ob, I.ob));
+  std::vector<uint64_t> send_counts(static_cast<size_t>(W)), recv_counts(static_cast<size_t>(W));
+  const auto* go = static_cast<const unsigned char*>(grad_out);
+  uint64_t at = 0;
+  for (int s = 0; s < W; ++s) {
+    const int64_t Ds = I.rank_dim[static_cast<size_t>(s)];
+    send_counts[static_cast<size_t>(s)] = static_cast<uint64_t>(B * Ds);
+    for (int64_t b = 0; b < B && Ds > 0; ++b)
+      std::memcpy(send.data() + (at + static_cast<uint64_t>(b * Ds)) * I.ob,
+                  go + static_cast<size_t>(b * I.total + I.rank_col[static_cast<size_t>(s)]) * I.ob,
+                  static_cast<size_t>(Ds) * I.ob);
+    at += static_cast<uint64_t>(B * Ds);
+  }
+  I.coll.all_to_all_v(send.data(), send_counts.data(), I.recv_off, I.recv_elems, recv_counts.data(), c.out_dtype,
+                      Method::kBaseline, opt.stream);
+  // Received packed by sample rank: [q][B][Dm] -- bag q * B + b's pooled gradient, forward's send layout.
+  const unsigned char* gp = I.b.ctx().local<const unsigned char>(I.recv_off);
+  for (int q = 0; q < W; ++q)
+    WEFT_CHECK(recv_counts[static_cast<size_t>(q)] == static_cast<uint64_t>(B * Dm),
+               "embedding_a2a: the backward's all-to-all counts disagree with the ranks' tables");
+  const int64_t bags = static_cast<int64_t>(W) * B;
+  int64_t col = 0;
+  std::vector<int64_t> order, bag_of;
+  std::vector<float> g;
+  for (size_t t = 0; t < c.tables.size(); ++t) {
+    const EmbeddingBagInput& in = tables[t];
+    const EmbeddingTableGrad& x = grads[t];
+    const int64_t D = c.tables[t].dim, nnz = in.offsets[bags];
+    if (opt.kind == EmbeddingGradKind::kDense) std::fill(x.dense, x.dense + c.tables[t].rows * D, 0.f);
+    bag_of.assign(static_cast<size_t>(nnz), 0);
+    for (int64_t bag = 0; bag < bags; ++bag)
+      for (int64_t i = in.offsets[bag]; i < in.offsets[bag + 1]; ++i) bag_of[static_cast<size_t>(i)] = bag;
+    order.resize(static_cast<size_t>(nnz));
+    for (int64_t i = 0; i < nnz; ++i) order[static_cast<size_t>(i)] = i;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t u, int64_t v) { return in.indices[u] < in.indices[v]; });
+    int64_t k = 0;
+    for (size_t a = 0; a < order.size(); ++k) {
+      const int64_t r = in.indices[order[a]];
+      g.assign(static_cast<size_t>(D), 0.f);
+      for (; a < order.size() && in.indices[order[a]] == r; ++a) {
+        const int64_t i = order[a], bag = bag_of[static_cast<size_t>(i)];
+        const int64_t n = in.offsets[bag + 1] - in.offsets[bag];
+        const float s = c.pooling == EmbeddingPooling::kMean && n > 0 ? 1.f / static_cast<float>(n) : 1.f;
+        const float f = (in.per_sample_weights ? in.per_sample_weights[i] : 1.f) * s;
         const unsigned char* row = gp + static_cast<size_t>(bag * Dm + col) * I.ob;
-        for (int64_t i = i0; i < i1; ++i) {
-          const float f = (in.per_sample_weights ? in.per_sample_weights[i] : 1.f) * s;
-          float* dst = gw + in.indices[i] * D;
-          for (int64_t j = 0; j < D; ++j) dst[j] += f * load(row, j, c.out_dtype);
+        for (int64_t j = 0; j < D; ++j) {
+          const float p = f * load(row, j, c.out_dtype);
+          g[static_cast<size_t>(j)] = g[static_cast<size_t>(j)] + p;
         }
       }
-      col += D;
+      host_sink(I, x, opt, D, r, k, g);
     }
+    if (opt.kind == EmbeddingGradKind::kSparse) *x.count = k;
+    col += D;
+  }
+}
+
+#ifdef WEFT_HAVE_CUDA
+// GPUs (docs/embedding_a2a.md, "Backward"): the gradients to their owners by the method, beside
+// it the sort of this rank's positions by row, then the sums into the sinks.
+void gpu_backward(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, const void* grad_out,
+                  const EmbeddingTableGrad* grads, const EmbeddingBackwardOptions& opt, EmbeddingA2AMethod m) {
+  const EmbeddingA2AConfig& c = I.cfg;
+  const int W = I.op.world(), me = I.op.rank();
+  const int n_tables = static_cast<int>(c.tables.size());
+  const int64_t B = c.batch, bags = static_cast<int64_t>(W) * B, Dm = I.rank_dim[static_cast<size_t>(me)];
+  auto s = static_cast<cudaStream_t>(opt.stream);
+  kernels::EmbeddingGradArgs a;
+  a.ctx = I.b.ctx();
+  a.n_tables = n_tables;
+  a.bags = bags;
+  a.mean = c.pooling == EmbeddingPooling::kMean;
+  int64_t positions = 0, rows = 0, col = 0;
+  for (int t = 0; t < n_tables; ++t) {
+    kernels::EmbeddingGradTableArgs& x = a.t[t];
+    const EmbeddingBagInput& in = tables[t];
+    const EmbeddingTableGrad& g = grads[t];
+    x.offsets = in.offsets;
+    x.indices = in.indices;
+    x.psw = in.per_sample_weights;
+    x.rows = c.tables[static_cast<size_t>(t)].rows;
+    x.count = bags > 0 ? in.num_indices : 0;
+    x.pos_base = positions;
+    x.row_base = static_cast<uint32_t>(rows);
+    x.dim = static_cast<int32_t>(c.tables[static_cast<size_t>(t)].dim);
+    x.col = static_cast<int32_t>(col);
+    x.global = static_cast<int32_t>(I.first + t);
+    x.dense = g.dense;
+    x.rows_out = g.rows;
+    x.values = g.values;
+    x.count_out = g.count;
+    x.weight = g.weight;
+    x.state = g.state;
+    positions += x.count;
+    rows += x.rows;
+    col += x.dim;
+  }
+  a.positions = positions;
+  a.keys = static_cast<uint32_t>(rows);
+  // The sort's work space: [positions] of key, key_sorted, pos, pos_sorted, bag_of, run_key,
+  // run_len, run_start (4 bytes each), num_runs, then CUB's.
+  if (positions > I.ws_positions) {
+    WEFT_REQUIRE(!I.op.capturing(opt.stream),
+                 fmt::format("embedding_a2a: backward's work space holds {} indices and this call has {}: make a call "
+                             "with at least as many before capturing it",
+                             std::max<int64_t>(0, I.ws_positions), positions));
+    WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+    WEFT_CUDA_CHECK(cudaFree(I.d_ws));
+    I.d_ws = nullptr;
+    I.scratch_bytes = kernels::embedding_grad_scratch(positions);
+    WEFT_CUDA_CHECK(cudaMalloc(&I.d_ws, 32 * static_cast<size_t>(positions) + 256 + I.scratch_bytes));
+    I.ws_positions = positions;
+  }
+  const size_t n = static_cast<size_t>(std::max<int64_t>(I.ws_positions, 0));
+  auto* ws = static_cast<char*>(I.d_ws);
+  a.key = reinterpret_cast<uint32_t*>(ws);
+  a.key_sorted = a.key + n;
+  a.pos = reinterpret_cast<int32_t*>(a.key_sorted + n);
+  a.pos_sorted = a.pos + n;
+  a.bag_of = a.pos_sorted + n;
+  a.run_key = reinterpret_cast<uint32_t*>(a.bag_of + n);
+  a.run_len = reinterpret_cast<int32_t*>(a.run_key + n);
+  a.run_start = a.run_len + n;
+  a.num_runs = a.run_start + n;
+  void* scratch = ws + 32 * n + 256;
+  a.bad = I.d_bad;
+  a.gt = c.out_dtype;
+  a.wt = c.weight_dtype;
+  a.own = static_cast<const char*>(grad_out) + static_cast<size_t>(I.rank_col[static_cast<size_t>(me)]) * I.ob;
+  a.own_stride = I.total;
+  a.src = I.d_recv;
+  a.src_rank_bytes = static_cast<uint64_t>(B * Dm) * I.ob;
+  a.src_stride = Dm;
+  a.batch = B;
+  a.sink = static_cast<kernels::EmbeddingSink>(static_cast<int>(opt.kind));
+  a.lr = opt.lr;
+  a.eps = opt.eps;
+  a.calls = I.d_calls + 2;
+  kernels::EmbeddingGradSendArgs x;
+  x.ctx = I.b.ctx();
+  x.grad = grad_out;
+  x.batch = B;
+  x.stride = I.total;
+  x.elem = I.ob;
+  int64_t at = 0;
+  for (int q = 0; q < W; ++q) {
+    x.dims[q] = I.rank_dim[static_cast<size_t>(q)];
+    x.cols[q] = I.rank_col[static_cast<size_t>(q)];
+    x.send_at[q] = at;
+    at += B * x.dims[q];
+  }
+  x.send = I.d_send;
+  x.calls = a.calls;
+  if (W == 1 || B == 0 || I.total == 0) {
+    WEFT_CUDA_CHECK(kernels::embedding_grad_sort(a, scratch, I.scratch_bytes, s));
+    WEFT_CUDA_CHECK(kernels::embedding_grad_sums(a, s));
+  } else if (m == EmbeddingA2AMethod::kBaseline) {
+    WEFT_CUDA_CHECK(kernels::embedding_grad_send(x, s));
+    WEFT_NCCL_CHECK(ncclGroupStart());
+    auto comm = static_cast<ncclComm_t>(I.b.nccl_comm());
+    for (int q = 0; q < W; ++q) {
+      if (q == me) continue;
+      const size_t theirs = static_cast<size_t>(B * x.dims[q]) * I.ob, mine = static_cast<size_t>(B * Dm) * I.ob;
+      if (theirs)
+        WEFT_NCCL_CHECK(ncclSend(static_cast<char*>(I.d_send) + static_cast<size_t>(x.send_at[q]) * I.ob, theirs,
+                                 ncclChar, q, comm, s));
+      if (mine)
+        WEFT_NCCL_CHECK(
+            ncclRecv(static_cast<char*>(I.d_recv) + static_cast<size_t>(q) * mine, mine, ncclChar, q, comm, s));
+    }
+    WEFT_NCCL_CHECK(ncclGroupEnd());
+    WEFT_CUDA_CHECK(kernels::embedding_grad_sort(a, scratch, I.scratch_bytes, s));
+    WEFT_CUDA_CHECK(kernels::embedding_grad_sums(a, s));
+  } else {
+    // decomposed: the packing and NCCL's transfers on the side stream; fused: the stores into the
+    // owners' heap there. The sort runs beside them; the sums start once this rank's sends are
+    // done (so that they never hold the GPU while its own sends wait) and, fused, wait for the
+    // peers' signals.
+    WEFT_CUDA_CHECK(cudaEventRecord(I.ev_fork, s));
+    WEFT_CUDA_CHECK(cudaStreamWaitEvent(I.side, I.ev_fork, 0));
+    if (m == EmbeddingA2AMethod::kFused) {
+      x.push = true;
+      x.land_off = I.bland_off;
+      x.land_bytes = I.bland_bytes;
+      x.rank_bytes = I.bland_rank_bytes;
+      x.sig_off = I.bsig_off;
+      x.ctas = I.bsend_ctas;
+      WEFT_CUDA_CHECK(kernels::embedding_grad_send(x, I.side));
+      a.wait = true;
+      a.land_off = I.bland_off;
+      a.land_bytes = I.bland_bytes;
+      a.sig_off = I.bsig_off;
+      a.send_ctas = I.bsend_ctas;
+      a.src_rank_bytes = I.bland_rank_bytes;
+    } else {
+      WEFT_CUDA_CHECK(kernels::embedding_grad_send(x, I.side));
+      WEFT_NCCL_CHECK(ncclGroupStart());
+      auto comm = static_cast<ncclComm_t>(I.b.nccl_comm());
+      for (int q = 0; q < W; ++q) {
+        if (q == me) continue;
+        const size_t theirs = static_cast<size_t>(B * x.dims[q]) * I.ob, mine = static_cast<size_t>(B * Dm) * I.ob;
+        if (theirs)
+          WEFT_NCCL_CHECK(ncclSend(static_cast<char*>(I.d_send) + static_cast<size_t>(x.send_at[q]) * I.ob, theirs,
+                                   ncclChar, q, comm, I.side));
+        if (mine)
+          WEFT_NCCL_CHECK(
+              ncclRecv(static_cast<char*>(I.d_recv) + static_cast<size_t>(q) * mine, mine, ncclChar, q, comm, I.side));
+      }
+      WEFT_NCCL_CHECK(ncclGroupEnd());
+    }
+    WEFT_CUDA_CHECK(cudaEventRecord(I.ev_join, I.side));
+    WEFT_CUDA_CHECK(kernels::embedding_grad_sort(a, scratch, I.scratch_bytes, s));
+    WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, I.ev_join, 0));
+    WEFT_CUDA_CHECK(kernels::embedding_grad_sums(a, s));
+  }
+  if (c.check_indices && !I.op.capturing(opt.stream)) read_bad(I, tables, s);
+}
+#endif
+
+}  // namespace
+
+void EmbeddingA2A::backward(const EmbeddingBagInput* tables, const void* grad_out, const EmbeddingTableGrad* grads,
+                            const EmbeddingBackwardOptions& opt) {
+  Impl& I = *impl_;
+  I.op.guarded([&] {
+    [[maybe_unused]] const int W = I.op.world();
+    EmbeddingA2AMethod m = opt.method;
+#ifdef WEFT_HAVE_CUDA
+    if (I.gpu) {
+      if (m == EmbeddingA2AMethod::kAuto) m = EmbeddingA2AMethod::kFused;
+      if (m == EmbeddingA2AMethod::kFused && I.bland_bytes == 0 && W > 1) m = EmbeddingA2AMethod::kDecomposed;
+    }
+#endif
+    I.op.agree("the backward's method and gradient kind", fmt::format("{} {}", to_string(m), to_string(opt.kind)));
+    I.op.checked_everywhere("whether the backward call is valid", [&] {
+#ifdef WEFT_HAVE_CUDA
+      if (I.gpu) gpu_checks(I, tables, nullptr, 0);
+#endif
+      if (!I.gpu) host_checks(I, tables, nullptr, 0);
+      grad_checks(I, tables, grad_out, grads, opt);
+    });
+#ifdef WEFT_HAVE_CUDA
+    if (I.gpu) return gpu_backward(I, tables, grad_out, grads, opt, m);
+#endif
+    host_backward(I, tables, grad_out, grads, opt);
   });
+}
+
+void EmbeddingA2A::backward(const EmbeddingBagInput* tables, const void* grad_out, float* const* grad_weights,
+                            const EmbeddingA2ARunOptions& opt) {
+  std::vector<EmbeddingTableGrad> g(impl_->cfg.tables.size());
+  for (size_t t = 0; t < g.size() && grad_weights; ++t) g[t].dense = grad_weights[t];
+  EmbeddingBackwardOptions o;
+  o.method = opt.method;
+  o.stream = opt.stream;
+  backward(tables, grad_out, grad_weights ? g.data() : nullptr, o);
 }
 
 void EmbeddingA2A::pool(const EmbeddingBagInput* tables, void* pooled,

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "../common/op_base.hpp"
-#include "rows.hpp"
+#include "../common/rows.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device/dtype.hpp"
 #include "weft/kernels/moe_kernels.hpp"

@@ -135,6 +135,7 @@ EmbeddingBenchResult bench_embedding(Backend& b, const EmbeddingBenchOptions& op
       BenchBuffer* x = bufs.emplace_back(std::make_unique<BenchBuffer>(gpu, idx.size() * 8)).get();
       x->load(idx.data(), idx.size() * 8);
       in.push_back({w->get(), static_cast<const int64_t*>(o->get()), static_cast<const int64_t*>(x->get()), nullptr});
+      in.back().num_indices = bags * p;
       row_bytes += static_cast<double>(bags * p * c.dim) * 4;
     }
     ops::EmbeddingA2A op(b, cfg);
@@ -151,6 +152,21 @@ EmbeddingBenchResult bench_embedding(Backend& b, const EmbeddingBenchOptions& op
     for (ops::EmbeddingA2AMethod m : {ops::EmbeddingA2AMethod::kBaseline, ops::EmbeddingA2AMethod::kDecomposed,
                                       ops::EmbeddingA2AMethod::kFused, ops::EmbeddingA2AMethod::kAuto})
       cols.emplace_back(ops::to_string(m), [&, m] { forward(m, out.get()); });
+    // The backward with SGD's update (the fused optimizer: no dense gradient), grad_out = out.
+    std::vector<ops::EmbeddingTableGrad> sgd(in.size());
+    for (size_t t = 0; t < in.size(); ++t) sgd[t].weight = const_cast<void*>(in[t].weight);
+    auto backward = [&](ops::EmbeddingA2AMethod m, ops::EmbeddingGradKind k, const ops::EmbeddingTableGrad* g) {
+      ops::EmbeddingBackwardOptions o;
+      o.method = m;
+      o.stream = s;
+      o.kind = k;
+      o.lr = 1e-6f;
+      op.backward(in.data(), out.get(), g, o);
+    };
+    for (ops::EmbeddingA2AMethod m :
+         {ops::EmbeddingA2AMethod::kBaseline, ops::EmbeddingA2AMethod::kDecomposed, ops::EmbeddingA2AMethod::kFused})
+      cols.emplace_back(std::string("bwd_") + ops::to_string(m),
+                        [&, m] { backward(m, ops::EmbeddingGradKind::kSgd, sgd.data()); });
     cols.emplace_back("lookup", [&] {
       ops::EmbeddingA2ARunOptions o;
       o.stream = s;
@@ -187,10 +203,6 @@ EmbeddingBenchResult bench_embedding(Backend& b, const EmbeddingBenchOptions& op
 #endif
     if (opt.progress) opt.progress(label + ": first calls, baseline against fused");
     forward(ops::EmbeddingA2AMethod::kBaseline, ref.get());
-    for (auto& col : cols) col.second();  // every column's set-up outside the capture
-#ifdef WEFT_HAVE_CUDA
-    if (gpu) WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
-#endif
     forward(ops::EmbeddingA2AMethod::kFused, out.get());
 #ifdef WEFT_HAVE_CUDA
     if (gpu) WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -198,6 +210,43 @@ EmbeddingBenchResult bench_embedding(Backend& b, const EmbeddingBenchOptions& op
     const size_t n_out = static_cast<size_t>(c.batch * T);
     WEFT_REQUIRE(out.read<uint32_t>(n_out) == ref.read<uint32_t>(n_out),
                  fmt::format("weft bench embedding_a2a: {}: fused's output differs from the baseline's", label));
+    // The backward's sparse gradients by baseline and fused, compared bitwise (where they fit).
+    size_t sparse_bytes = 0;
+    for (size_t t = 0; t < in.size(); ++t) sparse_bytes += static_cast<size_t>(in[t].num_indices * (c.dim + 1)) * 8;
+    if (slowest(static_cast<double>(sparse_bytes)) <= static_cast<double>(1ull << 30)) {  // alike on every rank
+      if (opt.progress) opt.progress(label + ": backward, baseline against fused");
+      std::vector<std::vector<uint32_t>> first;
+      for (ops::EmbeddingA2AMethod m : {ops::EmbeddingA2AMethod::kBaseline, ops::EmbeddingA2AMethod::kFused}) {
+        std::vector<std::unique_ptr<BenchBuffer>> sb;
+        std::vector<ops::EmbeddingTableGrad> sparse(in.size());
+        for (size_t t = 0; t < in.size(); ++t) {
+          const size_t n = static_cast<size_t>(std::max<int64_t>(in[t].num_indices, 1));
+          sparse[t].rows = static_cast<int64_t*>(sb.emplace_back(std::make_unique<BenchBuffer>(gpu, n * 8))->get());
+          sparse[t].values = static_cast<float*>(
+              sb.emplace_back(std::make_unique<BenchBuffer>(gpu, n * static_cast<size_t>(c.dim) * 4))->get());
+          sparse[t].count = static_cast<int64_t*>(sb.emplace_back(std::make_unique<BenchBuffer>(gpu, 8))->get());
+        }
+        backward(m, ops::EmbeddingGradKind::kSparse, sparse.data());
+#ifdef WEFT_HAVE_CUDA
+        if (gpu) WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+#endif
+        std::vector<std::vector<uint32_t>> got;
+        for (size_t t = 0; t < in.size(); ++t) {
+          const int64_t n = sb[3 * t + 2]->read<int64_t>(1)[0];
+          WEFT_REQUIRE(n >= 0 && n <= in[t].num_indices,
+                       fmt::format("weft bench embedding_a2a: {}: backward's count {} for table {}", label, n, t));
+          got.push_back(sb[3 * t]->read<uint32_t>(static_cast<size_t>(2 * n)));
+          got.push_back(sb[3 * t + 1]->read<uint32_t>(static_cast<size_t>(n * c.dim)));
+        }
+        if (first.empty()) first = std::move(got);
+        WEFT_REQUIRE(got.empty() || got == first,
+                     fmt::format("weft bench embedding_a2a: {}: fused's backward differs from the baseline's", label));
+      }
+    }
+    for (auto& col : cols) col.second();  // every column's set-up outside the capture (SGD moves the weights)
+#ifdef WEFT_HAVE_CUDA
+    if (gpu) WEFT_CUDA_CHECK(cudaStreamSynchronize(stream));
+#endif
     std::map<std::string, std::vector<double>> us;
     [[maybe_unused]] const int reps = opt.quick ? 3 : 10;
 #ifdef WEFT_HAVE_CUDA
@@ -269,8 +318,10 @@ std::string to_table(const EmbeddingBenchResult& r) {
       "weft bench embedding_a2a on {} x{} ({}), 26 tables, fp32, sum; us; lookup GB/s of rows read (a device copy: "
       "{:.0f} GB/s)\n",
       r.device, r.world, r.backend, r.copy_gbps);
-  s += fmt::format("{:6} {:>6} {:>4} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}\n", "shape", "B", "D",
-                   "pool", "baseline", "decomposed", "fused", "auto", "lookup", "a2a", "GB/s", "fused/b");
+  s += fmt::format(
+      "{:6} {:>6} {:>4} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7} {:>9} {:>9} {:>9} {:>7}\n", "shape",
+      "B", "D", "pool", "baseline", "decomposed", "fused", "auto", "lookup", "a2a", "GB/s", "fused/b", "bwd base",
+      "bwd dec", "bwd fused", "bwd f/b");
   std::map<std::string, std::map<std::string, const EmbeddingPoint*>> rows;
   std::vector<std::string> order;
   for (const EmbeddingPoint& p : r.points) {
@@ -285,8 +336,12 @@ std::string to_table(const EmbeddingBenchResult& r) {
     const double ratio = m.count("fused") && m.count("baseline") && m["baseline"]->median_us > 0
                              ? m["fused"]->median_us / m["baseline"]->median_us
                              : 0;
-    s += fmt::format("{} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7.0f} {:>7.2f}\n", key, us("baseline"),
-                     us("decomposed"), us("fused"), us("auto"), us("lookup"), us("all_to_all"), gb, ratio);
+    const double bwd = m.count("bwd_fused") && m.count("bwd_baseline") && m["bwd_baseline"]->median_us > 0
+                           ? m["bwd_fused"]->median_us / m["bwd_baseline"]->median_us
+                           : 0;
+    s += fmt::format("{} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7.0f} {:>7.2f} {:>9} {:>9} {:>9} {:>7.2f}\n", key,
+                     us("baseline"), us("decomposed"), us("fused"), us("auto"), us("lookup"), us("all_to_all"), gb,
+                     ratio, us("bwd_baseline"), us("bwd_decomposed"), us("bwd_fused"), bwd);
   }
   return s;
 }

@@ -1,13 +1,15 @@
 // `weft bench embedding_a2a` (issue 24; docs/embedding_a2a.md, "Measured"): ops::EmbeddingA2A's
 // forward by method beside its parts -- the lookups alone (EmbeddingA2A::pool) and NCCL's
-// all-to-all of the same pooled rows alone -- on the MLPerf DLRM-DCNv2 layout (26 tables, D 128,
-// its per-table pooling factors) at several samples per GPU, and a sweep of D x pooling; the
-// lookups' bandwidth (row bytes read / time) against a device copy's. Tables round-robin over
+// all-to-all of the same pooled rows alone -- and its backward by method (SGD's update in place:
+// the fused optimizer, no dense gradient; bwd_*), on the MLPerf DLRM-DCNv2 layout (26 tables,
+// D 128, its per-table pooling factors) at several samples per GPU, and a sweep of D x pooling;
+// the lookups' bandwidth (row bytes read / time) against a device copy's. Tables round-robin over
 // the ranks (global table t on rank t % world), fp32 weights and output, sum pooling, bags of
 // exactly the table's pooling factor of uniform random rows (seeded per table): the same
 // workload as bench/torch_embedding_peer.py. GPUs: CUDA graphs, every column's replays
 // interleaved, the slowest rank's median; the outputs of baseline and fused compared bitwise
-// first. Host backend: eager calls, wall clock, small tables (a smoke test, CPU figures).
+// first (forward, and the backward's sparse gradients where they fit in 1 GiB). Host backend:
+// eager calls, wall clock, small tables (a smoke test, CPU figures).
 #pragma once
 #include <functional>
 #include <nlohmann/json.hpp>

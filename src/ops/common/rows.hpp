@@ -1,4 +1,4 @@
-// Private to src/ops/moe: element i of a host row of t's type as fp32 (f32, or a 16-bit type
+// Private to src/ops (moe, embedding_a2a): element i of a host row of t's type as fp32 (f32, or a 16-bit type
 // through dtype.hpp's bit helpers), and the store back (rounded once).
 #pragma once
 #include <cstdint>
