@@ -261,6 +261,9 @@ typedef struct weft_embedding_bag {
   const int64_t* offsets;          /* [world * batch + 1]: bag b is indices[offsets[b] .. offsets[b + 1]) */
   const int64_t* indices;          /* [offsets[world * batch]] rows of the table (NULL when none) */
   const float* per_sample_weights; /* one per index, or NULL */
+  int64_t num_indices;             /* the indices' count (offsets[world * batch]); a negative value: not given.
+                                      Backward on GPUs needs it; where given it is checked. A zero-initialised
+                                      struct says 0: set it, or -1 */
 } weft_embedding_bag;
 
 typedef struct weft_embedding_a2a weft_embedding_a2a;
@@ -274,6 +277,33 @@ int weft_embedding_a2a_destroy(weft_embedding_a2a* e);
  * pointers) is refused on every rank (WEFT_EINVAL). */
 int weft_embedding_a2a_forward(weft_embedding_a2a* e, const weft_embedding_bag* tables, void* out, const char* method,
                                void* stream);
+/* One of this rank's tables' gradient sink: the fields its kind uses (the others are ignored).
+ * A row's gradient g (fp32): the sum, in fp32 from 0, over every bag of the global batch in order
+ * and each of its indices i in order that names the row, of (w_i * s) * the bag's pooled gradient
+ * (w_i the per-sample weight or 1; s 1, or 1 / the bag's size for mean), each product and sum
+ * rounded. */
+typedef struct weft_embedding_grad {
+  float* dense;   /* "dense": [rows, dim], set (the rows no bag indexes: zeros) */
+  int64_t* rows;  /* "sparse": [n] the distinct rows the bags index, ascending (n <= the table's indices) */
+  float* values;  /* "sparse": [n, dim] their gradients */
+  int64_t* count; /* "sparse": n (one int64, in this rank's memory: device memory on the nccl backend) */
+  void* weight;   /* "sgd", "adagrad": [rows, dim] in weight_dtype, updated in place (usually the table's
+                     weight); only the rows the bags index: sgd w = w - lr * g; adagrad (torch.optim.Adagrad's
+                     sparse step) state = state + g * g, w = w + (-lr) * (g / (sqrt(state) + eps)); in fp32,
+                     each operation rounded, w rounded once to weight_dtype */
+  float* state;   /* "adagrad": [rows, dim], the sum of squares, updated in place */
+} weft_embedding_grad;
+
+/* Collective. The transpose of forward: grad_out [batch, total_dim] in out_dtype (the gradient of
+ * forward's out on this rank) -> each of this rank's tables' gradient, into grads[t] as kind
+ * says: "dense" (or NULL), "sparse", "sgd", "adagrad". tables: forward's inputs (num_indices
+ * needed on the nccl backend); lr: sgd's and adagrad's learning rate (finite); eps: adagrad's
+ * (finite, >= 0; torch.optim.Adagrad's default 1e-10). method as forward's. Refused on every rank
+ * (WEFT_EINVAL) as forward, and for a sink's null or misaligned pointers, a dense gradient
+ * overlapping a weight, a num_indices that disagrees with the offsets; an unknown kind. */
+int weft_embedding_a2a_backward(weft_embedding_a2a* e, const weft_embedding_bag* tables, const void* grad_out,
+                                const weft_embedding_grad* grads, const char* kind, float lr, float eps,
+                                const char* method, void* stream);
 /* out's layout: total_dim (its columns), every rank's tables' dims in global order (*dims: n_dims
  * values, valid while the op lives), where this rank's first table is in that order, and
  * local_dim (the sum of this rank's dims). Any pointer may be NULL. */

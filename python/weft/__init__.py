@@ -416,7 +416,9 @@ class EmbeddingA2A(_Op):
     pooled rows of every rank's tables: out [batch, total_dim], the tables in global order (rank
     0's first; dims lists them, first_table is this rank's first). weight_dtype F32, BF16 or F16
     (alike on every rank, tables or not); out_dtype F32 or BF16; pooling "sum" or "mean".
-    Methods auto, baseline, decomposed, fused (the host backend runs each as the baseline)."""
+    Methods auto, baseline, decomposed, fused (the host backend runs each as the baseline).
+    backward is forward's transpose: the tables' gradients, dense or sparse, or SGD's or Adagrad's
+    step in place."""
 
     _destroy = "weft_embedding_a2a_destroy"
 
@@ -442,22 +444,73 @@ class EmbeddingA2A(_Op):
                                                     ctypes.byref(n_dims), ctypes.byref(first), ctypes.byref(local)))
         self.total_dim, self.first_table, self.local_dim = total.value, first.value, local.value
         self.dims = [all_dims[i] for i in range(n_dims.value)]
-        self._bags = (_lib.EmbeddingBag * max(n, 1))()  # forward's argument, filled per call
+        self._bags = (_lib.EmbeddingBag * max(n, 1))()  # the calls' tables, filled per call
+        self._grads = (_lib.EmbeddingGrad * max(n, 1))()  # backward's sinks, filled per call
+
+    GRAD_KINDS = ("dense", "sparse", "sgd", "adagrad")
+    _SINK_FIELDS = ("dense", "rows", "values", "count", "weight", "state")
+
+    def _fill_tables(self, call, tables):
+        tables = list(tables)
+        if len(tables) != len(self.tables):
+            raise InvalidArgument(f"weft.EmbeddingA2A.{call}: {len(tables)} tables' inputs for the {len(self.tables)} "
+                                  f"tables of this rank")
+        for t, (bag, table) in enumerate(zip(self._bags, tables)):
+            if len(table) not in (4, 5):
+                raise InvalidArgument(f"weft.EmbeddingA2A.{call}: tables[{t}] has {len(table)} values; it takes "
+                                      f"(weight, offsets, indices, per_sample_weights[, num_indices])")
+            weight, offsets, indices, psw = table[:4]
+            num = table[4] if len(table) == 5 and table[4] is not None else -1
+            bag.weight, bag.offsets, bag.indices, bag.per_sample_weights = (_ptr(weight), _ptr(offsets), _ptr(indices),
+                                                                            _ptr(psw))
+            bag.num_indices = int(num)
+        return self._bags if tables else None
 
     def forward(self, tables, out_ptr, method=None, stream=0):
         """Collective: tables, one (weight_ptr, offsets_ptr, indices_ptr, per_sample_weights_ptr or
-        None) per table of this rank, for the global batch: weight [rows, dim], offsets int64
-        [world * batch + 1], indices int64 [offsets[-1]], per-sample weights fp32 (one per index);
-        out [batch, total_dim] in out_dtype."""
-        tables = list(tables)
-        if len(tables) != len(self.tables):
-            raise InvalidArgument(f"weft.EmbeddingA2A.forward: {len(tables)} tables' inputs for the {len(self.tables)} "
-                                  f"tables of this rank")
-        for bag, (weight, offsets, indices, psw) in zip(self._bags, tables):
-            bag.weight, bag.offsets, bag.indices, bag.per_sample_weights = (_ptr(weight), _ptr(offsets), _ptr(indices),
-                                                                            _ptr(psw))
-        _check(self._world._lib.weft_embedding_a2a_forward(self.handle, self._bags if tables else None, _ptr(out_ptr),
-                                                           _text(method), _ptr(stream)))
+        None[, num_indices]) per table of this rank, for the global batch: weight [rows, dim], offsets
+        int64 [world * batch + 1], indices int64 [offsets[-1]], per-sample weights fp32 (one per
+        index), num_indices the indices' count (None or negative: not given; backward on GPUs needs
+        it); out [batch, total_dim] in out_dtype."""
+        bags = self._fill_tables("forward", tables)
+        _check(self._world._lib.weft_embedding_a2a_forward(self.handle, bags, _ptr(out_ptr), _text(method),
+                                                           _ptr(stream)))
+
+    def backward(self, tables, grad_out_ptr, grads, kind=None, lr=0.0, eps=1e-10, method=None, stream=0):
+        """Collective: the transpose of forward. tables as forward's (num_indices needed on GPUs);
+        grad_out [batch, total_dim] in out_dtype, the gradient of forward's out on this rank; grads,
+        one sink per table of this rank: a dict of pointers (or a sequence in this order) --
+        dense: fp32 [rows, dim], set; rows: int64 [n] and values: fp32 [n, dim] and count: one int64
+        (the distinct rows the bags index, ascending, their gradients, n; n <= the indices); weight:
+        [rows, dim] in weight_dtype and state: fp32 [rows, dim] (updated in place, only the rows the
+        bags index). kind: what each sink takes (a name of GRAD_KINDS; None: dense): the dense gradient
+        (dense), the sparse one (rows, values, count), SGD's step w -= lr * g (weight) or
+        torch.optim.Adagrad's sparse step (weight, state; eps). A row's gradient g is the sum in
+        fp32, the bags in order, of (per-sample weight, / bag size for mean) * the bag's pooled
+        gradient (docs/embedding_a2a.md)."""
+        bags = self._fill_tables("backward", tables)
+        grads = list(grads)
+        if len(grads) != len(self.tables):
+            raise InvalidArgument(f"weft.EmbeddingA2A.backward: {len(grads)} gradient sinks for the "
+                                  f"{len(self.tables)} tables of this rank")
+        for t, (sink, g) in enumerate(zip(self._grads, grads)):
+            if isinstance(g, dict):
+                unknown = set(g) - set(self._SINK_FIELDS)
+                if unknown:
+                    raise InvalidArgument(f"weft.EmbeddingA2A.backward: grads[{t}] has {sorted(unknown)}; a sink's "
+                                          f"fields are {', '.join(self._SINK_FIELDS)}")
+                values = [g.get(f) for f in self._SINK_FIELDS]
+            else:
+                values = list(g)
+                if len(values) > len(self._SINK_FIELDS):
+                    raise InvalidArgument(f"weft.EmbeddingA2A.backward: grads[{t}] has {len(values)} pointers; a "
+                                          f"sink has {', '.join(self._SINK_FIELDS)}")
+                values += [None] * (len(self._SINK_FIELDS) - len(values))
+            for f, v in zip(self._SINK_FIELDS, values):
+                setattr(sink, f, _ptr(v))
+        _check(self._world._lib.weft_embedding_a2a_backward(self.handle, bags, _ptr(grad_out_ptr),
+                                                            self._grads if grads else None, _text(kind), float(lr),
+                                                            float(eps), _text(method), _ptr(stream)))
 
 
 class GemvAllReduce(_Op):

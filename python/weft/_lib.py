@@ -96,6 +96,18 @@ class EmbeddingBag(Structure):
         ("offsets", c_void_p),
         ("indices", c_void_p),
         ("per_sample_weights", c_void_p),
+        ("num_indices", c_int64),  # negative: not given (backward on GPUs needs it)
+    ]
+
+
+class EmbeddingGrad(Structure):
+    _fields_ = [
+        ("dense", c_void_p),
+        ("rows", c_void_p),
+        ("values", c_void_p),
+        ("count", c_void_p),
+        ("weight", c_void_p),
+        ("state", c_void_p),
     ]
 
 
@@ -148,6 +160,8 @@ _SIGNATURES = {
     "weft_embedding_a2a_create": (c_int, [_p, POINTER(EmbeddingA2AConfig), POINTER(c_void_p)]),
     "weft_embedding_a2a_destroy": (c_int, [_p]),
     "weft_embedding_a2a_forward": (c_int, [_p, POINTER(EmbeddingBag), _p, c_char_p, _p]),
+    "weft_embedding_a2a_backward": (c_int, [_p, POINTER(EmbeddingBag), _p, POINTER(EmbeddingGrad), c_char_p, c_float,
+                                            c_float, c_char_p, _p]),
     "weft_embedding_a2a_layout": (c_int, [_p, _i64p, POINTER(_i64p), _i64p, _i64p, _i64p]),
 }
 

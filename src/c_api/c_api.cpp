@@ -145,7 +145,8 @@ struct weft_moe_layer {
 struct weft_embedding_a2a {
   weft_world* w = nullptr;
   std::unique_ptr<ops::EmbeddingA2A> op;
-  std::vector<ops::EmbeddingBagInput> in;  // forward's tables, converted (kept: no allocation per call)
+  std::vector<ops::EmbeddingBagInput> in;      // the calls' tables, converted (kept: no allocation per call)
+  std::vector<ops::EmbeddingTableGrad> grads;  // backward's sinks, converted
 };
 
 namespace {
@@ -751,6 +752,17 @@ ops::EmbeddingPooling parse_pooling(const std::string& s) {
   require_arg(s == "mean", fmt::format("embedding_a2a: unknown pooling '{}': expected sum or mean", s));
   return ops::EmbeddingPooling::kMean;
 }
+
+// The C tables into e->in: null tables stay null, reaching the op, which refuses them on every
+// rank (a refusal here alone would leave the other ranks waiting).
+const ops::EmbeddingBagInput* convert_tables(weft_embedding_a2a& e, const weft_embedding_bag* tables) {
+  if (!tables) return nullptr;
+  for (size_t t = 0; t < e.in.size(); ++t) {
+    const weft_embedding_bag& b = tables[t];
+    e.in[t] = {b.weight, b.offsets, b.indices, b.per_sample_weights, b.num_indices};
+  }
+  return e.in.data();
+}
 }  // namespace
 
 WEFT_API int weft_embedding_a2a_create(weft_world* w, const weft_embedding_a2a_config* cfg, weft_embedding_a2a** out) {
@@ -771,6 +783,7 @@ WEFT_API int weft_embedding_a2a_create(weft_world* w, const weft_embedding_a2a_c
     e->w = w;
     e->op = std::make_unique<ops::EmbeddingA2A>(*w->backend, oc);
     e->in.resize(static_cast<size_t>(cfg->n_tables));
+    e->grads.resize(static_cast<size_t>(cfg->n_tables));
     *out = e.release();
     ++w->live_ops;
   });
@@ -789,11 +802,25 @@ WEFT_API int weft_embedding_a2a_forward(weft_embedding_a2a* e, const weft_embedd
   return guard([&] {
     require_arg(e != nullptr, "weft_embedding_a2a_forward: the weft_embedding_a2a handle is null");
     const ops::EmbeddingA2AMethod how = ops::parse_embedding_a2a_method(text_or(method, "auto"));
-    // Null tables reach the op, which refuses them on every rank (a refusal here alone would
-    // leave the other ranks waiting).
-    for (size_t t = 0; tables && t < e->in.size(); ++t)
-      e->in[t] = {tables[t].weight, tables[t].offsets, tables[t].indices, tables[t].per_sample_weights};
-    e->op->forward(tables ? e->in.data() : nullptr, out, {.method = how, .stream = stream});
+    e->op->forward(convert_tables(*e, tables), out, {.method = how, .stream = stream});
+  });
+}
+
+WEFT_API int weft_embedding_a2a_backward(weft_embedding_a2a* e, const weft_embedding_bag* tables, const void* grad_out,
+                                         const weft_embedding_grad* grads, const char* kind, float lr, float eps,
+                                         const char* method, void* stream) {
+  return guard([&] {
+    require_arg(e != nullptr, "weft_embedding_a2a_backward: the weft_embedding_a2a handle is null");
+    ops::EmbeddingBackwardOptions o;
+    o.method = ops::parse_embedding_a2a_method(text_or(method, "auto"));
+    o.stream = stream;
+    o.kind = ops::parse_embedding_grad_kind(text_or(kind, "dense"));
+    o.lr = lr;
+    o.eps = eps;
+    // Null grads reach the op, as null tables do.
+    for (size_t t = 0; grads && t < e->grads.size(); ++t)
+      e->grads[t] = {grads[t].dense, grads[t].rows, grads[t].values, grads[t].count, grads[t].weight, grads[t].state};
+    e->op->backward(convert_tables(*e, tables), grad_out, grads ? e->grads.data() : nullptr, o);
   });
 }
 

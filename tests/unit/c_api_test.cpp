@@ -1,8 +1,8 @@
 // The C API (include/weft/c_api.h) on the host backend: forked ranks build their world through
 // weft_world_create with the test's own allgather (files in the launcher's shared directory);
 // every collective exact on integer data into heap and plain outputs, all_to_all_v, the heap,
-// a GEMM op, the GEMV + AllReduce op and the embedding-bag lookups + all-to-all exact, and the status codes and
-// messages of bad input and timeouts.
+// a GEMM op, the GEMV + AllReduce op and the embedding-bag lookups + all-to-all exact (forward and every kind
+// of backward), and the status codes and messages of bad input and timeouts.
 #include "weft/c_api.h"
 
 #include <fcntl.h>
@@ -375,7 +375,8 @@ void embedding_exact() {
           std::vector<weft_embedding_bag> in;
           for (int64_t t = 0; t < n_mine; ++t)
             in.push_back({wt == WEFT_F32 ? static_cast<const void*>(wf[t].data()) : wb[t].data(), offsets[t].data(),
-                          indices[t].empty() ? nullptr : indices[t].data(), weighted ? psws[t].data() : nullptr});
+                          indices[t].empty() ? nullptr : indices[t].data(), weighted ? psws[t].data() : nullptr,
+                          static_cast<int64_t>(indices[t].size())});
           std::vector<float> out_f(static_cast<size_t>(B * total), -99.f);
           std::vector<dev::bf16_t> out_b(static_cast<size_t>(B * total), dev::from_float<dev::bf16_t>(-99.f));
           void* out = ot == WEFT_F32 ? static_cast<void*>(out_f.data()) : out_b.data();
@@ -417,7 +418,8 @@ void embedding_exact() {
   expect_err(weft_embedding_a2a_create(w, nullptr, &e), WEFT_EINVAL, {"null"}, "null config");
   ok(weft_embedding_a2a_create(w, &cfg, &e), "weft_embedding_a2a_create");
   std::vector<weft_embedding_bag> in;
-  for (int64_t t = 0; t < n_mine; ++t) in.push_back({wf[t].data(), offsets[t].data(), indices[t].data(), nullptr});
+  for (int64_t t = 0; t < n_mine; ++t)
+    in.push_back({wf[t].data(), offsets[t].data(), indices[t].data(), nullptr, -1});  // -1: num_indices not given
   std::vector<float> out(static_cast<size_t>(B * total));
   const weft_embedding_bag* tables = in.empty() ? nullptr : in.data();
   expect_err(weft_embedding_a2a_forward(e, tables, out.data(), "quick", nullptr), WEFT_EINVAL, {"quick"}, "bad method");
@@ -433,6 +435,224 @@ void embedding_exact() {
   expect_err(weft_embedding_a2a_layout(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr), WEFT_EINVAL, {"null"},
              "null handle");
   expect_err(weft_world_destroy(w), WEFT_EINVAL, {"destroy them first"}, "world before its op");
+  ok(weft_embedding_a2a_destroy(e), "weft_embedding_a2a_destroy");
+  ok(weft_world_destroy(w), "destroy");
+}
+
+// weft_embedding_a2a_backward: embedding_exact's ranks, tables and bags; grad_out on rank q is
+// small integers; every kind (NULL: dense) against the definition computed here in the same order:
+// dense, sparse and sgd exact (f32 and bf16 weights and grad_out, sum and mean, per-sample
+// weights), adagrad within a few ulps (the same IEEE operations, but a compiler may contract a
+// multiply-add); num_indices passed through (a wrong one on rank 0 named there, -1: not given);
+// an unknown kind and a null Adagrad state refused.
+void embedding_backward_exact() {
+  FileExchange x;
+  weft_world* w = make_world(x);
+  const int me = x.rank, world = x.size;
+  const int64_t B = 3, bags = world * B;
+  std::vector<int> owner;  // global table -> rank
+  for (int r = 0; r < world; ++r)
+    for (int t = 0; t < (2 * r + 1) % 3; ++t) owner.push_back(r);
+  const int64_t n_global = static_cast<int64_t>(owner.size());
+  auto rows = [](int64_t g) { return 5 + 2 * g; };
+  auto dim = [](int64_t g) { return 8 * (1 + g % 3); };
+  auto W = [](int64_t g, int64_t row, int64_t j) { return static_cast<float>((g * 7 + row * 3 + j) % 5 - 2); };
+  auto bag_size = [](int64_t g, int64_t bag) { return (g + bag) % 3; };  // 0 (empty), 1 or 2: means exact
+  auto index = [&](int64_t g, int64_t bag, int64_t i) { return (g * 2 + bag + i * 3) % rows(g); };
+  auto psw = [](int64_t bag, int64_t i) { return (bag + i) % 2 ? 0.5f : 1.f; };
+  auto GO = [](int64_t q, int64_t b, int64_t c) { return static_cast<float>((q * 5 + b * 3 + c) % 7 - 3); };
+  auto S0 = [](int64_t row, int64_t j) { return 0.25f * static_cast<float>((row + j) % 3); };  // Adagrad's state
+  int64_t first = 0, total = 0;
+  std::vector<int64_t> my_rows, my_dims, cols;  // cols: each global table's first column in out
+  for (int64_t g = 0; g < n_global; ++g) {
+    if (owner[g] < me) ++first;
+    cols.push_back(total);
+    total += dim(g);
+    if (owner[g] != me) continue;
+    my_rows.push_back(rows(g));
+    my_dims.push_back(dim(g));
+  }
+  const int64_t n_mine = static_cast<int64_t>(my_rows.size());
+  std::vector<std::vector<int64_t>> offsets(n_mine), indices(n_mine);
+  std::vector<std::vector<float>> psws(n_mine);
+  for (int64_t t = 0; t < n_mine; ++t) {
+    const int64_t g = first + t;
+    offsets[t].push_back(0);
+    for (int64_t bag = 0; bag < bags; ++bag) {
+      for (int64_t i = 0; i < bag_size(g, bag); ++i) {
+        indices[t].push_back(index(g, bag, i));
+        psws[t].push_back(psw(bag, i));
+      }
+      offsets[t].push_back(static_cast<int64_t>(indices[t].size()));
+    }
+  }
+  // Row r's gradient of this rank's table t, by the definition: the bags in order, each one's
+  // indices in order, in fp32 from 0.
+  auto grad = [&](int64_t t, int64_t r, bool mean, bool weighted) {
+    const int64_t g = first + t;
+    std::vector<float> acc(static_cast<size_t>(dim(g)), 0.f);
+    for (int64_t bag = 0; bag < bags; ++bag) {
+      const int64_t n = bag_size(g, bag);
+      for (int64_t i = 0; i < n; ++i) {
+        if (index(g, bag, i) != r) continue;
+        const float s = mean ? 1.f / static_cast<float>(n) : 1.f;
+        const float f = (weighted ? psw(bag, i) : 1.f) * s;
+        for (int64_t j = 0; j < dim(g); ++j) acc[j] = acc[j] + f * GO(bag / B, bag % B, cols[g] + j);
+      }
+    }
+    return acc;
+  };
+  auto indexed = [&](int64_t t) {  // the distinct rows this rank's table t's bags index, ascending
+    std::vector<int64_t> r = indices[t];
+    std::sort(r.begin(), r.end());
+    r.erase(std::unique(r.begin(), r.end()), r.end());
+    return r;
+  };
+  const std::array<const char*, 5> kMethods = {"auto", "baseline", "decomposed", "fused", nullptr};
+  const float lr = 0.5f, eps = 1e-10f;
+  size_t calls = 0;
+  for (int wt : {WEFT_F32, WEFT_BF16})
+    for (int ot : {WEFT_F32, WEFT_BF16})
+      for (const char* pooling : {"sum", "mean"}) {
+        const bool mean = std::strcmp(pooling, "mean") == 0;
+        weft_embedding_a2a_config cfg{};
+        cfg.n_tables = n_mine;
+        cfg.rows = my_rows.data();
+        cfg.dims = my_dims.data();
+        cfg.batch = B;
+        cfg.weight_dtype = wt;
+        cfg.out_dtype = ot;
+        cfg.pooling = pooling;
+        cfg.check_indices = 1;
+        weft_embedding_a2a* e = nullptr;
+        ok(weft_embedding_a2a_create(w, &cfg, &e), "weft_embedding_a2a_create");
+        std::vector<float> go_f(static_cast<size_t>(B * total));
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t c = 0; c < total; ++c) go_f[static_cast<size_t>(b * total + c)] = GO(me, b, c);
+        std::vector<dev::bf16_t> go_b;
+        for (float v : go_f) go_b.push_back(dev::from_float<dev::bf16_t>(v));
+        const void* grad_out = ot == WEFT_F32 ? static_cast<const void*>(go_f.data()) : go_b.data();
+        for (int weighted : {0, 1})
+          for (const char* kind : {static_cast<const char*>(nullptr), "dense", "sparse", "sgd", "adagrad"}) {
+            const std::string k = kind ? kind : "dense";
+            const std::string what = fmt::format("weights {} out {} {}{} {}", wt, ot, pooling,
+                                                 weighted ? " weighted" : "", kind ? kind : "(null)");
+            // The sinks, poisoned: backward sets what it owns.
+            std::vector<std::vector<float>> dense(n_mine), values(n_mine), wf(n_mine), state(n_mine);
+            std::vector<std::vector<dev::bf16_t>> wb(n_mine);
+            std::vector<std::vector<int64_t>> sp_rows(n_mine);
+            std::vector<int64_t> count(static_cast<size_t>(n_mine), -1);
+            std::vector<weft_embedding_bag> in;
+            std::vector<weft_embedding_grad> sinks;
+            for (int64_t t = 0; t < n_mine; ++t) {
+              const int64_t g = first + t, elems = rows(g) * dim(g), nnz = static_cast<int64_t>(indices[t].size());
+              dense[t].assign(static_cast<size_t>(elems), -7.f);
+              sp_rows[t].assign(static_cast<size_t>(std::max<int64_t>(nnz, 1)), -7);
+              values[t].assign(static_cast<size_t>(std::max<int64_t>(nnz, 1) * dim(g)), -7.f);
+              for (int64_t row = 0; row < rows(g); ++row)
+                for (int64_t j = 0; j < dim(g); ++j) {
+                  wf[t].push_back(W(g, row, j));
+                  wb[t].push_back(dev::from_float<dev::bf16_t>(W(g, row, j)));
+                  state[t].push_back(S0(row, j));
+                }
+              void* weight = wt == WEFT_F32 ? static_cast<void*>(wf[t].data()) : wb[t].data();
+              // num_indices: given on even calls, not given (-1) on odd ones.
+              in.push_back({weight, offsets[t].data(), indices[t].empty() ? nullptr : indices[t].data(),
+                            weighted ? psws[t].data() : nullptr, calls % 2 ? -1 : nnz});
+              sinks.push_back(
+                  {dense[t].data(), sp_rows[t].data(), values[t].data(), &count[t], weight, state[t].data()});
+            }
+            const char* method = kMethods[calls++ % kMethods.size()];
+            ok(weft_embedding_a2a_backward(e, in.empty() ? nullptr : in.data(), grad_out,
+                                           sinks.empty() ? nullptr : sinks.data(), kind, lr, eps, method, nullptr),
+               what.c_str());
+            for (int64_t t = 0; t < n_mine; ++t) {
+              const int64_t g = first + t, D = dim(g);
+              const std::vector<int64_t> hit = indexed(t);
+              if (k == "sparse")
+                WEFT_CHECK(count[t] == static_cast<int64_t>(hit.size()),
+                           fmt::format("{}: table {}: count {}, want {}", what, g, count[t], hit.size()));
+              for (int64_t row = 0, n = 0; row < rows(g); ++row) {
+                const bool is_hit = std::binary_search(hit.begin(), hit.end(), row);
+                const std::vector<float> want_g =
+                    is_hit ? grad(t, row, mean, weighted) : std::vector<float>(static_cast<size_t>(D), 0.f);
+                if (k == "sparse" && is_hit) {
+                  WEFT_CHECK(sp_rows[t][n] == row,
+                             fmt::format("{}: table {}: rows[{}] = {}, want {}", what, g, n, sp_rows[t][n], row));
+                  for (int64_t j = 0; j < D; ++j)
+                    WEFT_CHECK(values[t][n * D + j] == want_g[j],
+                               fmt::format("{}: table {} row {} column {}: {}, want {}", what, g, row, j,
+                                           values[t][n * D + j], want_g[j]));
+                }
+                n += is_hit;
+                for (int64_t j = 0; j < D; ++j) {
+                  const size_t at = static_cast<size_t>(row * D + j);
+                  const float w0 = W(g, row, j), s0 = S0(row, j), gj = want_g[j];
+                  const float got = wt == WEFT_F32 ? wf[t][at] : dev::to_float(wb[t][at]);
+                  const float got_state = state[t][at];
+                  float want = w0, want_state = s0;
+                  if (is_hit && k == "sgd") want = w0 - lr * gj;
+                  if (is_hit && k == "adagrad") {
+                    want_state = s0 + gj * gj;
+                    want = w0 + -lr * (gj / (std::sqrt(want_state) + eps));
+                  }
+                  if (wt == WEFT_BF16) want = dev::to_float(dev::from_float<dev::bf16_t>(want));
+                  // adagrad: a few ulps of the weight's dtype (one rounding may differ after a contraction).
+                  const float tol = k == "adagrad" ? std::abs(want) * (wt == WEFT_F32 ? 1e-6f : 1e-2f) : 0.f;
+                  WEFT_CHECK(std::abs(got - want) <= tol && got_state == want_state,  // the state's sums: exact
+                             fmt::format("{}: table {} row {} column {}: weight {} (want {}), state {} (want {})", what,
+                                         g, row, j, got, want, got_state, want_state));
+                  if (k == "dense")
+                    WEFT_CHECK(dense[t][at] == gj, fmt::format("{}: table {} row {} column {}: {}, want {}", what, g,
+                                                               row, j, dense[t][at], gj));
+                }
+              }
+            }
+          }
+        ok(weft_embedding_a2a_destroy(e), "weft_embedding_a2a_destroy");
+      }
+  // Bad input, refused with the message.
+  weft_embedding_a2a_config cfg{};
+  cfg.n_tables = n_mine;
+  cfg.rows = my_rows.data();
+  cfg.dims = my_dims.data();
+  cfg.batch = B;
+  cfg.weight_dtype = WEFT_F32;
+  cfg.out_dtype = WEFT_F32;
+  weft_embedding_a2a* e = nullptr;
+  ok(weft_embedding_a2a_create(w, &cfg, &e), "weft_embedding_a2a_create");
+  std::vector<std::vector<float>> wf(n_mine), dense(n_mine);
+  std::vector<weft_embedding_bag> in;
+  std::vector<weft_embedding_grad> sinks;
+  for (int64_t t = 0; t < n_mine; ++t) {
+    const int64_t g = first + t;
+    wf[t].assign(static_cast<size_t>(rows(g) * dim(g)), 1.f);
+    dense[t].assign(wf[t].size(), 0.f);
+    in.push_back(
+        {wf[t].data(), offsets[t].data(), indices[t].data(), nullptr, static_cast<int64_t>(indices[t].size())});
+    sinks.push_back({dense[t].data(), nullptr, nullptr, nullptr, wf[t].data(), nullptr});
+  }
+  std::vector<float> go(static_cast<size_t>(B * total), 1.f);
+  const weft_embedding_bag* tables = in.empty() ? nullptr : in.data();
+  const weft_embedding_grad* grads = sinks.empty() ? nullptr : sinks.data();
+  expect_err(weft_embedding_a2a_backward(e, tables, go.data(), grads, "momentum", lr, eps, nullptr, nullptr),
+             WEFT_EINVAL, {"momentum"}, "bad kind");
+  expect_err(weft_embedding_a2a_backward(nullptr, tables, go.data(), grads, nullptr, lr, eps, nullptr, nullptr),
+             WEFT_EINVAL, {"null"}, "null handle");
+  // Adagrad without its state: refused on every rank, every message naming rank 0's table (rank
+  // 0 holds one; with more ranks the agreement's message carries rank 0's verdict).
+  expect_err(weft_embedding_a2a_backward(e, tables, go.data(), grads, "adagrad", lr, eps, nullptr, nullptr),
+             WEFT_EINVAL, {"table 0 (global 0): the Adagrad state: null pointer"}, "adagrad without state");
+  // A num_indices that disagrees with the offsets on rank 0 alone: passed through, refused everywhere.
+  int64_t nnz0 = 0;  // rank 0's table's (global 0's) indices
+  for (int64_t bag = 0; bag < bags; ++bag) nnz0 += bag_size(0, bag);
+  if (me == 0) in[0].num_indices += 1;
+  expect_err(weft_embedding_a2a_backward(e, tables, go.data(), grads, nullptr, lr, eps, nullptr, nullptr), WEFT_EINVAL,
+             {fmt::format("table 0 (global 0): num_indices = {} but the offsets end at {}", nnz0 + 1, nnz0)},
+             "num_indices");
+  if (me == 0) in[0].num_indices -= 1;
+  ok(weft_embedding_a2a_backward(e, tables, go.data(), grads, "dense", lr, eps, "baseline", nullptr),
+     "backward after the refusals");
   ok(weft_embedding_a2a_destroy(e), "weft_embedding_a2a_destroy");
   ok(weft_world_destroy(w), "destroy");
 }
@@ -541,6 +761,10 @@ TEST(CApi, GemvOpExact) {
 
 TEST(CApi, EmbeddingA2AExact) {
   for (int world : {1, 2, 3}) expect_all_ok(run_host_ranks(world, [] { embedding_exact(); }));
+}
+
+TEST(CApi, EmbeddingA2ABackwardExact) {
+  for (int world : {1, 2, 3}) expect_all_ok(run_host_ranks(world, [] { embedding_backward_exact(); }));
 }
 
 // A configuration every rank gets wrong alike is refused on every rank, naming the value.

@@ -3,7 +3,8 @@ autograd rules.
 
 Registered from Python (torch.library.custom_op), so the compiled part of weft does not depend
 on the torch version. Every op is functional: it returns new tensors and mutates none of its
-inputs (mutates_args=()). Inputs are made contiguous (a copy where they are not); outputs are
+inputs (mutates_args=()), except embedding_a2a_update, an optimizer's step (its weights and states
+in place). Inputs are made contiguous (a copy where they are not); outputs are
 new ordinary tensors, which weft's C layer fills through its symmetric workspace (docs/python.md:
 the staging copies).
 
@@ -777,10 +778,9 @@ _EMBEDDING_OUT_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _embedding_a2a_operands(weights, offsets, indices, batch, per_sample_weights, pooling, out_dtype, method, group,
-                            total_dim, weight_dtype):
+                            total_dim, weight_dtype, op="embedding_a2a"):
     """(world, weights, offsets, indices, per-sample weights (a list, None where none), this rank's
     tables' (rows, dim), the weights' dtype), after the checks that need no tensor's values."""
-    op = "embedding_a2a"
     wd = _world.lookup(group)
     _check_method(op, method, EMBEDDING_A2A_METHODS)
     if pooling not in EMBEDDING_POOLINGS:
@@ -847,7 +847,8 @@ def _embedding_a2a_object(wd, shapes, batch, wdtype, out_dtype, pooling, check_i
 def embedding_a2a(weights: list[Tensor], offsets: list[Tensor], indices: list[Tensor], batch: int,
                   per_sample_weights: list[Optional[Tensor]], pooling: str = "sum",
                   out_dtype: torch.dtype = torch.float32, method: str = "auto", group: str = "", total_dim: int = 0,
-                  weight_dtype: Optional[torch.dtype] = None, check_indices: bool = True) -> Tensor:
+                  weight_dtype: Optional[torch.dtype] = None, check_indices: bool = True,
+                  grad_anchor: Optional[Tensor] = None) -> Tensor:
     """Embedding-bag lookups + all-to-all (DLRM's sparse features; docs/embedding_a2a.md). The
     tables are sharded across ranks, the samples are not: rank p owns samples p * batch ...
     (p + 1) * batch - 1 of the global batch. For each of this rank's tables (maybe none): weights
@@ -859,7 +860,13 @@ def embedding_a2a(weights: list[Tensor], offsets: list[Tensor], indices: list[Te
     tables in global order (rank 0's first), each table's dim columns; sum or mean pooling in
     fp32, an empty bag pools to zeros. total_dim: out's columns, the sum of every rank's tables' dims (0:
     the op's; pass it under torch.compile). weight_dtype: the tables' dtype, alike on every rank
-    (None: weights[0]'s, or float32 where this rank holds no table). No autograd yet."""
+    (None: weights[0]'s, or float32 where this rank holds no table).
+
+    Autograd: differentiable w.r.t. the weights (each one's gradient the op's dense fp32 gradient,
+    cast to its dtype; not w.r.t. per_sample_weights, refused). The backward is collective: out on
+    every rank must be in its loss's graph -- a rank whose weights do not require grad (one holding
+    no table) passes grad_anchor, any tensor that requires grad (weft.torch.embedding_a2a does; it is
+    not read and gets no gradient)."""
     wd, ws, offs, idxs, psws, shapes, wdtype = _embedding_a2a_operands(
         weights, offsets, indices, batch, per_sample_weights, pooling, out_dtype, method, group, total_dim,
         weight_dtype)
@@ -875,15 +882,19 @@ def embedding_a2a(weights: list[Tensor], offsets: list[Tensor], indices: list[Te
         raise weft.InvalidArgument(f"weft.embedding_a2a: total_dim {total_dim}, but every rank's tables' dims "
                                    f"{e.dims} sum to {e.total_dim}")
     out = torch.empty((batch, e.total_dim), dtype=out_dtype, device=wd.device)
-    tables = [(w.data_ptr(), o.data_ptr(), i.data_ptr() if i.numel() else 0,
-               p.data_ptr() if p is not None and p.numel() else 0) for w, o, i, p in zip(ws, offs, idxs, psws)]
-    e.forward(tables, out.data_ptr() if out.numel() else 0, method, _stream(anchor))
+    e.forward(_embedding_tables(ws, offs, idxs, psws), out.data_ptr() if out.numel() else 0, method, _stream(anchor))
     return out
+
+
+def _embedding_tables(ws, offs, idxs, psws):
+    """weft.EmbeddingA2A's tables: pointers, and num_indices (backward on GPUs needs it)."""
+    return [(w.data_ptr(), o.data_ptr(), i.data_ptr() if i.numel() else 0,
+             p.data_ptr() if p is not None and p.numel() else 0, i.numel()) for w, o, i, p in zip(ws, offs, idxs, psws)]
 
 
 @embedding_a2a.register_fake
 def _(weights, offsets, indices, batch, per_sample_weights, pooling="sum", out_dtype=torch.float32,
-      method="auto", group="", total_dim=0, weight_dtype=None, check_indices=True):
+      method="auto", group="", total_dim=0, weight_dtype=None, check_indices=True, grad_anchor=None):
     wd, ws, offs, idxs, psws, shapes, wdtype = _embedding_a2a_operands(
         weights, offsets, indices, batch, per_sample_weights, pooling, out_dtype, method, group, total_dim,
         weight_dtype)
@@ -898,16 +909,200 @@ def _(weights, offsets, indices, batch, per_sample_weights, pooling="sum", out_d
     return torch.empty((batch, total_dim), dtype=out_dtype, device=ws[0].device if ws else wd.device)
 
 
-def _embedding_a2a_no_grad(ctx, inputs, output):
-    raise RuntimeError("weft.embedding_a2a has no backward yet: call it under torch.no_grad() or "
-                       "torch.inference_mode(), or with weights that do not require grad")
+# ---- its backward ------------------------------------------------------------------------------
+# The transpose of embedding_a2a (collective: every rank calls it, as the forward): grad_out
+# [batch, total_dim] on every rank -> each of this rank's tables' gradient, as the kind says.
+# Three ops, one a kind of result, on the forward's op object (the same configuration, out_dtype
+# grad_out's): embedding_a2a_backward (the dense fp32 gradients: the autograd rule's),
+# embedding_a2a_backward_sparse (the rows the bags index and their fp32 gradients, padded to the
+# indices' count, and the counts: shapes known without reading the counts back) and
+# embedding_a2a_update (SGD's or Adagrad's step into the weights and states, in place).
+
+EMBEDDING_GRAD_KINDS = ("dense", "sparse", "sgd", "adagrad")
 
 
-def _embedding_a2a_bwd(ctx, *grads):
-    raise RuntimeError("weft.embedding_a2a has no backward yet")
+def _embedding_backward_operands(op, weights, offsets, indices, batch, per_sample_weights, grad_out, pooling, method,
+                                 group, weight_dtype):
+    """The forward's operands (out_dtype grad_out's) and grad_out, checked."""
+    if not isinstance(grad_out, Tensor):
+        raise TypeError(f"weft.{op}: grad_out must be a torch.Tensor, not {type(grad_out).__name__}")
+    if grad_out.dtype not in _EMBEDDING_OUT_DTYPES:
+        raise weft.InvalidArgument(f"weft.{op}: grad_out has dtype {grad_out.dtype}; it takes out's dtype, "
+                                   f"{', '.join(str(d) for d in _EMBEDDING_OUT_DTYPES)}")
+    operands = _embedding_a2a_operands(weights, offsets, indices, batch, per_sample_weights, pooling, grad_out.dtype,
+                                       method, group, 0, weight_dtype, op)
+    g = _check_input(operands[0], op, "grad_out", grad_out, _EMBEDDING_OUT_DTYPES)
+    if g.dim() != 2 or g.shape[0] != batch:
+        raise weft.InvalidArgument(f"weft.{op}: grad_out must be [batch = {batch}, total_dim], got {tuple(g.shape)}")
+    return operands + (g,)
 
 
-embedding_a2a.register_autograd(_embedding_a2a_bwd, setup_context=_embedding_a2a_no_grad)
+def _embedding_backward_run(op, operands, pooling, check_indices, method, sinks, kind, lr=0.0, eps=1e-10):
+    wd, ws, offs, idxs, psws, shapes, wdtype, g = operands
+    anchor = ws[0] if ws else g
+    e = _embedding_a2a_object(wd, shapes, g.shape[0], wdtype, g.dtype, pooling, check_indices, anchor)
+    if g.shape[1] != e.total_dim:
+        raise weft.InvalidArgument(f"weft.{op}: grad_out has {g.shape[1]} columns, but every rank's tables' dims "
+                                   f"{e.dims} sum to {e.total_dim}")
+    e.backward(_embedding_tables(ws, offs, idxs, psws), g.data_ptr() if g.numel() else 0, sinks, kind, lr, eps, method,
+               _stream(anchor))
+
+
+@torch.library.custom_op("weft::embedding_a2a_backward", mutates_args=())
+def embedding_a2a_backward(weights: list[Tensor], offsets: list[Tensor], indices: list[Tensor], batch: int,
+                           per_sample_weights: list[Optional[Tensor]], grad_out: Tensor, pooling: str = "sum",
+                           method: str = "auto", group: str = "", weight_dtype: Optional[torch.dtype] = None,
+                           check_indices: bool = True) -> list[Tensor]:
+    """embedding_a2a's transpose (collective), the dense gradient: grad_out [batch, total_dim] (the
+    gradient of out, in out_dtype) -> a fp32 [rows, dim] gradient per table of this rank. Row r's:
+    the sum in fp32, over the global batch's bags in order and each one's indices in order that
+    name r, of (the per-sample weight, over the bag's size for mean) * the bag's pooled gradient.
+    The other arguments as embedding_a2a's."""
+    ops_ = _embedding_backward_operands("embedding_a2a_backward", weights, offsets, indices, batch, per_sample_weights,
+                                        grad_out, pooling, method, group, weight_dtype)
+    dense = [torch.empty(w.shape, dtype=torch.float32, device=w.device) for w in ops_[1]]
+    _embedding_backward_run("embedding_a2a_backward", ops_, pooling, check_indices, method,
+                            [{"dense": d.data_ptr()} for d in dense], "dense")
+    return dense
+
+
+@embedding_a2a_backward.register_fake
+def _(weights, offsets, indices, batch, per_sample_weights, grad_out, pooling="sum", method="auto", group="",
+      weight_dtype=None, check_indices=True):
+    ops_ = _embedding_backward_operands("embedding_a2a_backward", weights, offsets, indices, batch, per_sample_weights,
+                                        grad_out, pooling, method, group, weight_dtype)
+    return [torch.empty(w.shape, dtype=torch.float32, device=w.device) for w in ops_[1]]
+
+
+@torch.library.custom_op("weft::embedding_a2a_backward_sparse", mutates_args=())
+def embedding_a2a_backward_sparse(weights: list[Tensor], offsets: list[Tensor], indices: list[Tensor], batch: int,
+                                  per_sample_weights: list[Optional[Tensor]], grad_out: Tensor, pooling: str = "sum",
+                                  method: str = "auto", group: str = "", weight_dtype: Optional[torch.dtype] = None,
+                                  check_indices: bool = True) -> tuple[list[Tensor], list[Tensor], Tensor]:
+    """embedding_a2a_backward's gradients, sparse: (rows, values, counts). Table t's gradient is
+    rows[t][:counts[t]] (int64: the distinct rows its bags index, ascending) and
+    values[t][:counts[t]] (fp32 [n, dim]: their gradients); rows[t] and values[t] have one entry per
+    index (the most there can be), the rest unset; counts int64 [tables]."""
+    ops_ = _embedding_backward_operands("embedding_a2a_backward_sparse", weights, offsets, indices, batch,
+                                        per_sample_weights, grad_out, pooling, method, group, weight_dtype)
+    ws, idxs, g = ops_[1], ops_[3], ops_[-1]
+    dev = ws[0].device if ws else g.device
+    rows = [torch.empty(i.shape[0], dtype=torch.int64, device=dev) for i in idxs]
+    values = [torch.empty((i.shape[0], w.shape[1]), dtype=torch.float32, device=dev) for w, i in zip(ws, idxs)]
+    counts = torch.zeros(len(ws), dtype=torch.int64, device=dev)
+    # A table without indices writes no row: a scratch stands in for its empty rows and values
+    # (the op takes no null pointer).
+    scratch = torch.empty(4, dtype=torch.int64, device=dev)
+    sinks = [{"rows": r.data_ptr() if r.numel() else scratch.data_ptr(),
+              "values": v.data_ptr() if v.numel() else scratch.data_ptr(),
+              "count": counts.data_ptr() + 8 * t} for t, (r, v) in enumerate(zip(rows, values))]
+    _embedding_backward_run("embedding_a2a_backward_sparse", ops_, pooling, check_indices, method, sinks, "sparse")
+    return rows, values, counts
+
+
+@embedding_a2a_backward_sparse.register_fake
+def _(weights, offsets, indices, batch, per_sample_weights, grad_out, pooling="sum", method="auto", group="",
+      weight_dtype=None, check_indices=True):
+    ops_ = _embedding_backward_operands("embedding_a2a_backward_sparse", weights, offsets, indices, batch,
+                                        per_sample_weights, grad_out, pooling, method, group, weight_dtype)
+    ws, idxs, g = ops_[1], ops_[3], ops_[-1]
+    dev = ws[0].device if ws else g.device
+    return ([torch.empty(i.shape[0], dtype=torch.int64, device=dev) for i in idxs],
+            [torch.empty((i.shape[0], w.shape[1]), dtype=torch.float32, device=dev) for w, i in zip(ws, idxs)],
+            torch.empty(len(ws), dtype=torch.int64, device=dev))
+
+
+def _embedding_update_operands(weights, states, offsets, indices, batch, per_sample_weights, grad_out, kind, pooling,
+                               method, group, weight_dtype):
+    op = "embedding_a2a_update"
+    if kind not in ("sgd", "adagrad"):
+        raise weft.InvalidArgument(f"weft.{op}: unknown kind {kind!r} (sgd or adagrad; embedding_a2a_backward and "
+                                   f"embedding_a2a_backward_sparse give the dense and sparse gradients)")
+    ops_ = _embedding_backward_operands(op, weights, offsets, indices, batch, per_sample_weights, grad_out, pooling,
+                                        method, group, weight_dtype)
+    ws = ops_[1]
+    for t, (w, given) in enumerate(zip(ws, weights)):
+        if w is not given:  # _check_input's copy: an update in place needs the tensor itself
+            raise weft.InvalidArgument(f"weft.{op}: weights[{t}] must be contiguous (updated in place)")
+    if kind == "adagrad":
+        if len(states) != len(ws):
+            raise weft.InvalidArgument(f"weft.{op}: adagrad needs states, one fp32 [rows, dim] a table (its sum of "
+                                       f"squares, e.g. zeros): got {len(states)} for {len(ws)} tables")
+        for t, (st, w) in enumerate(zip(states, ws)):
+            st_ = _check_input(ops_[0], op, f"states[{t}]", st, (torch.float32,))
+            if st_ is not st or st.shape != w.shape:
+                raise weft.InvalidArgument(f"weft.{op}: states[{t}] must be a contiguous fp32 {tuple(w.shape)} (the "
+                                           f"shape of weights[{t}]), got {tuple(st.shape)}")
+    elif states:
+        raise weft.InvalidArgument(f"weft.{op}: sgd takes no states (got {len(states)})")
+    return ops_
+
+
+@torch.library.custom_op("weft::embedding_a2a_update", mutates_args=("weights", "states"))
+def embedding_a2a_update(weights: list[Tensor], states: list[Tensor], offsets: list[Tensor], indices: list[Tensor],
+                         batch: int, per_sample_weights: list[Optional[Tensor]], grad_out: Tensor, kind: str,
+                         lr: float, eps: float = 1e-10, pooling: str = "sum", method: str = "auto", group: str = "",
+                         weight_dtype: Optional[torch.dtype] = None, check_indices: bool = True) -> None:
+    """embedding_a2a's backward fused with the optimizer's step (collective): each of this rank's
+    weights (contiguous) takes the step of its gradient g (embedding_a2a_backward's), in place, in
+    the rows its bags index only -- kind "sgd": w = w - lr * g; "adagrad" (torch.optim.Adagrad's
+    sparse step; states: fp32 [rows, dim] a table, the sums of squares, updated too): state =
+    state + g * g, w = w + (-lr) * (g / (sqrt(state) + eps)); in fp32, w rounded once to its dtype."""
+    ops_ = _embedding_update_operands(weights, states, offsets, indices, batch, per_sample_weights, grad_out, kind,
+                                      pooling, method, group, weight_dtype)
+    sinks = [{"weight": w.data_ptr(), "state": states[t].data_ptr() if kind == "adagrad" else None}
+             for t, w in enumerate(ops_[1])]
+    _embedding_backward_run("embedding_a2a_update", ops_, pooling, check_indices, method, sinks, kind, lr, eps)
+
+
+@embedding_a2a_update.register_fake
+def _(weights, states, offsets, indices, batch, per_sample_weights, grad_out, kind, lr, eps=1e-10, pooling="sum",
+      method="auto", group="", weight_dtype=None, check_indices=True):
+    _embedding_update_operands(weights, states, offsets, indices, batch, per_sample_weights, grad_out, kind, pooling,
+                               method, group, weight_dtype)
+
+
+# Collectives: a rank whose results are unused (one without tables) must call them all the same,
+# so a compiled graph keeps them (no dead-code elimination).
+torch.fx.node.has_side_effect(torch.ops.weft.embedding_a2a_backward.default)
+torch.fx.node.has_side_effect(torch.ops.weft.embedding_a2a_backward_sparse.default)
+torch.fx.node.has_side_effect(torch.ops.weft.embedding_a2a_update.default)  # also where it updates no tensor
+
+
+# The autograd rule: the weights' gradients are embedding_a2a_backward's, cast to their dtypes.
+
+def _embedding_a2a_setup(ctx, inputs, output):
+    (weights, offsets, indices, batch, psws, pooling, out_dtype, method, group, _total, weight_dtype,
+     check_indices) = inputs[:12]
+    for t, p in enumerate(psws or ()):
+        if p is not None and p.requires_grad:
+            raise RuntimeError(f"weft.embedding_a2a: per_sample_weights[{t}] requires grad, but the op has no "
+                               f"gradient for per-sample weights (only for the weights): pass them detached "
+                               f"(p.detach())")
+    ctx.save_for_backward(*weights, *offsets, *indices, *[p for p in (psws or ()) if p is not None])
+    ctx.n, ctx.has_psw = len(weights), [p is not None for p in (psws or ())]
+    ctx.batch, ctx.pooling, ctx.out_dtype, ctx.method, ctx.group = batch, pooling, out_dtype, method, group
+    ctx.weight_dtype, ctx.check_indices = weight_dtype, check_indices
+
+
+def _embedding_a2a_bwd(ctx, grad):
+    saved, n = list(ctx.saved_tensors), ctx.n
+    weights, offsets, indices, given = saved[:n], saved[n:2 * n], saved[2 * n:3 * n], iter(saved[3 * n:])
+    psws = [next(given) if has else None for has in ctx.has_psw]
+    # Every rank calls the collective backward, whatever its own weights need.
+    grads = torch.ops.weft.embedding_a2a_backward(weights, offsets, indices, ctx.batch, psws,
+                                                  grad.to(ctx.out_dtype).contiguous(), ctx.pooling, ctx.method,
+                                                  ctx.group, ctx.weight_dtype, ctx.check_indices)
+    need = ctx.needs_input_grad[0]
+    need = need if isinstance(need, (list, tuple)) else [need] * n
+    grad_weights = [g.to(w.dtype) if nd else None for g, w, nd in zip(grads, weights, need)]
+    # The inputs' structure: a list for each list argument; as many as the call passed (torch 2.11
+    # leaves a trailing argument left at its default out: needs_input_grad has one entry an input).
+    grads_in = (grad_weights, [None] * n, [None] * n, None, [None] * len(ctx.has_psw)) + (None,) * 8
+    return grads_in[:len(ctx.needs_input_grad)]
+
+
+embedding_a2a.register_autograd(_embedding_a2a_bwd, setup_context=_embedding_a2a_setup)
 
 
 # ---- prepare: create an op's state ahead (for CUDA graph capture) ---------------------------
