@@ -88,7 +88,7 @@ DlrmCalibration fit_dlrm(const std::vector<DlrmMeasured>& points, double copy_gb
   return c;
 }
 
-DlrmMeasured predict_dlrm_forward(const DlrmCalibration& c, const DlrmModel& m, int world) {
+DlrmMeasured predict_dlrm_node(const DlrmCalibration& c, const DlrmModel& m, int world) {
   DlrmMeasured r;
   r.world = world;
   r.batch = m.batch;
@@ -99,6 +99,9 @@ DlrmMeasured predict_dlrm_forward(const DlrmCalibration& c, const DlrmModel& m, 
   r.fused_us = r.lookup_us + (world > 1 ? 2.0 * out_bytes(m) * (world - 1) / world / (c.copy_gbps * 1e3) +
                                               c.push_cost * sent / (c.link_gbps * 1e3)
                                         : 0);
+  const double relayout = world > 1 ? 2.0 * out_bytes(m) / (c.copy_gbps * 1e3) : 0;
+  r.bwd_baseline_us = r.all_to_all_us + relayout + 2.0 * r.lookup_us;
+  r.bwd_fused_us = r.fused_us + r.lookup_us;  // the accumulation (2 x lookups) with the forward's toll and land
   return r;
 }
 

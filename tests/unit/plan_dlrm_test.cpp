@@ -35,7 +35,7 @@ TEST(PlanDlrm, FitRecoversTheCalibrationOfItsPoints) {
   for (int64_t b : {65536, 2048, 16384}) {
     DlrmModel m;
     m.batch = b;
-    pts.push_back(predict_dlrm_forward(t, m, 2));
+    pts.push_back(predict_dlrm_node(t, m, 2));
   }
   const DlrmCalibration c = fit_dlrm(pts, t.copy_gbps, t.link_gbps, "synthetic");
   EXPECT_NEAR(c.lookup_gbps, t.lookup_gbps, 1e-6 * t.lookup_gbps);
@@ -45,10 +45,15 @@ TEST(PlanDlrm, FitRecoversTheCalibrationOfItsPoints) {
   EXPECT_NEAR(c.push_cost, t.push_cost, 1e-9);
   // The forward of 4096 samples on 2 GPUs by the formulas: 4096 x 216 x 128 x 4 bytes of rows.
   DlrmModel m;
-  const DlrmMeasured f = predict_dlrm_forward(t, m, 2);
+  const DlrmMeasured f = predict_dlrm_node(t, m, 2);
   EXPECT_NEAR(f.lookup_us, 12 + 4096.0 * 216 * 128 * 4 / 2500e3, 1e-6);
   EXPECT_NEAR(f.all_to_all_us, 30 + 4096.0 * 26 * 128 * 4 / 2 / 330e3, 1e-6);
   EXPECT_GT(f.baseline_us, f.fused_us);
+  // The node's backward is the iteration model's on one node of that many GPUs.
+  const DlrmPrediction one = predict_dlrm(h200_constants(), t, m, 1, 2, 50);
+  EXPECT_NEAR(f.bwd_baseline_us, one.steps[3].baseline_us, 1e-6);
+  EXPECT_NEAR(f.bwd_fused_us, one.steps[3].fused_us, 1e-6);
+  EXPECT_NEAR(f.bwd_baseline_us, f.all_to_all_us + 2 * f.lookup_us + 2.0 * 4096 * 26 * 128 * 4 / 4200e3, 1e-3);
 }
 
 TEST(PlanDlrm, IterationTermsBehave) {
@@ -79,7 +84,7 @@ TEST(PlanDlrm, IterationTermsBehave) {
 TEST(PlanDlrm, BadPointsAreRefused) {
   const DlrmCalibration t = truth();
   DlrmModel m;
-  const DlrmMeasured one = predict_dlrm_forward(t, m, 2);
+  const DlrmMeasured one = predict_dlrm_node(t, m, 2);
   EXPECT_THROW(fit_dlrm({one}, 4200, 360, "one point"), InvalidArgument);
   DlrmMeasured zero = one;
   zero.batch = 8192;

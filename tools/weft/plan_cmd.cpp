@@ -375,6 +375,8 @@ int run_simulate_dlrm(const PlanOptions& o) {
     if (method == "all_to_all") m.all_to_all_us = us;
     if (method == "baseline") m.baseline_us = us;
     if (method == "fused") m.fused_us = us;
+    if (method == "bwd_baseline") m.bwd_baseline_us = us;
+    if (method == "bwd_fused") m.bwd_fused_us = us;
   }
   std::vector<plan::DlrmMeasured> points;
   for (const auto& [b, m] : by_batch) points.push_back(m);
@@ -384,21 +386,28 @@ int run_simulate_dlrm(const PlanOptions& o) {
       "calibration ({} GPUs, {}): lookups {:.1f} us + rows at {:.0f} GB/s; all-to-all {:.1f} us + bytes at {:.0f} "
       "GB/s; copies {:.0f} GB/s; fused's pushes cost the lookups {:.2f} x their link time\n",
       world, path, cal.lookup_us, cal.lookup_gbps, cal.a2a_us, cal.a2a_gbps, cal.copy_gbps, cal.push_cost);
-  std::cout << fmt::format("{:>7} | {:>21} | {:>21} | {:>21} | {:>21}\n", "batch", "lookup us (pred, err)",
+  const bool bwd = std::all_of(points.begin(), points.end(), [](const plan::DlrmMeasured& m) {
+    return m.bwd_baseline_us > 0 && m.bwd_fused_us > 0;
+  });
+  std::cout << fmt::format("{:>7} | {:>21} | {:>21} | {:>21} | {:>21}", "batch", "lookup us (pred, err)",
                            "all-to-all", "baseline", "fused");
+  std::cout << (bwd ? fmt::format(" | {:>21} | {:>21}\n", "backward baseline", "backward fused") : "\n");
   double worst = 0;
   for (const plan::DlrmMeasured& m : points) {
     plan::DlrmModel md;
     md.batch = m.batch;
-    const plan::DlrmMeasured pr = plan::predict_dlrm_forward(cal, md, world);
+    const plan::DlrmMeasured pr = plan::predict_dlrm_node(cal, md, world);
     auto cell = [&](double meas, double pred) {
       const double err = (pred - meas) / meas;
       worst = std::max(worst, std::fabs(err));
       return fmt::format("{:7.1f} ({:7.1f} {:+4.0f}%)", meas, pred, 100 * err);
     };
-    std::cout << fmt::format("{:>7} | {} | {} | {} | {}\n", m.batch, cell(m.lookup_us, pr.lookup_us),
+    std::cout << fmt::format("{:>7} | {} | {} | {} | {}", m.batch, cell(m.lookup_us, pr.lookup_us),
                              cell(m.all_to_all_us, pr.all_to_all_us), cell(m.baseline_us, pr.baseline_us),
                              cell(m.fused_us, pr.fused_us));
+    std::cout << (bwd ? fmt::format(" | {} | {}\n", cell(m.bwd_baseline_us, pr.bwd_baseline_us),
+                                    cell(m.bwd_fused_us, pr.bwd_fused_us))
+                      : "\n");
   }
   std::cout << fmt::format("largest error {:.0f}%\n\n", 100 * worst);
   plan::DlrmModel md;

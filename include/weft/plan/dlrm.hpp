@@ -14,11 +14,13 @@
 
 namespace weft::plan {
 
-// The measured forward of one node, one point of `weft bench embedding_a2a --shapes dlrm`.
+// One node's measured forward -- and backward (SGD's update; 0: not measured; the model's check,
+// not fitted) --, one point of `weft bench embedding_a2a --shapes dlrm`.
 struct DlrmMeasured {
   int world = 2;
   int64_t batch = 0;  // samples a GPU
   double lookup_us = 0, all_to_all_us = 0, baseline_us = 0, fused_us = 0;
+  double bwd_baseline_us = 0, bwd_fused_us = 0;
 };
 
 // The embedding forward's terms, fitted on DlrmMeasured points (fit_dlrm):
@@ -58,13 +60,15 @@ struct DlrmPrediction {
 // InvalidArgument for fewer points or non-positive times.
 DlrmCalibration fit_dlrm(const std::vector<DlrmMeasured>& points, double copy_gbps, double link_gbps,
                          const std::string& source);
-// The calibration's forward of one node of `world` GPUs (the calibration table's predictions).
-DlrmMeasured predict_dlrm_forward(const DlrmCalibration& c, const DlrmModel& m, int world);
+// The calibration's forward and backward of one node of `world` GPUs (the calibration table's
+// predictions; the backward as predict_dlrm's).
+DlrmMeasured predict_dlrm_node(const DlrmCalibration& c, const DlrmModel& m, int world);
 // One training iteration on nodes x gpus, the inter-node link `net_gbps` a GPU. The dense
 // part's GEMMs run at `dense_efficiency` of d.gemm_tflops (small GEMMs); its gradients'
-// all-reduce (NCCL's ring) overlaps the backward's dense compute. The fused backward (not built
-// yet) is predicted with the forward's overlap: the gradients' all-to-all beside their
-// accumulation into the tables (rows read and written).
+// all-reduce (NCCL's ring) overlaps the backward's dense compute. The embedding backward: the
+// gradients' all-to-all, then (baseline) or beside (fused) their accumulation into the tables'
+// rows (read and written: twice the lookups' bytes at the lookups' rate; ops::EmbeddingA2A's
+// backward with SGD's update, checked against its measurements in the calibration table).
 DlrmPrediction predict_dlrm(const DeviceConstants& d, const DlrmCalibration& c, const DlrmModel& m, int nodes, int gpus,
                             double net_gbps, double dense_efficiency = 0.5);
 
