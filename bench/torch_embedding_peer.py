@@ -13,6 +13,12 @@ sum pooling, no per-sample weights, weights torch.randn (seeded by t; --dtype), 
   path        the lookups, torch.cat along dim 1 -> send, the all-to-all, then the re-layout:
               source s's [B, D_s] blocks, torch.cat along dim 1 -> out [B, sum of all D], the
               tables in global order (rank 0's first: TorchRec's pooled layout)
+  backward    what autograd and torch.optim.SGD run after the path for a grad_out [B, sum of all
+              D] (fixed, seeded): the re-layout's and the all-to-all's transposes (each source's
+              columns, torch.cat, all_to_all_single with the splits swapped), then every local
+              table's nn.EmbeddingBag backward with sparse=True (aten._embedding_bag_backward on
+              the forward's saved offset2bag and bag sizes, taken once) and SGD's sparse step
+              (weight.add_(grad, alpha=-lr)); weft's bwd_fused does the same with lr in place
 
 Shapes: `dlrm` -- MLPerf DLRM-DCNv2's 26 pooling factors, D = 128, every --batch; `sweep` -- 26
 tables of one D (64, 128, 256) and one pooling (1, 10, 100), B = 4096. Also the HBM reference: a
@@ -52,7 +58,8 @@ DLRM_DIM = 128
 BATCHES = [2048, 4096, 16384, 65536]
 SWEEP_DIMS, SWEEP_POOLING, SWEEP_BATCH = (64, 128, 256), (1, 10, 100), 4096
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-COLUMNS = ("lookup", "all_to_all", "path")
+COLUMNS = ("lookup", "all_to_all", "path", "backward")
+LR = 1e-6  # the backward column's SGD step (small: the tables barely move between columns)
 
 
 @dataclasses.dataclass
@@ -175,6 +182,36 @@ class Workload:
         recv = send.new_empty(self.B * self.total)
         dist.all_to_all_single(recv, send.view(-1), self.out_splits, self.in_splits)
         return self.relayout(recv)
+
+    def setup_backward(self, seed=7):
+        """The forward's state autograd saves for nn.EmbeddingBag's backward (offset2bag, bag sizes,
+        taken once), and a grad_out [B, total] of small seeded values."""
+        self.saved = []
+        for bag, idx, off in zip(self.bags, self.indices, self.offsets):
+            _, o2b, size, most = torch.ops.aten._embedding_bag(bag.weight, idx, off, False, 0, True, None, True, -1)
+            self.saved.append((o2b, size, most))
+        gen = torch.Generator(device=self.a2a_send.device).manual_seed(seed + self.rank)
+        self.grad_out = torch.randn((self.B, self.total), generator=gen, device=self.a2a_send.device) * 1e-3
+
+    def sparse_grads(self):
+        """The gradients autograd gives this rank's tables for grad_out: sparse, uncoalesced (as
+        nn.EmbeddingBag(sparse=True)'s)."""
+        cols = torch.cumsum(torch.tensor([0] + self.dims_of), 0).tolist()
+        send = torch.cat([self.grad_out[:, cols[s]:cols[s + 1]].reshape(-1) for s in range(self.world)])
+        recv = send.new_empty(self.world * self.B * self.dm)
+        dist.all_to_all_single(recv, send, self.in_splits, self.out_splits)
+        g = recv.view(self.world * self.B, self.dm)
+        out, col = [], 0
+        for bag, idx, off, (o2b, size, most) in zip(self.bags, self.indices, self.offsets, self.saved):
+            d = bag.weight.shape[1]
+            out.append(torch.ops.aten._embedding_bag_backward(g[:, col:col + d], idx, off, o2b, size, most,
+                                                              bag.weight.shape[0], False, 0, True, None, -1))
+            col += d
+        return out
+
+    def backward(self):
+        for bag, grad in zip(self.bags, self.sparse_grads()):
+            bag.weight.add_(grad, alpha=-LR)
 
 
 def lookup_err(wl, pooled, per_table=8):
@@ -326,6 +363,7 @@ def main(argv=None):
             progress(r, f"{case.name}: checks")
             l_err = lookup_err(wl, wl.lookup())
             a_err = transport_err(wl, wl.path())
+            wl.setup_backward()
             progress(r, f"{case.name}: capture")
             timers, graphs, notes = {}, [], {}
             for col in COLUMNS:
@@ -369,12 +407,12 @@ def main(argv=None):
         print(f"HBM reference: 1 GiB device copy {ref:.0f} GB/s (read + write; slowest GPU; every GPU: "
               f"{', '.join(f'{c:.0f}' for c in copies)})")
         print(f"TorchRec: skipped -- {torchrec} ({why})")
-        print(f"{'shape':<20} {'lookup':>9} {'a2a':>9} {'path':>9} {'lookup GB/s':>11} {'of copy':>7} "
+        print(f"{'shape':<20} {'lookup':>9} {'a2a':>9} {'path':>9} {'backward':>9} {'lookup GB/s':>11} {'of copy':>7} "
               f"{'a2a GB/s':>8} {'check':>5}")
         for p in points:
             ok = "FAIL" if p["name"] in bad else "ok"
             print(f"{p['name']:<20} {p['lookup_us']:>9.1f} {p['all_to_all_us']:>9.1f} {p['path_us']:>9.1f} "
-                  f"{p['lookup_gbps']:>11.0f} {p['lookup_gbps'] / ref if ref else 0:>7.2f} "
+                  f"{p['backward_us']:>9.1f} {p['lookup_gbps']:>11.0f} {p['lookup_gbps'] / ref if ref else 0:>7.2f} "
                   f"{p['all_to_all_gbps']:>8.0f} {ok:>5}")
             for c, why_c in p["notes"].items():
                 print(f"  note: {c}: {why_c}")
@@ -427,6 +465,24 @@ def _cpu_check_rank(rank, world, port, results):
                         ref[b, k * case.dim:(k + 1) * case.dim] = every[t][idx[g * p:(g + 1) * p]].float().sum(0)
                 err = ((out - ref).abs().max() / ref.abs().max()).item()
                 l_err, a_err = lookup_err(wl, wl.lookup()), transport_err(wl, out)
+                if dtype == torch.float32:  # the backward column's gradients against autograd's, every table
+                    wl.setup_backward()
+                    want = {}
+                    with torch.enable_grad():
+                        for k, t in enumerate(order):
+                            w = every[t].clone().requires_grad_(True)
+                            p = case.pooling[t]
+                            idx = bag_indices(t, world * case.batch * p, rows, dev)
+                            pooled = nn.functional.embedding_bag(idx, w, torch.arange(world * case.batch + 1) * p,
+                                                                 mode="sum", include_last_offset=True)
+                            go = [torch.empty_like(wl.grad_out) for _ in range(world)]
+                            dist.all_gather(go, wl.grad_out)
+                            g = torch.cat([x[:, k * case.dim:(k + 1) * case.dim] for x in go])
+                            want[t] = torch.autograd.grad(pooled, w, g)[0]
+                    for t, got in zip(wl.local, wl.sparse_grads()):
+                        e = (got.to_dense() - want[t]).abs().max().item()
+                        if e > 1e-6:
+                            fails.append(f"{label}: table {t}'s backward differs from autograd's by {e:.2e}")
                 label = f"W={world} r={rank} {dname} {case.name}"
                 if tuple(out.shape) != (case.batch, case.dim * TABLES) or out.dtype != torch.float32:
                     fails.append(f"{label}: out {tuple(out.shape)} {out.dtype}")
