@@ -296,6 +296,54 @@ void gemv_exact() {
   ok(weft_world_destroy(w), "destroy");
 }
 
+// The embedding tests' ranks, tables and bags: rank r holds (2r + 1) % 3 tables (worlds 2 and 3
+// have a rank with none) of different dims, small integer weights; bag b of global table g holds
+// (g + b) % 3 indices (0: empty), index(g, b, i) each; this rank's tables' offsets, indices and
+// per-sample weights (halves and ones) for the global batch.
+struct EmbeddingCase {
+  using Index = int64_t (*)(int64_t, int64_t, int64_t);
+  static int64_t rows(int64_t g) { return 5 + 2 * g; }
+  static int64_t dim(int64_t g) { return 8 * (1 + g % 3); }
+  static float W(int64_t g, int64_t row, int64_t j) { return static_cast<float>((g * 7 + row * 3 + j) % 5 - 2); }
+  static int64_t bag_size(int64_t g, int64_t bag) { return (g + bag) % 3; }  // 0 (empty), 1 or 2: means exact
+  static float psw(int64_t bag, int64_t i) { return (bag + i) % 2 ? 0.5f : 1.f; }
+  Index index;
+  int64_t B = 3, bags = 0, n_global = 0, first = 0, total = 0, local = 0, n_mine = 0;
+  std::vector<int> owner;                         // global table -> rank
+  std::vector<int64_t> my_rows, my_dims, cols;  // cols: each global table's first column in out
+  std::vector<std::vector<int64_t>> offsets, indices;
+  std::vector<std::vector<float>> psws;
+  EmbeddingCase(int me, int world, Index idx) : index(idx), bags(world * 3) {
+    for (int r = 0; r < world; ++r)
+      for (int t = 0; t < (2 * r + 1) % 3; ++t) owner.push_back(r);
+    n_global = static_cast<int64_t>(owner.size());
+    for (int64_t g = 0; g < n_global; ++g) {
+      if (owner[g] < me) ++first;
+      cols.push_back(total);
+      total += dim(g);
+      if (owner[g] != me) continue;
+      my_rows.push_back(rows(g));
+      my_dims.push_back(dim(g));
+      local += dim(g);
+    }
+    n_mine = static_cast<int64_t>(my_rows.size());
+    offsets.resize(n_mine);
+    indices.resize(n_mine);
+    psws.resize(n_mine);
+    for (int64_t t = 0; t < n_mine; ++t) {
+      const int64_t g = first + t;
+      offsets[t].push_back(0);
+      for (int64_t bag = 0; bag < bags; ++bag) {
+        for (int64_t i = 0; i < bag_size(g, bag); ++i) {
+          indices[t].push_back(index(g, bag, i));
+          psws[t].push_back(psw(bag, i));
+        }
+        offsets[t].push_back(static_cast<int64_t>(indices[t].size()));
+      }
+    }
+  }
+};
+
 // weft_embedding_a2a_*: rank r holds (2r + 1) % 3 tables (worlds 2 and 3 have a rank with none)
 // of different dims; out on rank r is its samples' pooled rows of every table in global order,
 // exact on integer tables (sum and mean, per-sample weights of halves, f32 and bf16, empty bags)
@@ -303,49 +351,28 @@ void gemv_exact() {
 void embedding_exact() {
   FileExchange x;
   weft_world* w = make_world(x);
-  const int me = x.rank, world = x.size;
-  const int64_t B = 3, bags = world * B;
-  std::vector<int> owner;  // global table -> rank
-  for (int r = 0; r < world; ++r)
-    for (int t = 0; t < (2 * r + 1) % 3; ++t) owner.push_back(r);
-  const int64_t n_global = static_cast<int64_t>(owner.size());
-  auto rows = [](int64_t g) { return 5 + 2 * g; };
-  auto dim = [](int64_t g) { return 8 * (1 + g % 3); };
-  auto W = [](int64_t g, int64_t row, int64_t j) { return static_cast<float>((g * 7 + row * 3 + j) % 5 - 2); };
-  auto bag_size = [](int64_t g, int64_t bag) { return (g + bag) % 3; };  // 0 (empty), 1 or 2: means exact
-  auto index = [&](int64_t g, int64_t bag, int64_t i) { return (g + bag * 5 + i * 3) % rows(g); };
-  auto psw = [](int64_t bag, int64_t i) { return (bag + i) % 2 ? 0.5f : 1.f; };
-  int64_t first = 0, total = 0, local = 0;
-  std::vector<int64_t> my_rows, my_dims, cols;  // cols: each global table's first column in out
-  for (int64_t g = 0; g < n_global; ++g) {
-    if (owner[g] < me) ++first;
-    cols.push_back(total);
-    total += dim(g);
-    if (owner[g] != me) continue;
-    my_rows.push_back(rows(g));
-    my_dims.push_back(dim(g));
-    local += dim(g);
-  }
-  const int64_t n_mine = static_cast<int64_t>(my_rows.size());
-  // This rank's inputs (per-sample weights beside them, used where the call is weighted).
-  std::vector<std::vector<int64_t>> offsets(n_mine), indices(n_mine);
-  std::vector<std::vector<float>> psws(n_mine), wf(n_mine);
+  EmbeddingCase c(x.rank, x.size, [](int64_t g, int64_t bag, int64_t i) {
+    return (g + bag * 5 + i * 3) % EmbeddingCase::rows(g);
+  });
+  const int64_t B = c.B, n_global = c.n_global, first = c.first, total = c.total, local = c.local, n_mine = c.n_mine;
+  const std::vector<int64_t>&my_rows = c.my_rows, &my_dims = c.my_dims, &cols = c.cols;
+  std::vector<std::vector<int64_t>>&offsets = c.offsets, &indices = c.indices;
+  const std::vector<std::vector<float>>& psws = c.psws;
+  auto dim = EmbeddingCase::dim;
+  auto W = EmbeddingCase::W;
+  auto bag_size = EmbeddingCase::bag_size;
+  auto psw = EmbeddingCase::psw;
+  auto index = c.index;
+  const int me = x.rank;
+  std::vector<std::vector<float>> wf(n_mine);
   std::vector<std::vector<dev::bf16_t>> wb(n_mine);
   for (int64_t t = 0; t < n_mine; ++t) {
     const int64_t g = first + t;
-    for (int64_t row = 0; row < rows(g); ++row)
+    for (int64_t row = 0; row < EmbeddingCase::rows(g); ++row)
       for (int64_t j = 0; j < dim(g); ++j) {
         wf[t].push_back(W(g, row, j));
         wb[t].push_back(dev::from_float<dev::bf16_t>(W(g, row, j)));
       }
-    offsets[t].push_back(0);
-    for (int64_t bag = 0; bag < bags; ++bag) {
-      for (int64_t i = 0; i < bag_size(g, bag); ++i) {
-        indices[t].push_back(index(g, bag, i));
-        psws[t].push_back(psw(bag, i));
-      }
-      offsets[t].push_back(static_cast<int64_t>(indices[t].size()));
-    }
   }
   const std::array<const char*, 5> kMethods = {"auto", "baseline", "decomposed", "fused", nullptr};
   size_t checks = 0;
@@ -448,44 +475,22 @@ void embedding_exact() {
 void embedding_backward_exact() {
   FileExchange x;
   weft_world* w = make_world(x);
-  const int me = x.rank, world = x.size;
-  const int64_t B = 3, bags = world * B;
-  std::vector<int> owner;  // global table -> rank
-  for (int r = 0; r < world; ++r)
-    for (int t = 0; t < (2 * r + 1) % 3; ++t) owner.push_back(r);
-  const int64_t n_global = static_cast<int64_t>(owner.size());
-  auto rows = [](int64_t g) { return 5 + 2 * g; };
-  auto dim = [](int64_t g) { return 8 * (1 + g % 3); };
-  auto W = [](int64_t g, int64_t row, int64_t j) { return static_cast<float>((g * 7 + row * 3 + j) % 5 - 2); };
-  auto bag_size = [](int64_t g, int64_t bag) { return (g + bag) % 3; };  // 0 (empty), 1 or 2: means exact
-  auto index = [&](int64_t g, int64_t bag, int64_t i) { return (g * 2 + bag + i * 3) % rows(g); };
-  auto psw = [](int64_t bag, int64_t i) { return (bag + i) % 2 ? 0.5f : 1.f; };
+  EmbeddingCase c(x.rank, x.size, [](int64_t g, int64_t bag, int64_t i) {
+    return (g * 2 + bag + i * 3) % EmbeddingCase::rows(g);  // rows repeat across bags
+  });
+  const int64_t B = c.B, bags = c.bags, first = c.first, total = c.total, n_mine = c.n_mine;
+  const std::vector<int64_t>&my_rows = c.my_rows, &my_dims = c.my_dims, &cols = c.cols;
+  std::vector<std::vector<int64_t>>&offsets = c.offsets, &indices = c.indices;
+  const std::vector<std::vector<float>>& psws = c.psws;
+  auto rows = EmbeddingCase::rows;
+  auto dim = EmbeddingCase::dim;
+  auto W = EmbeddingCase::W;
+  auto bag_size = EmbeddingCase::bag_size;
+  auto psw = EmbeddingCase::psw;
+  auto index = c.index;
+  const int me = x.rank;
   auto GO = [](int64_t q, int64_t b, int64_t c) { return static_cast<float>((q * 5 + b * 3 + c) % 7 - 3); };
   auto S0 = [](int64_t row, int64_t j) { return 0.25f * static_cast<float>((row + j) % 3); };  // Adagrad's state
-  int64_t first = 0, total = 0;
-  std::vector<int64_t> my_rows, my_dims, cols;  // cols: each global table's first column in out
-  for (int64_t g = 0; g < n_global; ++g) {
-    if (owner[g] < me) ++first;
-    cols.push_back(total);
-    total += dim(g);
-    if (owner[g] != me) continue;
-    my_rows.push_back(rows(g));
-    my_dims.push_back(dim(g));
-  }
-  const int64_t n_mine = static_cast<int64_t>(my_rows.size());
-  std::vector<std::vector<int64_t>> offsets(n_mine), indices(n_mine);
-  std::vector<std::vector<float>> psws(n_mine);
-  for (int64_t t = 0; t < n_mine; ++t) {
-    const int64_t g = first + t;
-    offsets[t].push_back(0);
-    for (int64_t bag = 0; bag < bags; ++bag) {
-      for (int64_t i = 0; i < bag_size(g, bag); ++i) {
-        indices[t].push_back(index(g, bag, i));
-        psws[t].push_back(psw(bag, i));
-      }
-      offsets[t].push_back(static_cast<int64_t>(indices[t].size()));
-    }
-  }
   // Row r's gradient of this rank's table t, by the definition: the bags in order, each one's
   // indices in order, in fp32 from 0.
   auto grad = [&](int64_t t, int64_t r, bool mean, bool weighted) {
