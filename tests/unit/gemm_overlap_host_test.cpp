@@ -25,6 +25,7 @@
 #include "gemm_overlap_check.hpp"
 #include "rank_harness.hpp"
 #include "weft/bench/gemm_overlap_bench.hpp"
+#include "weft/bench/shape.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device/dtype.hpp"
 #include "weft/ops/gemm_overlap.hpp"
@@ -643,6 +644,35 @@ TEST(GemmOverlapCli, BenchRunsOnTheHostBackend) {
   std::filesystem::remove_all(dir);
 }
 
+// --random's shapes: seeded (the same set for the same seed, another for another), n of them,
+// M, K and N multiples of 16 within the range, spread over it; bad counts and ranges refused.
+TEST(GemmOverlapCli, RandomShapesAreSeededAndInRange) {
+  const auto a = bench::random_gemm_shapes(200, 1), b = bench::random_gemm_shapes(200, 1),
+             c = bench::random_gemm_shapes(200, 2);
+  ASSERT_EQ(a.size(), 200u);
+  int64_t lo = 1 << 30, hi = 0;
+  size_t same = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(a[i].m == b[i].m && a[i].k == b[i].k && a[i].n == b[i].n) << i;
+    same += a[i].m == c[i].m && a[i].k == c[i].k && a[i].n == c[i].n;
+    for (int64_t x : {a[i].m, a[i].k, a[i].n}) {
+      EXPECT_EQ(x % 16, 0) << x;
+      EXPECT_GE(x, 256);
+      EXPECT_LE(x, 8192);
+      lo = std::min(lo, x);
+      hi = std::max(hi, x);
+    }
+  }
+  EXPECT_LT(same, 5u);  // another seed, another set
+  EXPECT_LT(lo, 1024);  // spread over the range
+  EXPECT_GT(hi, 7168);
+  EXPECT_TRUE(bench::random_gemm_shapes(0, 1).empty());
+  const auto small = bench::random_gemm_shapes(50, 3, 16, 128);
+  for (const auto& d : small) EXPECT_TRUE(d.m >= 16 && d.n <= 128 && d.k % 16 == 0);
+  EXPECT_THROW(bench::random_gemm_shapes(-1, 1), InvalidArgument);
+  EXPECT_THROW(bench::random_gemm_shapes(1, 1, 100, 110), InvalidArgument);  // no multiple of 16
+}
+
 namespace {
 std::pair<int, std::string> run_cmd(const std::string& cmd) {
   FILE* f = popen((cmd + " 2>&1").c_str(), "r");
@@ -747,4 +777,35 @@ TEST(GemmOverlapCli, BenchRefusesAMalformedKnob) {
                   WEFT_CLI_PATH));
   EXPECT_NE(rc, 0) << out;
   EXPECT_NE(out.find("WEFT_BENCH_PER_GRAPH='three' is not an integer"), std::string::npos) << out;
+}
+
+// `--random n`: n seeded shapes on the host backend (small ones there), every method checked,
+// the table's summary of auto against the baseline and the JSON's; misuse is a usage error.
+TEST(GemmOverlapCli, BenchTakesRandomShapes) {
+  const std::string dir = fmt::format("/tmp/weft-gemm-random-{}", ::getpid());
+  const std::string env = "WEFT_BACKEND=host WEFT_HOST_RANKS=2 WEFT_TUNE_CACHE=- ";
+  const auto [rc, out] = run_cmd(env + WEFT_CLI_PATH + " bench gemm_rs --quick --random 3 --seed 5 --out " + dir);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("auto / baseline over 3 shapes (3 random, seed 5): geometric mean"), std::string::npos) << out;
+  EXPECT_EQ(out.find("WRONG"), std::string::npos) << out;
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const auto j = nlohmann::json::parse(std::ifstream(e.path()));
+    EXPECT_EQ(j.value("random", 0), 3);
+    EXPECT_EQ(j.value("seed", 0), 5);
+    EXPECT_EQ(j["auto_vs_baseline"].value("shapes", 0), 3);
+    std::set<std::string> shapes;
+    for (const auto& p : j["points"])
+      shapes.insert(fmt::format("{}x{}x{}", p.value("m", 0), p.value("k", 0), p.value("n", 0)));
+    EXPECT_EQ(shapes.size(), 3u);
+    ++files;
+  }
+  EXPECT_EQ(files, 1);
+  std::filesystem::remove_all(dir);
+  for (const std::string bad :
+       {" bench gemm_rs --random -1", " bench moe --random 2", " bench ag_gemm --random 1001"}) {
+    const auto [code, text] = run_cmd(env + WEFT_CLI_PATH + bad + " --out " + dir);
+    EXPECT_EQ(code, 2) << bad << ": " << text;
+    EXPECT_NE(text.find("--random"), std::string::npos) << text;
+  }
 }

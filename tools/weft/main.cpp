@@ -141,7 +141,7 @@ bool is_overlap_bench(const std::string& what) { return what == "ag_gemm" || wha
 
 int cmd_bench_overlap(const std::string& what, bool quick, const std::string& out_dir,
                       const std::vector<std::string>& shapes, int chunks, const std::string& trace_dir, bool tune,
-                      const std::string& data, bool sequential, bool eager) {
+                      const std::string& data, bool sequential, bool eager, int random, uint64_t seed) {
   if (!env_var(tunables::kGpuHeapMiB.env)) setenv(tunables::kGpuHeapMiB.env, "8192", 1);
   auto b = make_backend();
   bench::OverlapBenchOptions opt;
@@ -154,6 +154,8 @@ int cmd_bench_overlap(const std::string& what, bool quick, const std::string& ou
   opt.data = data;
   opt.sequential = sequential;
   opt.eager = eager;
+  opt.random = random;
+  opt.seed = seed;
   const auto t0 = std::chrono::steady_clock::now();
   if (b->rank() == 0)
     opt.progress = [t0](const std::string& s) {
@@ -506,6 +508,12 @@ int main(int argc, char** argv) {
   bool eager = false;
   bench->add_flag("--eager", eager,
                   "ag_gemm/gemm_rs/gemm_ar: time eager calls instead of CUDA-graph replays (GPU; same rounds)");
+  int random = 0;
+  uint64_t seed = 1;
+  bench->add_option("--random", random,
+                    "ag_gemm/gemm_rs/gemm_ar: also N seeded random shapes (M, K, N multiples of 16 in 256 ... 8192 "
+                    "on GPUs; without --shapes, only those); the table then sums up auto against the baseline");
+  bench->add_option("--seed", seed, "ag_gemm/gemm_rs/gemm_ar: --random's seed (default 1)");
 
   auto* trace = app.add_subcommand("trace", "Summarise a Chrome-trace JSON: comm, compute, communication hidden");
   std::string trace_file, trace_png;
@@ -538,6 +546,10 @@ int main(int argc, char** argv) {
   try {
     if (*bench) {
       validate_bench(what, shapes, parts, chunks, ms);
+      if (random < 0 || random > 1000)
+        throw cli::UsageError(fmt::format("--random {}: expected 0 ... 1000 shapes", random));
+      if (random > 0 && !is_overlap_bench(what))
+        throw cli::UsageError(fmt::format("--random: ag_gemm, gemm_rs and gemm_ar take it, not '{}'", what));
       if (out_dir.empty()) out_dir = default_results_dir();
       if (out_dir.empty()) throw cli::UsageError("weft bench: neither XDG_DATA_HOME nor HOME is set: give --out DIR");
     }
@@ -571,7 +583,8 @@ int main(int argc, char** argv) {
       int rc = relaunch_as_ranks(argc, argv);
       return rc >= 0
                  ? rc
-                 : cmd_bench_overlap(what, quick, out_dir, shapes, chunks, trace_dir, tune, data, sequential, eager);
+                 : cmd_bench_overlap(what, quick, out_dir, shapes, chunks, trace_dir, tune, data, sequential, eager,
+                                     random, seed);
     }
     if (*bench) {
       int rc = relaunch_as_ranks(argc, argv);

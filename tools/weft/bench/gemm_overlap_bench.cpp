@@ -49,28 +49,33 @@ OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt
   const ops::GemmOp kind = ops::parse_gemm_op(opt.op);
   const bool gpu = b.kind() == BackendKind::kNccl;
   const int world = b.size();
-  std::vector<std::string> shapes = opt.shapes;
-  if (shapes.empty()) {
+  std::vector<std::string> shapes = opt.shapes, made;  // made: the defaults or the random ones
+  if (shapes.empty() && opt.random == 0) {
     if (gpu)
-      shapes = {"8192x8192x14336", "4096x8192x8192", "16384x8192x3584", "2048x4096x4096"};
+      made = {"8192x8192x14336", "4096x8192x8192", "16384x8192x3584", "2048x4096x4096"};
     else
-      shapes = opt.quick ? std::vector<std::string>{"64x64x48"} : std::vector<std::string>{"64x64x48", "96x128x64"};
-    // The host shapes must divide the world: round M and K up to multiples of 8 x world.
-    if (!gpu)
-      for (auto& s : shapes) {
-        GemmShape d = parse_gemm_shape(s);
-        const int64_t q = 8 * world;
-        d.m = (d.m + q - 1) / q * q;
-        d.k = (d.k + q - 1) / q * q;
-        s = fmt::format("{}x{}x{}", d.m, d.k, d.n);
-      }
+      made = opt.quick ? std::vector<std::string>{"64x64x48"} : std::vector<std::string>{"64x64x48", "96x128x64"};
   }
+  for (const GemmShape& d : random_gemm_shapes(opt.random, opt.seed, gpu ? 256 : 16, gpu ? 8192 : 128))
+    made.push_back(fmt::format("{}x{}x{}", d.m, d.k, d.n));
+  // The host shapes must divide the world: round M and K up to multiples of 8 x world.
+  for (auto& s : made) {
+    if (gpu) break;
+    GemmShape d = parse_gemm_shape(s);
+    const int64_t q = 8 * world;
+    d.m = (d.m + q - 1) / q * q;
+    d.k = (d.k + q - 1) / q * q;
+    s = fmt::format("{}x{}x{}", d.m, d.k, d.n);
+  }
+  shapes.insert(shapes.end(), made.begin(), made.end());
   OverlapBenchResult res;
   res.op = opt.op;
   res.device = b.device_name();
   res.backend = to_string(b.kind());
   res.world = world;
   res.data = opt.data;
+  res.random = opt.random;
+  res.seed = opt.random > 0 ? opt.seed : 0;
   res.timing =
       (gpu ? std::string(
                  std::string(opt.eager ? "eager calls (no graphs), several back to back"
@@ -449,17 +454,26 @@ nlohmann::json to_json(const OverlapBenchResult& r) {
                    {"chunks", p.chunks},
                    {"note", p.note},
                    {"rel_err_vs_baseline", p.rel_err}});
-  return {{"bench", r.op},
-          {"device", r.device},
-          {"backend", r.backend},
-          {"world", r.world},
-          {"dtype", "bf16"},
-          {"data", r.data},
-          {"b_layout", "nk"},
-          {"timing", r.timing},
-          {"points", pts},
-          {"traces", r.traces},
-          {"tolerance_vs_baseline", overlap_bench_tolerance(r.op, r.world)}};
+  nlohmann::json j = {{"bench", r.op},
+                      {"device", r.device},
+                      {"backend", r.backend},
+                      {"world", r.world},
+                      {"dtype", "bf16"},
+                      {"data", r.data},
+                      {"b_layout", "nk"},
+                      {"timing", r.timing},
+                      {"points", pts},
+                      {"traces", r.traces},
+                      {"tolerance_vs_baseline", overlap_bench_tolerance(r.op, r.world)}};
+  if (r.random > 0) {
+    j["random"] = r.random;
+    j["seed"] = r.seed;
+  }
+  const AutoSummary a = auto_summary(r);
+  if (a.shapes > 0)
+    j["auto_vs_baseline"] = {
+        {"shapes", a.shapes}, {"geomean", a.geomean}, {"worst", a.worst}, {"worst_shape", a.worst_shape}};
+  return j;
 }
 
 std::string to_table(const OverlapBenchResult& r) {
@@ -515,7 +529,38 @@ std::string to_table(const OverlapBenchResult& r) {
   for (const auto& p : r.points)
     if (p.median_us == 0 && !p.note.empty())
       out += fmt::format("note: {} {}x{}x{}: {}\n", p.method, p.m, p.k, p.n, p.note);
+  const AutoSummary a = auto_summary(r);
+  if (a.shapes > 1)
+    out += fmt::format("auto / baseline over {} shapes{}: geometric mean {:.3f}, worst {:.3f} at {}\n", a.shapes,
+                       r.random > 0 ? fmt::format(" ({} random, seed {})", r.random, r.seed) : std::string(),
+                       a.geomean, a.worst, a.worst_shape);
   return out;
+}
+
+AutoSummary auto_summary(const OverlapBenchResult& r) {
+  std::map<std::string, std::pair<double, double>> t;  // shape -> (baseline, auto)
+  std::vector<std::string> order;
+  for (const auto& p : r.points) {
+    if (p.median_us <= 0 || (p.method != "baseline" && p.method != "auto")) continue;
+    const std::string key = fmt::format("{}x{}x{}", p.m, p.k, p.n);
+    if (!t.count(key)) order.push_back(key);
+    (p.method == "baseline" ? t[key].first : t[key].second) = p.median_us;
+  }
+  AutoSummary a;
+  double log_sum = 0;
+  for (const auto& key : order) {
+    const auto [base, aut] = t[key];
+    if (base <= 0 || aut <= 0) continue;
+    const double x = aut / base;
+    ++a.shapes;
+    log_sum += std::log(x);
+    if (x > a.worst) {
+      a.worst = x;
+      a.worst_shape = key;
+    }
+  }
+  a.geomean = a.shapes > 0 ? std::exp(log_sum / a.shapes) : 0;
+  return a;
 }
 
 }  // namespace weft::bench

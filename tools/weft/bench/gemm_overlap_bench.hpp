@@ -70,6 +70,12 @@ struct OverlapBenchOptions {
   std::string op = "ag_gemm";
   bool quick = false;
   std::vector<std::string> shapes;  // "MxKxN"; empty: docs/anchors.md's four (GPU) or small ones (host)
+  // random > 0: that many seeded shapes (random_gemm_shapes: M, K, N multiples of 16 in 256 ...
+  // 8192 on GPUs; 16 ... 128, rounded as the host's defaults, on the host backend) after
+  // `shapes` (instead of the defaults when shapes is empty); the table then summarises auto
+  // against the baseline over every shape.
+  int random = 0;
+  uint64_t seed = 1;
   int chunks = 0;                   // 0: the cost model's (or tuning cache's) choice
   std::string trace_dir;            // non-empty: one traced call per method, Chrome JSON per method
   bool tune = false;                // store the fastest method per shape in the tuning cache
@@ -88,6 +94,8 @@ struct OverlapBenchOptions {
 struct OverlapBenchResult {
   std::string op, device, backend, timing, data;
   int world = 1;
+  int random = 0;  // the options' random shapes and seed (0: none)
+  uint64_t seed = 0;
   std::vector<OverlapPoint> points;
   std::vector<std::string> traces;  // files written (rank 0)
 };
@@ -96,5 +104,14 @@ struct OverlapBenchResult {
 OverlapBenchResult bench_gemm_overlap(Backend& b, const OverlapBenchOptions& opt);
 nlohmann::json to_json(const OverlapBenchResult& r);
 std::string to_table(const OverlapBenchResult& r);
+
+// auto against the baseline over the shapes where both ran: the geometric mean of auto / baseline
+// and the worst ratio (issue 26's generality bars: worst <= 1.02, geometric mean <= 0.9).
+struct AutoSummary {
+  int shapes = 0;
+  double geomean = 0, worst = 0;
+  std::string worst_shape;
+};
+AutoSummary auto_summary(const OverlapBenchResult& r);
 
 }  // namespace weft::bench
