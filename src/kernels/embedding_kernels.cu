@@ -140,7 +140,7 @@ __device__ void pool_item(const EmbeddingPoolArgs& a, int ti, int64_t item, int 
     for (int e = 0; e < kE; ++e) acc[v][e] = 0.f;
   // The run's offsets, checked: lane k <= nb of the group holds offsets[bag0 + k] where the group
   // has the lanes (else they are loaded where needed).
-  const bool lane_offsets = group > kEmbeddingPoolerBags;
+  const bool lane_offsets = group > kR;
   int64_t my_off = 0;
   if (lane_offsets && g <= nb) my_off = __ldg(t.offsets + bag0 + g);
   auto off_at = [&](int k) {
@@ -163,37 +163,48 @@ __device__ void pool_item(const EmbeddingPoolArgs& a, int ti, int64_t item, int 
     return;
   }
   const uint4* wt = static_cast<const uint4*>(t.weight);
-  int cur = 0;                             // the bag being summed
-  int64_t start = first, end = off_at(1);  // its indices
-  const bool shared_loads = group >= kU;   // the group's lanes load kU indices together
-  // Shared loads: lane g of the group holds index i + g (g < kU) of the batch at i, loaded one
-  // batch ahead (the next batch's indices are in flight while this batch's rows are summed).
+  const bool weighted = t.psw != nullptr;
+  // The run's positions relative to `first` (32-bit: a run of at most kEmbeddingPoolerBags bags
+  // is taken to hold fewer than 2^31 indices).
+  const int n = static_cast<int>(last - first);
+  int cur = 0;                                               // the bag being summed
+  int start = 0, end = static_cast<int>(off_at(1) - first);  // its indices
+  // A row's first vector, or null for a position past the run or an index outside the table
+  // (recorded: the lowest bad position wins). Checked once, by the lane that loaded the index.
+  auto row_of = [&](int64_t x, int pos) -> const uint4* {
+    if (pos >= n) return nullptr;
+    if (x >= 0 && x < t.rows) return wt + x * nv;
+    atomicMin(a.bad, (static_cast<unsigned long long>(t.global) << 40) | static_cast<uint64_t>(first + pos));
+    return nullptr;
+  };
+  const bool shared_loads = group >= kU;  // the group's lanes load kU indices together
+  // Shared loads: lane g (< kU) of the group loads index k + g of the batch at k one batch ahead
+  // (the next batch's indices are in flight while this batch's rows are summed) and turns it
+  // into a row pointer; the group's lanes take the batch's pointers by shuffles.
   int64_t mine = -1;
   float my_w = 1.f;
-  if (shared_loads && g < kU && first + g < last) {
+  if (shared_loads && g < kU && g < n) {
     mine = __ldg(t.indices + first + g);
-    if (t.psw) my_w = __ldg(t.psw + first + g);
+    if (weighted) my_w = __ldg(t.psw + first + g);
   }
-  for (int64_t i = first; i < last; i += kU) {
-    int64_t r[kU];
+  for (int k = 0; k < n; k += kU) {
+    const uint4* rp[kU];
     float w[kU];
+    if (shared_loads) {
+      const uint4* my_row = g < kU ? row_of(mine, k + g) : nullptr;
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      int64_t x = -1;
-      w[u] = 1.f;
-      if (shared_loads) {
-        x = __shfl_sync(mask, mine, sub * group + u);
-        w[u] = __shfl_sync(mask, my_w, sub * group + u);
-      } else if (i + u < last) {
-        x = __ldg(t.indices + i + u);
-        if (t.psw) w[u] = __ldg(t.psw + i + u);
+      for (int u = 0; u < kU; ++u) {
+        rp[u] = reinterpret_cast<const uint4*>(
+            __shfl_sync(mask, reinterpret_cast<unsigned long long>(my_row), sub * group + u));
+        w[u] = weighted ? __shfl_sync(mask, my_w, sub * group + u) : 1.f;
       }
-      r[u] = -1;
-      if (i + u < last) {
-        if (x >= 0 && x < t.rows)
-          r[u] = x;
-        else if (g == 0)
-          atomicMin(a.bad, (static_cast<unsigned long long>(t.global) << 40) | static_cast<uint64_t>(i + u));
+    } else {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const bool in = k + u < n;
+        const int64_t x = in ? __ldg(t.indices + first + k + u) : -1;
+        w[u] = in && weighted ? __ldg(t.psw + first + k + u) : 1.f;
+        rp[u] = g == 0 ? row_of(x, k + u) : (x >= 0 && x < t.rows && in ? wt + x * nv : nullptr);
       }
     }
     uint4 x[kU][kV];
@@ -202,20 +213,20 @@ __device__ void pool_item(const EmbeddingPoolArgs& a, int ti, int64_t item, int 
 #pragma unroll
       for (int v = 0; v < kV; ++v) {
         const int vec = g + v * group;
-        x[u][v] = r[u] >= 0 && vec < nv ? __ldg(wt + r[u] * nv + vec) : make_uint4(0, 0, 0, 0);
+        x[u][v] = rp[u] != nullptr && vec < nv ? __ldg(rp[u] + vec) : make_uint4(0, 0, 0, 0);
       }
     if (shared_loads) {
       mine = -1;
       my_w = 1.f;
-      if (g < kU && i + kU + g < last) {
-        mine = __ldg(t.indices + i + kU + g);
-        if (t.psw) my_w = __ldg(t.psw + i + kU + g);
+      if (g < kU && k + kU + g < n) {
+        mine = __ldg(t.indices + first + k + kU + g);
+        if (weighted) my_w = __ldg(t.psw + first + k + kU + g);
       }
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      if (i + u >= last) break;
-      while (i + u >= end) {  // the bag before is complete (empty ones too)
+      if (k + u >= n) break;
+      while (k + u >= end) {  // the bag before is complete (empty ones too)
         store_bag<W, kV>(a, acc, row0 + static_cast<size_t>(cur * stride) * ob, g, group, nv, end - start);
 #pragma unroll
         for (int v = 0; v < kV; ++v)
@@ -223,15 +234,19 @@ __device__ void pool_item(const EmbeddingPoolArgs& a, int ti, int64_t item, int 
           for (int e = 0; e < kE; ++e) acc[v][e] = 0.f;
         ++cur;
         start = end;
-        end = off_at(cur + 1);
+        end = static_cast<int>(off_at(cur + 1) - first);
       }
-      if (r[u] < 0) continue;
+      if (rp[u] == nullptr) continue;
 #pragma unroll
       for (int v = 0; v < kV; ++v) {
         float f[kE];
         Vec<W>::to_float(x[u][v], f);
+        if (weighted)
 #pragma unroll
-        for (int e = 0; e < kE; ++e) acc[v][e] = __fadd_rn(acc[v][e], __fmul_rn(w[u], f[e]));
+          for (int e = 0; e < kE; ++e) acc[v][e] = __fadd_rn(acc[v][e], __fmul_rn(w[u], f[e]));
+        else  // w = 1: the product is f itself
+#pragma unroll
+          for (int e = 0; e < kE; ++e) acc[v][e] = __fadd_rn(acc[v][e], f[e]);
       }
     }
   }
@@ -242,7 +257,7 @@ __device__ void pool_item(const EmbeddingPoolArgs& a, int ti, int64_t item, int 
 #pragma unroll
       for (int e = 0; e < kE; ++e) acc[v][e] = 0.f;
     start = end;
-    if (cur + 1 < nb) end = off_at(cur + 2);
+    if (cur + 1 < nb) end = static_cast<int>(off_at(cur + 2) - first);
   }
 }
 
@@ -331,13 +346,28 @@ __global__ void __launch_bounds__(kLandThreads) land_kernel(const __grid_constan
   // Row b's vectors of 16 bytes, the own columns left out: [0, skip) and [skip + own, row).
   const int64_t row_v = a.stride * static_cast<int64_t>(a.elem) / 16, skip_v = a.skip_col * a.elem / 16,
                 own_v = a.skip_cols * static_cast<int64_t>(a.elem) / 16, other_v = row_v - own_v;
-  const uint4* src = c.local<const uint4>(a.land_off + (n & 1) * a.land_bytes);
-  uint4* dst = static_cast<uint4*>(a.out);
-  const int64_t total = a.batch * other_v;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kLandThreads + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * kLandThreads) {
-    const int64_t b = i / other_v, v0 = i % other_v, v = v0 < skip_v ? v0 : v0 + own_v;
-    dst[b * row_v + v] = src[b * row_v + v];
+  const uint4* __restrict__ src = c.local<const uint4>(a.land_off + (n & 1) * a.land_bytes);
+  uint4* __restrict__ dst = static_cast<uint4*>(a.out);
+  // A warp a row (no division per vector), four vectors a lane in flight.
+  constexpr int kWarps = kLandThreads / 32;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  for (int64_t b = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; b < a.batch;
+       b += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const uint4* s = src + b * row_v;
+    uint4* d = dst + b * row_v;
+    for (int64_t v0 = lane; v0 < other_v; v0 += 4 * 32) {
+      uint4 x[4];
+      int64_t at[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int64_t w = v0 + 32 * k;
+        at[k] = w < other_v ? (w < skip_v ? w : w + own_v) : -1;
+        if (at[k] >= 0) x[k] = s[at[k]];
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (at[k] >= 0) d[at[k]] = x[k];
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -736,9 +766,8 @@ cudaError_t embedding_pool(const EmbeddingPoolArgs& a, cudaStream_t s) {
 }
 
 cudaError_t embedding_land(const EmbeddingLandArgs& a, cudaStream_t s) {
-  const int64_t vectors = a.batch * a.stride * static_cast<int64_t>(a.elem) / 16;
-  const int grid =
-      static_cast<int>(std::clamp<int64_t>((vectors + kLandThreads - 1) / kLandThreads, 1, 4 * sm_count()));
+  constexpr int kWarps = kLandThreads / 32;  // a warp a row
+  const int grid = static_cast<int>(std::clamp<int64_t>((a.batch + kWarps - 1) / kWarps, 1, 4 * sm_count()));
   land_kernel<<<grid, kLandThreads, 0, s>>>(a);
   return cudaGetLastError();
 }

@@ -32,7 +32,7 @@ struct EmbeddingTableArgs {
   int64_t rows = 0;
   int32_t dim = 0;
   int32_t col = 0;     // the table's first column among this rank's tables
-  int32_t group = 32;  // lanes that pool one bag: a power of two, <= 32
+  int32_t group = 32;  // lanes that pool one bag: a power of two >= half the row's 16-byte vectors, <= 32
   int32_t global = 0;  // the table's global number (the error's)
 };
 

@@ -236,7 +236,7 @@ kernels::EmbeddingPoolArgs pool_args(const EmbeddingA2A::Impl& I, const Embeddin
     x.col = static_cast<int32_t>(col);
     x.global = static_cast<int32_t>(I.first + t);
     int group = 1;
-    while (group < 32 && group < x.dim / per_vec) group *= 2;
+    while (group < 32 && 2 * group < x.dim / per_vec) group *= 2;  // two vectors a lane
     x.group = group;
     col += x.dim;
   }
