@@ -23,6 +23,11 @@ double pooled_sent(const DlrmModel& m, int world) {
 // The output one GPU writes ([batch][tables * dim]).
 double out_bytes(const DlrmModel& m) { return static_cast<double>(m.batch) * m.tables * m.dim * kF32; }
 
+// The backward's accumulation of the gradients into the rows (DlrmCalibration).
+double accumulate_us(const DlrmCalibration& c, const DlrmModel& m, double lookup_us) {
+  return c.acc_gbps > 0 ? c.acc_us + rows_read(m) / (c.acc_gbps * 1e3) : 2.0 * lookup_us;
+}
+
 double layers_params(const std::vector<int64_t>& widths) {
   double p = 0;
   for (size_t i = 0; i + 1 < widths.size(); ++i)
@@ -85,6 +90,19 @@ DlrmCalibration fit_dlrm(const std::vector<DlrmMeasured>& points, double copy_gb
     den += push * push;
   }
   c.push_cost = den > 0 ? std::max(0.0, num / den) : 0;
+  // The backward's accumulation: a line through the smallest and the largest batch of the
+  // baseline's backward less its exchange (the forward's all-to-all, measured) and re-layout.
+  if (p.front().bwd_baseline_us > 0 && p.back().bwd_baseline_us > 0) {
+    auto acc = [&](const DlrmMeasured& x, const DlrmModel& q) {
+      const double relayout = world > 1 ? 2.0 * out_bytes(q) / (copy_gbps * 1e3) : 0;
+      return x.bwd_baseline_us - (world > 1 ? x.all_to_all_us : 0) - relayout;
+    };
+    const double a0 = acc(p.front(), lo), a1 = acc(p.back(), m);
+    if (a1 > a0 && a0 > 0) {
+      c.acc_gbps = (r1 - r0) / ((a1 - a0) * 1e3);
+      c.acc_us = std::max(0.0, a0 - r0 / (c.acc_gbps * 1e3));
+    }
+  }
   return c;
 }
 
@@ -100,8 +118,9 @@ DlrmMeasured predict_dlrm_node(const DlrmCalibration& c, const DlrmModel& m, int
                                               c.push_cost * sent / (c.link_gbps * 1e3)
                                         : 0);
   const double relayout = world > 1 ? 2.0 * out_bytes(m) / (c.copy_gbps * 1e3) : 0;
-  r.bwd_baseline_us = r.all_to_all_us + relayout + 2.0 * r.lookup_us;
-  r.bwd_fused_us = r.fused_us + r.lookup_us;  // the accumulation (2 x lookups) with the forward's toll and land
+  const double accumulate = accumulate_us(c, m, r.lookup_us);
+  r.bwd_baseline_us = r.all_to_all_us + relayout + accumulate;
+  r.bwd_fused_us = accumulate + (r.fused_us - r.lookup_us);  // the accumulation with the forward's toll and land
   return r;
 }
 
@@ -126,9 +145,8 @@ DlrmPrediction predict_dlrm(const DeviceConstants& d, const DlrmCalibration& c, 
   const double toll = c.push_cost * intra / (c.link_gbps * 1e3);
   const double fwd_base = lookup + a2a + relayout;
   const double fwd_fused = std::max(lookup + toll, inter > 0 ? a2a : 0.0) + land;
-  // backward: the pooled gradients back (the same bytes), their accumulation into the rows
-  // (read and written: twice the lookups' bytes at the lookups' rate).
-  const double accumulate = 2.0 * lookup;
+  // backward: the pooled gradients back (the same bytes), their accumulation into the rows.
+  const double accumulate = accumulate_us(c, m, lookup);
   const double bwd_base = a2a + relayout + accumulate;
   const double bwd_fused = std::max(accumulate + toll, inter > 0 ? a2a : 0.0) + land;
   // The dense part, data parallel: forward and backward (twice the forward) GEMMs, the

@@ -30,7 +30,9 @@ DlrmCalibration truth() {
 }  // namespace
 
 TEST(PlanDlrm, FitRecoversTheCalibrationOfItsPoints) {
-  const DlrmCalibration t = truth();
+  DlrmCalibration t = truth();
+  t.acc_us = 40;  // the backward's accumulation, fitted from the points' bwd_baseline
+  t.acc_gbps = 1800;
   std::vector<DlrmMeasured> pts;
   for (int64_t b : {65536, 2048, 16384}) {
     DlrmModel m;
@@ -43,6 +45,8 @@ TEST(PlanDlrm, FitRecoversTheCalibrationOfItsPoints) {
   EXPECT_NEAR(c.a2a_gbps, t.a2a_gbps, 1e-6 * t.a2a_gbps);
   EXPECT_NEAR(c.a2a_us, t.a2a_us, 1e-6);
   EXPECT_NEAR(c.push_cost, t.push_cost, 1e-9);
+  EXPECT_NEAR(c.acc_gbps, t.acc_gbps, 1e-6 * t.acc_gbps);
+  EXPECT_NEAR(c.acc_us, t.acc_us, 1e-6);
   // The forward of 4096 samples on 2 GPUs by the formulas: 4096 x 216 x 128 x 4 bytes of rows.
   DlrmModel m;
   const DlrmMeasured f = predict_dlrm_node(t, m, 2);
@@ -53,7 +57,15 @@ TEST(PlanDlrm, FitRecoversTheCalibrationOfItsPoints) {
   const DlrmPrediction one = predict_dlrm(h200_constants(), t, m, 1, 2, 50);
   EXPECT_NEAR(f.bwd_baseline_us, one.steps[3].baseline_us, 1e-6);
   EXPECT_NEAR(f.bwd_fused_us, one.steps[3].fused_us, 1e-6);
-  EXPECT_NEAR(f.bwd_baseline_us, f.all_to_all_us + 2 * f.lookup_us + 2.0 * 4096 * 26 * 128 * 4 / 4200e3, 1e-3);
+  const double accumulate = 40 + 4096.0 * 216 * 128 * 4 / 1800e3, relayout = 2.0 * 4096 * 26 * 128 * 4 / 4200e3;
+  EXPECT_NEAR(f.bwd_baseline_us, f.all_to_all_us + accumulate + relayout, 1e-3);
+  EXPECT_NEAR(f.bwd_fused_us, accumulate + f.fused_us - f.lookup_us, 1e-3);
+  // Points without a backward: nothing fitted, the accumulation is twice the lookups.
+  for (DlrmMeasured& x : pts) x.bwd_baseline_us = x.bwd_fused_us = 0;
+  const DlrmCalibration fwd_only = fit_dlrm(pts, t.copy_gbps, t.link_gbps, "forward only");
+  EXPECT_EQ(fwd_only.acc_gbps, 0);
+  const DlrmMeasured g = predict_dlrm_node(fwd_only, m, 2);
+  EXPECT_NEAR(g.bwd_baseline_us, g.all_to_all_us + 2 * g.lookup_us + relayout, 1e-3);
 }
 
 TEST(PlanDlrm, IterationTermsBehave) {

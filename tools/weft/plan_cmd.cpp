@@ -386,6 +386,10 @@ int run_simulate_dlrm(const PlanOptions& o) {
       "calibration ({} GPUs, {}): lookups {:.1f} us + rows at {:.0f} GB/s; all-to-all {:.1f} us + bytes at {:.0f} "
       "GB/s; copies {:.0f} GB/s; fused's pushes cost the lookups {:.2f} x their link time\n",
       world, path, cal.lookup_us, cal.lookup_gbps, cal.a2a_us, cal.a2a_gbps, cal.copy_gbps, cal.push_cost);
+  if (cal.acc_gbps > 0)
+    std::cout << fmt::format("backward: the accumulation {:.1f} us + rows at {:.0f} GB/s (fitted on the baseline's "
+                             "backward at the smallest and the largest batch)\n",
+                             cal.acc_us, cal.acc_gbps);
   const bool bwd = std::all_of(points.begin(), points.end(), [](const plan::DlrmMeasured& m) {
     return m.bwd_baseline_us > 0 && m.bwd_fused_us > 0;
   });

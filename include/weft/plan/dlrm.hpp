@@ -14,8 +14,8 @@
 
 namespace weft::plan {
 
-// One node's measured forward -- and backward (SGD's update; 0: not measured; the model's check,
-// not fitted) --, one point of `weft bench embedding_a2a --shapes dlrm`.
+// One node's measured forward -- and backward (SGD's update; 0: not measured) --, one point of
+// `weft bench embedding_a2a --shapes dlrm`.
 struct DlrmMeasured {
   int world = 2;
   int64_t batch = 0;  // samples a GPU
@@ -29,9 +29,14 @@ struct DlrmMeasured {
 //  baseline    = lookup + all_to_all + relayout (out read and written at copy_gbps)
 //  fused       = lookup + land (the peers' columns read and written at copy_gbps)
 //                + push_cost * bytes sent / link_gbps                   (the pushes' toll on the lookups)
+// and the backward's accumulation into the rows (SGD's update), fitted where the points have the
+// baseline's backward (acc_gbps > 0), else twice the lookups:
+//  accumulate  = acc_us + rows read / acc_gbps      (bwd_baseline - all_to_all - relayout)
+//  bwd baseline = all_to_all + relayout + accumulate;  bwd fused = accumulate + (fused - lookup)
 struct DlrmCalibration {
   std::string source;  // where the points came from
   double lookup_us = 0, lookup_gbps = 0, a2a_us = 0, a2a_gbps = 0, copy_gbps = 0, link_gbps = 0, push_cost = 0;
+  double acc_us = 0, acc_gbps = 0;
 };
 
 struct DlrmModel {
@@ -67,8 +72,7 @@ DlrmMeasured predict_dlrm_node(const DlrmCalibration& c, const DlrmModel& m, int
 // part's GEMMs run at `dense_efficiency` of d.gemm_tflops (small GEMMs); its gradients'
 // all-reduce (NCCL's ring) overlaps the backward's dense compute. The embedding backward: the
 // gradients' all-to-all, then (baseline) or beside (fused) their accumulation into the tables'
-// rows (read and written: twice the lookups' bytes at the lookups' rate; ops::EmbeddingA2A's
-// backward with SGD's update, checked against its measurements in the calibration table).
+// rows (ops::EmbeddingA2A's backward with SGD's update: the calibration's accumulate).
 DlrmPrediction predict_dlrm(const DeviceConstants& d, const DlrmCalibration& c, const DlrmModel& m, int nodes, int gpus,
                             double net_gbps, double dense_efficiency = 0.5);
 
