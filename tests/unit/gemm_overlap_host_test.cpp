@@ -138,6 +138,7 @@ INSTANTIATE_TEST_SUITE_P(Worlds, GemmOverlapHost, ::testing::Values(1, 2, 3, 4, 
 TEST(GemmOverlapHostErrors, ShapesAndPointersAreRefusedClearly) {
   expect_all_ok(run_host_ranks(3, [] {
     auto b = make_backend();
+    std::string got;
     auto expect = [&](const GemmOverlapConfig& c, const std::string& want) {
       const std::string got = message_of([&] { GemmOverlap op(*b, c); });
       WEFT_CHECK(got.find(want) != std::string::npos, fmt::format("expected '{}' in: {}", want, got));
@@ -148,8 +149,20 @@ TEST(GemmOverlapHostErrors, ShapesAndPointersAreRefusedClearly) {
            "gemm_rs: M x K x N = 10 x 48 x 8: M = 10 does not divide among 3 ranks");
     expect(config({GemmOp::kGemmRs, 12, 40, 8}),
            "gemm_rs: M x K x N = 12 x 40 x 8: K = 40 does not divide among 3 ranks");
-    expect(config({GemmOp::kGemmAr, 12, 36, 8}), "K per rank = 12 is not a multiple of 8");
-    expect(config({GemmOp::kAgGemm, 12, 12, 8}), "K per rank = 12 is not a multiple of 8");
+    // K per rank not a multiple of 8: the baseline runs it (exact; auto picks it), the other
+    // methods refuse by name.
+    for (const Shape& s : {Shape{GemmOp::kGemmAr, 12, 36, 8}, Shape{GemmOp::kAgGemm, 12, 12, 8},
+                           Shape{GemmOp::kGemmRs, 12, 36, 8}}) {
+      WEFT_CHECK(run_methods(*b, config(s), {GemmMethod::kBaseline, GemmMethod::kAuto}, 1) == 2, "unaligned K");
+      GemmOverlap op(*b, config(s));
+      WEFT_CHECK(op.auto_choice().method == GemmMethod::kBaseline, op.auto_choice().source);
+      Buf a(static_cast<size_t>(op.a_rows() * op.a_cols())), w(static_cast<size_t>(op.b_rows() * op.b_cols())),
+          c(static_cast<size_t>(op.c_rows() * op.c_cols()));
+      for (GemmMethod m : {GemmMethod::kDecomposed, GemmMethod::kFused}) {
+        got = message_of([&] { op.run(a.p(), w.p(), c.p(), {.method = m}); });
+        WEFT_CHECK(got.find("K per rank = 12 is not a multiple of 8") != std::string::npos, got);
+      }
+    }
     expect(config({GemmOp::kAgGemm, 12, 16, 0}), "every dimension must be at least 1");
     expect(config({GemmOp::kAgGemm, 12, 16, 8}, dev::DType::kF32), "dtype f32 (GEMM ops take bf16 or f16 inputs)");
     expect(config({GemmOp::kGemmRs, 12, 48, 8}, dev::DType::kBF16, BLayout::kNK, 2, "bidir"),
@@ -158,7 +171,7 @@ TEST(GemmOverlapHostErrors, ShapesAndPointersAreRefusedClearly) {
 
     GemmOverlap op(*b, config({GemmOp::kAgGemm, 12, 16, 8}));
     Buf a(64), w(128), c(96);
-    std::string got = message_of([&] { op.run(a.p() + 1, w.p(), c.p()); });
+    got = message_of([&] { op.run(a.p() + 1, w.p(), c.p()); });
     WEFT_CHECK(got.find("A: pointer") != std::string::npos && got.find("is not aligned to 16 bytes") != std::string::npos,
                got);
     got = message_of([&] { op.run(a.p(), nullptr, c.p()); });

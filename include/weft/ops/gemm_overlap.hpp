@@ -116,8 +116,10 @@ struct AutoChoice {
 class GemmOverlap {
  public:
   // Collective. Throws InvalidArgument naming the shape when it cannot run: a dimension < 1,
-  // M (ag_gemm, gemm_rs) or K (gemm_rs, gemm_ar) not divisible by the world size, K per rank
-  // not a multiple of 8, a dtype other than bf16/f16, chunks < 0, an unknown algo.
+  // M (ag_gemm, gemm_rs) or K (gemm_rs, gemm_ar) not divisible by the world size, a dtype
+  // other than bf16/f16, chunks < 0, an unknown algo. K per rank not a multiple of 8 (rows of
+  // A not 16-byte aligned): only the baseline runs (auto picks it; decomposed and fused throw
+  // InvalidArgument naming the shape at run).
   GemmOverlap(Backend& backend, const GemmOverlapConfig& config);
   ~GemmOverlap();
   GemmOverlap(const GemmOverlap&) = delete;

@@ -122,10 +122,12 @@ void GemmOverlap::Impl::validate() {
                              "multiple of {})",
                              op, shape, c.k, world, world));
   k_local = c.op == GemmOp::kAgGemm ? c.k : c.k / world;
-  WEFT_REQUIRE(k_local % 8 == 0,
-               fmt::format("{}: {} on {} ranks: K per rank = {} is not a multiple of 8 (rows of A must be 16-byte "
-                           "aligned)",
-                           op, shape, world, k_local));
+  // Rows of A not 16-byte aligned: the baseline (cuBLAS and NCCL) runs it, the other methods
+  // refuse (unaligned_why names it).
+  if (k_local % 8 != 0)
+    unaligned_why = fmt::format("{}: {} on {} ranks: K per rank = {} is not a multiple of 8 (rows of A must be "
+                                "16-byte aligned for the decomposed and fused methods; the baseline runs it)",
+                                op, shape, world, k_local);
   m_shard = c.op == GemmOp::kGemmAr ? ceil_div(c.m, world) : c.m / world;
   a_rows = c.op == GemmOp::kAgGemm ? c.m / world : c.m;
   a_cols = k_local;
@@ -157,6 +159,7 @@ RsFold GemmOverlap::Impl::choose_rs_fold(const OverlapModelInput& in, const plan
 }
 
 std::vector<GemmMethod> GemmOverlap::Impl::available() const {
+  if (!unaligned_why.empty()) return {GemmMethod::kBaseline};
   std::vector<GemmMethod> v{GemmMethod::kBaseline, GemmMethod::kDecomposed};
   if (b.kind() == BackendKind::kHost || fused_gpu) v.push_back(GemmMethod::kFused);
   return v;
@@ -200,7 +203,10 @@ void GemmOverlap::Impl::decide(const std::vector<GemmMethod>& avail) {
   chunks = cfg.chunks > 0 ? cfg.chunks : cached && wire.chunks > 0 ? wire.chunks : gpu ? model_chunks : 2;
   chunks = static_cast<int>(std::clamp<int64_t>(chunks, 1, std::max<int64_t>(1, m_shard)));
   autoc.chunks = chunks;
-  if (cached) {
+  if (!unaligned_why.empty()) {
+    autoc.method = GemmMethod::kBaseline;
+    autoc.source = fmt::format("K per rank = {} is not a multiple of 8: only the baseline runs it", k_local);
+  } else if (cached) {
     autoc.method = static_cast<GemmMethod>(wire.method);
     autoc.source = "tuning cache " + cache;
   } else if (!gpu) {
@@ -214,6 +220,7 @@ void GemmOverlap::Impl::decide(const std::vector<GemmMethod>& avail) {
 
 void GemmOverlap::Impl::setup_host() {
   baseline_method = std::make_unique<detail::BaselineHost>(*this);
+  if (!unaligned_why.empty()) return;
   decomposed_method = std::make_unique<detail::HostPlanMethod>(*this, true);
   fused_method = std::make_unique<detail::HostPlanMethod>(*this, false);
 }
@@ -236,6 +243,7 @@ void GemmOverlap::Impl::dispatch(GemmMethod which, int64_t m, const void* a, con
     case GemmMethod::kAuto:
       throw_error(__FILE__, __LINE__, "auto was not resolved");
   }
+  if (!method && !unaligned_why.empty()) throw InvalidArgument(unaligned_why);
   if (!method)  // fused on GPUs where it cannot run (fused_gpu false)
     throw Error(fmt::format("{}: the fused method on GPUs {}", to_string(cfg.op),
                             fused::fused_available() ? "runs ag_gemm and gemm_rs only (docs/gemm_overlap.md)"
@@ -253,6 +261,7 @@ void GemmOverlap::Impl::dispatch(GemmMethod which, int64_t m, const void* a, con
 void GemmOverlap::Impl::setup_gpu() {
   init_gpu();
   baseline_method = std::make_unique<detail::BaselineGpu>(*this);
+  if (!unaligned_why.empty()) return;
   auto decomposed = std::make_unique<detail::DecomposedGpu>(*this);
   const uint64_t rs_stage = decomposed->staging();
   decomposed_method = std::move(decomposed);

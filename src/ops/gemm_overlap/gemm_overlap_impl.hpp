@@ -144,6 +144,7 @@ struct GemmOpContext {
   std::vector<TraceEvent> trace;
   Collectives coll;  // the host baseline's collectives
   bool fused_gpu = false;
+  std::string unaligned_why;  // non-empty: K per rank is not 16-byte aligned, the baseline only
   // gemm_rs decomposed: how the own block meets the peers' partial products (decide():
   // choose_rs_fold): a reduce pass after it, or folded into its GEMM's epilogue -- weft's
   // GEMM (one launch waiting per M-block) or cuBLASLt (2 ranks: D = A B + the peer's piece).
