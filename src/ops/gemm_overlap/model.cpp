@@ -162,11 +162,17 @@ OverlapPrediction predict_overlap(const OverlapModelInput& in, const plan::Devic
   if (fused && in.op == GemmOp::kAgGemm) p.fused_us = predict_fused(s);
   p.choice = GemmMethod::kBaseline;
   double t = p.baseline_us;
-  if (in.world > 1 && p.decomposed_us < t) {
+  // gemm_ar's decomposed is never chosen: on 2 and 4 H200s it measured 2-6x the baseline at
+  // some shapes, with one piece a shard or two, and no rule separates them from the shapes where
+  // it gains up to 10 % (docs/gemm_overlap.md, "gemm_ar"). A tuning-cache entry can choose it.
+  // ag_gemm with few rows a rank: the pieces' fixed costs are more than the model holds (384 x
+  // 7984 x 7456 on 2 H200s: decomposed 1.55x, fused 1.17x the baseline; docs/gemm_overlap.md).
+  const bool few_rows = in.op == GemmOp::kAgGemm && rows_per_rank < 256;
+  if (in.world > 1 && p.decomposed_us < t && in.op != GemmOp::kGemmAr && !few_rows) {
     p.choice = GemmMethod::kDecomposed;
     t = p.decomposed_us;
   }
-  if (p.fused_us > 0 && p.fused_us < t) p.choice = GemmMethod::kFused;
+  if (p.fused_us > 0 && p.fused_us < t && !few_rows) p.choice = GemmMethod::kFused;
   return p;
 }
 
