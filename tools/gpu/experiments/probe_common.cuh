@@ -1,5 +1,5 @@
 // Helpers shared by the probes of tools/gpu/experiments/ (gemm_probe.cu, piece_probe.cu, concur_probe.cu,
-// gemm_trace_probe.cu, hooks_probe.cu; store_probe.cu its CK): error
+// gemm_trace_probe.cu, hooks_probe.cu; store_probe.cu and gather_probe.cu its CK): error
 // macros, event timing (median over batches of back-to-back calls), cublasLt descriptors and
 // heuristics for row-major A[M,K] · W[N,K]^T, a bf16 fill. Single-file nvcc programs include it.
 #pragma once
