@@ -9,6 +9,7 @@
 
 #include "weft/device/signal.hpp"
 #include "weft/kernels/embedding_kernels.hpp"
+#include "weft/kernels/runtime_kernels.hpp"
 
 namespace weft::kernels {
 namespace {
@@ -77,12 +78,13 @@ __device__ __forceinline__ void store_row(void* dst, const float* f, bool bf16) 
     *static_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
 }
 
-// The table that holds item j of one destination (first ascending, first[0] == 0).
-__device__ __forceinline__ int table_of(const int64_t* first, int n, int64_t j) {
+// The largest i < n with v[i] <= x (v ascending, v[0] <= x).
+template <class T, class X>
+__device__ __forceinline__ int last_at_most(const T* v, int n, X x) {
   int lo = 0, hi = n - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (first[mid] <= j)
+    if (v[mid] <= x)
       lo = mid;
     else
       hi = mid - 1;
@@ -311,7 +313,7 @@ __global__ void __launch_bounds__(kPoolThreads, 4) pool_kernel(const __grid_cons
       stride = a.send_stride;
       col0 = 0;
     }
-    const int ti = table_of(first, a.n_tables, j);
+    const int ti = last_at_most(first, a.n_tables, j);  // the table that holds item j
     pool_item<W, kV>(a, ti, j - first[ti], bags_of[ti], q, base, stride, col0);
   }
   if (a.push) {  // this CTA's rows are stored: tell every peer
@@ -401,20 +403,6 @@ constexpr int kGradThreads = 256;
 constexpr int kSumThreads = 128;
 constexpr int kSumWarps = kSumThreads / 32;
 constexpr int kSendThreads = 512;
-
-// The largest i < n with v[i] <= x (v ascending, v[0] <= x).
-template <class T, class X>
-__device__ __forceinline__ int last_at_most(const T* v, int n, X x) {
-  int lo = 0, hi = n - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (v[mid] <= x)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
-}
 
 // Every position's key, its bag and its own number (the sort's values); offsets checked.
 __global__ void __launch_bounds__(kGradThreads) grad_keys_kernel(const __grid_constant__ EmbeddingGradArgs a) {
@@ -710,16 +698,6 @@ __global__ void __launch_bounds__(kSendThreads) grad_send_kernel(const __grid_co
     if (static_cast<int>(threadIdx.x) < c.world && static_cast<int>(threadIdx.x) != c.rank)
       dev::signal_add(c, static_cast<int>(threadIdx.x), a.sig_off + 8ull * static_cast<uint64_t>(c.rank));
   }
-}
-
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev))
-      return 132;
-    return sms;
-  }();
-  return n;
 }
 
 // The sums' grid: one wave (every CTA resident: the work is split evenly by a grid stride).

@@ -755,13 +755,6 @@ using tma::make_map;
 
 int g_last_ctas = 0, g_last_cluster = 0;
 
-int sm_count() {
-  int dev = 0, n = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-  return n;
-}
-
 template <class T, int BKN, int CM, int BKV>
 cudaError_t launch_sm90(const GemmArgs& a, const KernelParams& kp, const TensorMaps& maps, cudaStream_t stream) {
   auto kern = gemm_sm90_kernel<T, BKN, CM, BKV>;

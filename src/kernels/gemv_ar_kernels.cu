@@ -64,6 +64,7 @@
 #include "weft/kernels/gemm.hpp"
 #include "weft/kernels/gemv_ar_algos.hpp"
 #include "weft/kernels/gemv_ar_kernels.hpp"
+#include "weft/kernels/runtime_kernels.hpp"
 
 namespace weft::kernels {
 namespace {
@@ -707,11 +708,6 @@ __global__ void __launch_bounds__(kNormThreads)
 }
 
 // ---- launch helpers ------------------------------------------------------------------------
-int device_sms(int device) {
-  int n = 0;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 1;
-  return n > 0 ? n : 1;
-}
 bool has_clusters(int device) {
   int major = 0;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
@@ -758,7 +754,7 @@ int resident_clusters(int S, size_t smem, int device, int threads = kThreads) {
   if (S == 1) {
     int per_sm = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, threads, smem) != cudaSuccess) return 0;
-    return per_sm * device_sms(device);
+    return per_sm * sm_count(device);
   }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(S * 32));
@@ -865,7 +861,7 @@ TileShape wg_shape(int n, int device) {
   using C128 = wg::Cfg<128, MT>;
   using C64 = wg::Cfg<64, MT>;
   const int s128 = cluster_for<wg::local_kernel<T, 128, MT>>(n, C128::kSmem, device, C128::kThreads, 128);
-  if (4 * ((n + 127) / 128) * s128 >= 3 * device_sms(device)) return {128, s128};
+  if (4 * ((n + 127) / 128) * s128 >= 3 * sm_count(device)) return {128, s128};
   return {64, cluster_for<wg::local_kernel<T, 64, MT>>(n, C64::kSmem, device, C64::kThreads, 64)};
 }
 

@@ -60,6 +60,13 @@ cudaError_t device_barrier(const dev::DeviceCtx& c, dev::BarrierHandle bar, cuda
   return cudaGetLastError();
 }
 
+int sm_count(int device) {
+  int n = 0;
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) return 1;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 1;
+  return n > 0 ? n : 1;
+}
+
 bool pdl_enabled() {
   static const bool on = tunable_value(tunables::kPdl) != 0;
   return on;

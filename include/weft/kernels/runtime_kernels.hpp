@@ -32,4 +32,8 @@ bool pdl_enabled();
 // follows before the GPU reaches it, so launch latency stays out of timed regions.
 cudaError_t device_sleep(uint64_t ns, cudaStream_t stream);
 
+// The SMs of `device` (-1: the current one); 1 where they cannot be read. Grids sized "per SM"
+// take it.
+int sm_count(int device = -1);
+
 }  // namespace weft::kernels

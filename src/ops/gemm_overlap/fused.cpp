@@ -145,10 +145,7 @@ void grouped(const std::vector<int>& blocks, int tiles_n, F&& emit, size_t group
 int gemm_ctas() {
   // One SM stays free for what the copy streams may run as kernels (a copy the driver does
   // with a kernel could not start while every SM holds a waiting GEMM CTA).
-  int dev = 0, n = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-  return std::max(1, n - 1);
+  return std::max(1, kernels::sm_count() - 1);
 }
 
 // The GEMM both ops run: this rank's B and the call's shape, single CTAs (the tables are
