@@ -24,8 +24,8 @@ def main(paths):
             fig, ax = plt.subplots(figsize=(7, 4.5))
             for method in sorted({p["method"] for p in pts if p["coll"] == coll}):
                 rows = sorted((p["bytes"], p["median_us"]) for p in pts if p["coll"] == coll and p["method"] == method)
-                label = "NCCL" if method == "nccl" else f"weft {method}"
-                style = "k--" if method == "nccl" else "-o"
+                nccl = {"nccl": ("NCCL", "k--"), "nccl_symm": ("NCCL, symmetric windows", "k:")}
+                label, style = nccl.get(method, (f"weft {method}", "-o"))
                 ax.plot([r[0] for r in rows], [r[1] for r in rows], style, label=label, markersize=3)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")

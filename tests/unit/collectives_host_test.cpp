@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "collectives_check.hpp"
+#include "weft/bench/collectives_bench.hpp"
 #include "weft/ops/gemm_overlap.hpp"
 #include "rank_harness.hpp"
 
@@ -212,4 +213,20 @@ TEST(CollectivesHostErrors, CallsThatDisagreeAreRefusedOnEveryRank) {
     EXPECT_EQ(r.exit_code, 1) << "rank " << r.rank << ": " << r.message;
     EXPECT_NE(r.message.find("ranks disagree on the call: rank 0 has M = 64"), std::string::npos) << r.message;
   }
+}
+
+// The bench's table: best/base is weft's best against the better of NCCL's two modes.
+TEST(CollectivesBenchTable, RatioIsAgainstTheBetterNcclMode) {
+  using bench::CollPoint;
+  const std::vector<CollPoint> pts = {{"all_gather", "nccl", 1 << 20, 30.0, 0},
+                                      {"all_gather", "nccl_symm", 1 << 20, 20.0, 0},
+                                      {"all_gather", "direct", 1 << 20, 25.0, 0},
+                                      {"all_gather", "auto", 1 << 20, 26.0, 0},
+                                      {"all_gather", "nccl", 2 << 20, 40.0, 0},
+                                      {"all_gather", "direct", 2 << 20, 30.0, 0}};
+  const std::string t = bench::to_table(pts);
+  // 1 MiB: 25 / min(30, 20) = 1.25 (slower than NCCL's symmetric mode); 2 MiB (no symm): 0.75.
+  EXPECT_NE(t.find("1.25\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("0.75\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("20.0"), std::string::npos) << t;
 }
