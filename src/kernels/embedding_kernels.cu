@@ -14,8 +14,8 @@
 namespace weft::kernels {
 namespace {
 
-constexpr int kPoolThreads = 128;
-constexpr int kPoolWarps = kPoolThreads / 32;
+constexpr int kPoolWarps = kEmbeddingPoolWarps;
+constexpr int kPoolThreads = 32 * kPoolWarps;
 constexpr int kLandThreads = 512;
 
 // A 16-byte vector of weights as floats: 4 of f32, 8 of bf16 or f16.
@@ -269,11 +269,14 @@ __global__ void __launch_bounds__(kPoolThreads, 4) pool_kernel(const __grid_cons
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int64_t stride_items = static_cast<int64_t>(gridDim.x) * kPoolWarps;
   const uint64_t parity = a.push ? (a.calls[0] + 1) & 1 : 0;
-  // Each table's bags a pooler takes (from its average bag) and its first item: the same in every CTA.
+  // Each table's bags a pooler takes (the host's choice, else from its average bag) and its first
+  // item: the same in every CTA.
   static_assert(kEmbeddingMaxTables <= kPoolThreads, "a thread a table reads its average bag");
   __shared__ int64_t first[kEmbeddingMaxTables + 1];
   __shared__ int bags_of[kEmbeddingMaxTables];
-  if (static_cast<int>(threadIdx.x) < a.n_tables) {
+  if (static_cast<int>(threadIdx.x) < a.n_tables && a.t[threadIdx.x].run_bags > 0) {
+    bags_of[threadIdx.x] = a.t[threadIdx.x].run_bags;
+  } else if (static_cast<int>(threadIdx.x) < a.n_tables) {
     const EmbeddingTableArgs& t = a.t[threadIdx.x];
     const int64_t all = static_cast<int64_t>(c.world) * a.batch;
     const int64_t nnz = __ldg(t.offsets + all) - __ldg(t.offsets);
@@ -735,9 +738,7 @@ cudaError_t embedding_pool(const EmbeddingPoolArgs& a, cudaStream_t s) {
   if (a.n_tables == 0 || a.batch == 0) {
     if (!a.push) return cudaSuccess;  // nothing to pool; with push the signals still go out
   }
-  int vectors = 1;  // the most vectors a lane holds, over the tables
-  const int e = a.wt == dev::DType::kF32 ? 4 : 8;
-  for (int i = 0; i < a.n_tables; ++i) vectors = std::max(vectors, (a.t[i].dim / e + a.t[i].group - 1) / a.t[i].group);
+  const int vectors = 8 / embedding_pool_ahead(a);  // the most vectors a lane holds, over the tables
   if (a.wt == dev::DType::kF32) return launch_pool<float>(a, vectors, s);
   if (a.wt == dev::DType::kBF16) return launch_pool<__nv_bfloat16>(a, vectors, s);
   return launch_pool<__half>(a, vectors, s);

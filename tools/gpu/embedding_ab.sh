@@ -3,6 +3,8 @@
 #   here:    build each variant's binaries into its own folder (tools/gpu/build.sh, then copy
 #            build-gpu/{weft,tests/weft_gpu_tests,libweft_c.so} and tools/gpu/pack.sh DIR)
 #   device:  BINS=".gpu .gpu_a" bash tools/gpu/embedding_ab.sh      (carry every folder of BINS)
+# An entry DIR@VAR=VALUE runs DIR's build with VAR=VALUE set (one build, settings A/B'd: e.g.
+# BINS=".gpu .gpu@WEFT_EMBEDDING_X=1").
 # WORLD GPUs (default 1), ROUNDS rounds (default 2; even rounds in reverse order), BENCH_ARGS
 # (default "--shapes sweep"); TESTS=1 first runs the embedding GPU tests of every build after the
 # first. Last: per shape and build, the medians over rounds of the lookup (µs, % of the copy), fused
@@ -13,14 +15,17 @@ read -r -a bins <<< "${BINS:-.gpu .gpu_a}"
 WORLD=${WORLD:-1}
 export WEFT_TIMEOUT_MS=${WEFT_TIMEOUT_MS:-30000} CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((WORLD - 1)))
 status=0
-for b in "${bins[@]}"; do unpack_bin "$b" "/tmp/weft-bin/ab/$b"; done
+dir_of() { echo "${1%%@*}"; }
+env_of() { [[ "$1" == *@* ]] && echo "${1#*@}"; }
+tag_of() { echo "${1#.}" | tr -c 'A-Za-z0-9_\n-' '_'; }
+for d in $(for b in "${bins[@]}"; do dir_of "$b"; done | sort -u); do unpack_bin "$d" "/tmp/weft-bin/ab/$d"; done
 if [ "${TESTS:-0}" = 1 ]; then
   for b in "${bins[@]:1}"; do
     step "embedding GPU tests ($b, $WORLD GPUs)"
-    timeout -s KILL 300 "/tmp/weft-bin/ab/$b/weft_gpu_tests" --gtest_filter='*EmbeddingA2A*' > "$OUT/tests-${b#.}.log" 2>&1 ||
-      status=1
+    env $(env_of "$b") timeout -s KILL 300 "/tmp/weft-bin/ab/$(dir_of "$b")/weft_gpu_tests" --gtest_filter='*EmbeddingA2A*' \
+      > "$OUT/tests-$(tag_of "$b").log" 2>&1 || status=1
     pkill -9 -x weft_gpu_tests 2>/dev/null || true
-    grep -E "^\[ *(FAILED|PASSED)|Failure|checks passed" "$OUT/tests-${b#.}.log" | head -10
+    grep -E "^\[ *(FAILED|PASSED)|Failure|checks passed" "$OUT/tests-$(tag_of "$b").log" | head -10
   done
 fi
 for r in $(seq 1 "${ROUNDS:-2}"); do
@@ -28,17 +33,19 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
   [ $((r % 2)) = 0 ] && order=($(printf '%s\n' "${bins[@]}" | tac))
   for b in "${order[@]}"; do
     step "round $r: $b"
-    mkdir -p "$OUT/ab/$r-${b#.}"
-    timeout -s KILL "${BENCH_LIMIT:-200}" "/tmp/weft-bin/ab/$b/weft" bench embedding_a2a --out "$OUT/ab/$r-${b#.}" \
-      ${BENCH_ARGS:---shapes sweep} > "$OUT/ab/$r-${b#.}/bench.log" 2>/dev/null || status=1
+    o="$OUT/ab/$r-$(tag_of "$b")"
+    mkdir -p "$o"
+    env $(env_of "$b") timeout -s KILL "${BENCH_LIMIT:-200}" "/tmp/weft-bin/ab/$(dir_of "$b")/weft" bench embedding_a2a \
+      --out "$o" ${BENCH_ARGS:---shapes sweep} > "$o/bench.log" 2>/dev/null || status=1
   done
 done
 python3 - "$OUT/ab" "${bins[@]}" <<'PY'
-import glob, json, statistics, sys, collections
+import glob, json, re, statistics, sys, collections
 root, bins = sys.argv[1], sys.argv[2:]
 t = collections.defaultdict(lambda: collections.defaultdict(lambda: collections.defaultdict(list)))
 for b in bins:
-    for f in glob.glob(f"{root}/*-{b.lstrip('.')}/embedding_a2a-*.json"):
+    tag = re.sub(r"[^A-Za-z0-9_-]", "_", b[1:] if b.startswith(".") else b)
+    for f in glob.glob(f"{root}/*-{tag}/embedding_a2a-*.json"):
         j = json.load(open(f))
         for p in j["points"]:
             key = (p["shape"], p["batch"], p["dim"], round(p["pooling"], 1))

@@ -20,9 +20,11 @@ namespace weft::kernels {
 // The most tables of one rank the lookup takes (its tables travel as kernel parameters).
 inline constexpr int kEmbeddingMaxTables = 128;
 // The most consecutive bags one group of lanes pools (one run of their indices: rows loaded
-// ahead across the bags' edges): about 64 indices a run, from the table's average bag (the
-// kernel reads it from the offsets), 1 ... 8 bags.
+// ahead across the bags' edges): 1 ... 8 bags, the host's choice (EmbeddingTableArgs::run_bags),
+// else about 64 indices a run from the table's average bag (the kernel reads it from the offsets).
 inline constexpr int kEmbeddingPoolerBags = 8;
+// The pool kernel's warps a CTA (one work item a warp at a time).
+inline constexpr int kEmbeddingPoolWarps = 4;
 
 struct EmbeddingTableArgs {
   const void* weight = nullptr;      // [rows, dim]
@@ -34,6 +36,7 @@ struct EmbeddingTableArgs {
   int32_t col = 0;     // the table's first column among this rank's tables
   int32_t group = 32;  // lanes that pool one bag: a power of two >= half the row's 16-byte vectors, <= 32
   int32_t global = 0;  // the table's global number (the error's)
+  int32_t run_bags = 0;  // bags a group pools as one run, 1 ... kEmbeddingPoolerBags; 0: the kernel's rule
 };
 
 // Bag q * batch + b of every table is rank q's sample b. A work item is one warp's bags
@@ -81,6 +84,18 @@ struct EmbeddingLandArgs {
   void* out = nullptr;
   uint64_t* calls = nullptr;  // [2]: calls made, and this call's CTAs done (the last one counts it)
 };
+
+// The rows a lane of the pool kernel loads ahead (8 16-byte vectors a lane in flight, over the
+// most vectors a lane of any table holds: 1, 2, 4 or 8).
+inline int embedding_pool_ahead(const EmbeddingPoolArgs& a) {
+  const int e = a.wt == dev::DType::kF32 ? 4 : 8;  // elements of a 16-byte vector
+  int vectors = 1;
+  for (int i = 0; i < a.n_tables; ++i) {
+    const int v = (a.t[i].dim / e + a.t[i].group - 1) / a.t[i].group;
+    vectors = v > vectors ? v : vectors;
+  }
+  return vectors <= 1 ? 8 : vectors <= 2 ? 4 : vectors <= 4 ? 2 : 1;
+}
 
 #ifdef WEFT_HAVE_CUDA
 // The grid the pool kernel runs with ctas = 0 on this GPU.

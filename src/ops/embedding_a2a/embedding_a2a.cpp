@@ -15,6 +15,7 @@
 
 #include "../common/op_base.hpp"
 #include "../common/rows.hpp"
+#include "runs.hpp"
 #include "weft/core/error.hpp"
 #include "weft/kernels/embedding_kernels.hpp"
 #include "weft/ops/collectives.hpp"
@@ -92,6 +93,7 @@ struct EmbeddingA2A::Impl {
   // the heap could not hold them (then fused runs as decomposed).
   uint64_t land_off = 0, land_bytes = 0, sig_off = 0;
   int push_ctas = 0;  // the fused pool kernel's grid: the fewest any rank's GPU holds
+  int pool_ctas = 0;  // the pool kernel's grid otherwise (this GPU's)
   // backward: fused's [2 parities][world][batch][widest] landing buffers and [world] signals in
   // the heap (0 where it could not hold them: then decomposed), its send grid, the join event;
   // the sort's work space (EmbeddingGradArgs), grown by a call that needs more.
@@ -182,6 +184,7 @@ EmbeddingA2A::EmbeddingA2A(Backend& backend, const EmbeddingA2AConfig& config) {
   WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&I.ev_fork, cudaEventDisableTiming));
   // fused: the landing buffers where the heap holds them (its use is the same on every rank).
   int ctas = kernels::embedding_pool_ctas();
+  I.pool_ctas = ctas;
   std::vector<int> all_ctas(static_cast<size_t>(W));
   backend.bootstrap().allgather(&ctas, sizeof ctas, all_ctas.data());
   I.push_ctas = *std::min_element(all_ctas.begin(), all_ctas.end());
@@ -302,6 +305,26 @@ void gpu_checks(const EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, co
 
 void read_bad(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, cudaStream_t s);
 
+// The pool kernel with a's destinations and grid; each table's run length chosen for the call
+// (runs.hpp) where every table's num_indices is given, else the kernel's own rule.
+void pool(const EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, kernels::EmbeddingPoolArgs a,
+          cudaStream_t s) {
+  std::vector<embedding::RunTable> rt(static_cast<size_t>(a.n_tables));
+  const double bags = static_cast<double>(I.op.world()) * static_cast<double>(a.batch);
+  bool known = bags > 0;
+  for (int t = 0; t < a.n_tables && known; ++t) {
+    known = tables[t].num_indices >= 0;
+    rt[static_cast<size_t>(t)] = {a.batch, static_cast<double>(tables[t].num_indices) / bags, 32 / a.t[t].group};
+  }
+  if (known) {
+    const int64_t warps = static_cast<int64_t>(a.ctas > 0 ? a.ctas : I.pool_ctas) * kernels::kEmbeddingPoolWarps;
+    const std::vector<int> runs = embedding::choose_run_bags(rt, a.dest_count, warps, kernels::embedding_pool_ahead(a),
+                                                             kernels::kEmbeddingPoolerBags);
+    for (int t = 0; t < a.n_tables; ++t) a.t[t].run_bags = runs[static_cast<size_t>(t)];
+  }
+  WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
+}
+
 void gpu_pool(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, void* pooled, uint64_t bytes,
               const EmbeddingA2ARunOptions& opt) {
   gpu_checks(I, tables, pooled, bytes);
@@ -312,7 +335,7 @@ void gpu_pool(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, void* pool
   a.send_stride = I.rank_dim[static_cast<size_t>(I.op.rank())];
   a.send_dest_bytes = static_cast<uint64_t>(I.cfg.batch * a.send_stride) * I.ob;
   a.dest_count = I.op.world();
-  WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
+  pool(I, tables, a, s);
   if (I.cfg.check_indices && !I.op.capturing(opt.stream)) read_bad(I, tables, s);
 }
 
@@ -336,11 +359,11 @@ void gpu_forward(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, void* o
   a.send_dest_bytes = static_cast<uint64_t>(c.batch * a.send_stride) * I.ob;
   if (W == 1) {  // nothing to exchange: every method pools straight into out
     a.dest_first = me;
-    WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
+    pool(I, tables, a, s);
   } else if (m == EmbeddingA2AMethod::kBaseline) {
     a.out = nullptr;  // every destination's rows into d_send, then NCCL, then the re-layout
     a.dest_count = W;
-    WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
+    pool(I, tables, a, s);
     WEFT_NCCL_CHECK(ncclGroupStart());
     for (int p = 0; p < W; ++p) nccl_step(I, p, p, s);
     WEFT_NCCL_CHECK(ncclGroupEnd());
@@ -352,7 +375,7 @@ void gpu_forward(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, void* o
     WEFT_CUDA_CHECK(cudaStreamWaitEvent(I.side, I.ev_fork, 0));
     for (int k = 1; k < W; ++k) {
       a.dest_first = (me + k) % W;
-      WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
+      pool(I, tables, a, s);
       WEFT_CUDA_CHECK(cudaEventRecord(I.ev[static_cast<size_t>(k)], s));
       WEFT_CUDA_CHECK(cudaStreamWaitEvent(I.side, I.ev[static_cast<size_t>(k)], 0));
       WEFT_NCCL_CHECK(ncclGroupStart());
@@ -360,7 +383,7 @@ void gpu_forward(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, void* o
       WEFT_NCCL_CHECK(ncclGroupEnd());
     }
     a.dest_first = me;
-    WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
+    pool(I, tables, a, s);
     WEFT_CUDA_CHECK(cudaEventRecord(I.ev[0], I.side));
     WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, I.ev[0], 0));
     WEFT_CUDA_CHECK(kernels::embedding_relayout(relayout_args(I, out, me), s));
@@ -376,7 +399,7 @@ void gpu_forward(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, void* o
     a.land_bytes = I.land_bytes;
     a.sig_off = I.sig_off;
     a.ctas = I.push_ctas;
-    WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
+    pool(I, tables, a, s);
     kernels::EmbeddingLandArgs l;
     l.ctx = I.b.ctx();
     l.land_off = I.land_off;
