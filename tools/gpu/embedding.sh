@@ -10,8 +10,7 @@
 set -uo pipefail
 BIN=${1:-.gpu}
 source "$(dirname "$0")/env.sh"
-d=/tmp/weft-bin/embedding
-unpack_bin "$BIN" "$d"
+unpack_to embedding
 export WEFT_TIMEOUT_MS=${WEFT_TIMEOUT_MS:-30000}
 status=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then

@@ -12,8 +12,7 @@ COUNT=${3:-16}
 REGEX=${4:-grad_|Radix|Onesweep|Histogram|ReduceByKey|Scan|Select|pool_kernel}
 SKIP=${5:-0}
 source "$(dirname "$0")/env.sh"
-d=/tmp/weft-bin/embedding-profile
-unpack_bin "$BIN" "$d"
+unpack_to embedding-profile
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} WEFT_TIMEOUT_MS=120000
 step "ncu: embedding_a2a's kernels, dlrm at B = $B, one GPU"
 timeout -s KILL 400 ncu --clock-control none --target-processes all -k "regex:$REGEX" \

@@ -22,6 +22,11 @@ unpack_bin() {
   done
   chmod +x "$2"/*
 }
+# A script's own binaries: $BIN unpacked into /tmp/weft-bin/NAME, that folder as $d.
+unpack_to() {
+  d=/tmp/weft-bin/$1
+  unpack_bin "$BIN" "$d"
+}
 # The GEMM+communication GPU tests (exact on 1 and 2 GPUs, graph replays, back-to-back calls),
 # log in $OUT/gpu_tests_overlap.log; the outcome lines printed.
 overlap_tests() {

@@ -17,8 +17,7 @@ BIN=${1:-.gpu}
 ONLY=${2:-all}
 source "$(dirname "$0")/env.sh"
 # The binaries, unpacked (pack.sh compresses them as .xz).
-d=/tmp/weft-bin/gemv
-unpack_bin "$BIN" "$d"
+unpack_to gemv
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site

@@ -10,8 +10,7 @@ M=${2:-128}
 SHAPE=${3:-28672:8192}
 KERNEL=${4:-gemv_local_kernel}
 source "$(dirname "$0")/env.sh"
-d=/tmp/weft-bin/profile
-unpack_bin "$BIN" "$d"
+unpack_to profile
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1} WEFT_TIMEOUT_MS=120000
 step "ncu: $KERNEL at m = $M, K:N = $SHAPE"
 timeout -s KILL 240 ncu --clock-control none --target-processes all -k "regex:$KERNEL" -c 1 \

@@ -12,8 +12,7 @@ MS=${3:-32,64,128}
 VAR=${VAR:-WEFT_GEMV_CLUSTER}
 VALUES=${VALUES:-0 1 2 4 8}
 source "$(dirname "$0")/env.sh"
-d=/tmp/weft-bin/sweep
-unpack_bin "$BIN" "$d"
+unpack_to sweep
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1} WEFT_TIMEOUT_MS=30000
 for v in $VALUES; do
   step "$VAR=$v"

@@ -11,8 +11,7 @@
 set -uo pipefail
 BIN=${1:-.gpu}
 source "$(dirname "$0")/env.sh"
-d=/tmp/weft-bin/moe
-unpack_bin "$BIN" "$d"
+unpack_to moe
 export WEFT_TIMEOUT_MS=${WEFT_TIMEOUT_MS:-30000}
 status=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then

@@ -9,8 +9,7 @@
 set -uo pipefail
 BIN=${1:-.gpu}
 source "$(dirname "$0")/env.sh"
-d=/tmp/weft-bin/moe
-unpack_bin "$BIN" "$d"
+unpack_to moe
 export WEFT_TIMEOUT_MS=${WEFT_TIMEOUT_MS:-30000}
 : "${AB_VAR:?name the switch: AB_VAR=WEFT_...}"
 : "${AB_VALUES:?give its values: AB_VALUES=\"0 1\"}"

@@ -10,8 +10,7 @@ SHAPE=${2:-deepseek-v3-like}
 T=${3:-4096}
 GROUP_SIZES=${4:-16 8 4}
 source "$(dirname "$0")/env.sh"
-d=/tmp/weft-bin/moe-sweep
-unpack_bin "$BIN" "$d"
+unpack_to moe-sweep
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} WEFT_TIMEOUT_MS=120000
 status=0
 for g in $GROUP_SIZES; do

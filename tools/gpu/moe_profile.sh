@@ -14,8 +14,7 @@ COUNT=${4:-11}
 REGEX=${5:-gemm_sm90|swiglu|permute|layout}
 SKIP=${6:-0}
 source "$(dirname "$0")/env.sh"
-d=/tmp/weft-bin/moe-profile
-unpack_bin "$BIN" "$d"
+unpack_to moe-profile
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} WEFT_TIMEOUT_MS=120000
 step "ncu: the MoE layer's kernels, $SHAPE at T = $T, one GPU"
 timeout -s KILL 400 ncu --clock-control none --target-processes all -k "regex:$REGEX" \

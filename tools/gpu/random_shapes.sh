@@ -8,8 +8,7 @@
 set -uo pipefail
 BIN=${1:-.gpu}
 source "$(dirname "$0")/env.sh"
-d=/tmp/weft-bin/random
-unpack_bin "$BIN" "$d"
+unpack_to random
 export WEFT_TIMEOUT_MS=${WEFT_TIMEOUT_MS:-15000}
 NGPU=$(nvidia-smi -L | wc -l)
 status=0

@@ -728,6 +728,26 @@ void host_backward(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, const
 #ifdef WEFT_HAVE_CUDA
 // GPUs (docs/embedding_a2a.md, "Backward"): the gradients to their owners by the method, beside
 // it the sort of this rank's positions by row, then the sums into the sinks.
+// backward's all-to-all through NCCL: peer q's [batch][dims[q]] gradients (packed at send_at[q]
+// in d_send) to q; from each peer q, this rank's columns of its batch into d_recv's block q.
+void grad_exchange(const EmbeddingA2A::Impl& I, const kernels::EmbeddingGradSendArgs& x, cudaStream_t s) {
+  const int W = I.op.world(), me = I.op.rank();
+  const size_t mine = static_cast<size_t>(I.cfg.batch * I.rank_dim[static_cast<size_t>(me)]) * I.ob;
+  auto comm = static_cast<ncclComm_t>(I.b.nccl_comm());
+  WEFT_NCCL_CHECK(ncclGroupStart());
+  for (int q = 0; q < W; ++q) {
+    if (q == me) continue;
+    const size_t theirs = static_cast<size_t>(I.cfg.batch * x.dims[q]) * I.ob;
+    if (theirs)
+      WEFT_NCCL_CHECK(ncclSend(static_cast<char*>(I.d_send) + static_cast<size_t>(x.send_at[q]) * I.ob, theirs,
+                               ncclChar, q, comm, s));
+    if (mine)
+      WEFT_NCCL_CHECK(
+          ncclRecv(static_cast<char*>(I.d_recv) + static_cast<size_t>(q) * mine, mine, ncclChar, q, comm, s));
+  }
+  WEFT_NCCL_CHECK(ncclGroupEnd());
+}
+
 void gpu_backward(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, const void* grad_out,
                   const EmbeddingTableGrad* grads, const EmbeddingBackwardOptions& opt, EmbeddingA2AMethod m) {
   const EmbeddingA2AConfig& c = I.cfg;
@@ -826,19 +846,7 @@ void gpu_backward(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, const 
     WEFT_CUDA_CHECK(kernels::embedding_grad_sums(a, s));
   } else if (m == EmbeddingA2AMethod::kBaseline) {
     WEFT_CUDA_CHECK(kernels::embedding_grad_send(x, s));
-    WEFT_NCCL_CHECK(ncclGroupStart());
-    auto comm = static_cast<ncclComm_t>(I.b.nccl_comm());
-    for (int q = 0; q < W; ++q) {
-      if (q == me) continue;
-      const size_t theirs = static_cast<size_t>(B * x.dims[q]) * I.ob, mine = static_cast<size_t>(B * Dm) * I.ob;
-      if (theirs)
-        WEFT_NCCL_CHECK(ncclSend(static_cast<char*>(I.d_send) + static_cast<size_t>(x.send_at[q]) * I.ob, theirs,
-                                 ncclChar, q, comm, s));
-      if (mine)
-        WEFT_NCCL_CHECK(
-            ncclRecv(static_cast<char*>(I.d_recv) + static_cast<size_t>(q) * mine, mine, ncclChar, q, comm, s));
-    }
-    WEFT_NCCL_CHECK(ncclGroupEnd());
+    grad_exchange(I, x, s);
     WEFT_CUDA_CHECK(kernels::embedding_grad_sort(a, scratch, I.scratch_bytes, s));
     WEFT_CUDA_CHECK(kernels::embedding_grad_sums(a, s));
   } else {
@@ -864,19 +872,7 @@ void gpu_backward(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, const 
       a.src_rank_bytes = I.bland_rank_bytes;
     } else {
       WEFT_CUDA_CHECK(kernels::embedding_grad_send(x, I.side));
-      WEFT_NCCL_CHECK(ncclGroupStart());
-      auto comm = static_cast<ncclComm_t>(I.b.nccl_comm());
-      for (int q = 0; q < W; ++q) {
-        if (q == me) continue;
-        const size_t theirs = static_cast<size_t>(B * x.dims[q]) * I.ob, mine = static_cast<size_t>(B * Dm) * I.ob;
-        if (theirs)
-          WEFT_NCCL_CHECK(ncclSend(static_cast<char*>(I.d_send) + static_cast<size_t>(x.send_at[q]) * I.ob, theirs,
-                                   ncclChar, q, comm, I.side));
-        if (mine)
-          WEFT_NCCL_CHECK(
-              ncclRecv(static_cast<char*>(I.d_recv) + static_cast<size_t>(q) * mine, mine, ncclChar, q, comm, I.side));
-      }
-      WEFT_NCCL_CHECK(ncclGroupEnd());
+      grad_exchange(I, x, I.side);
     }
     WEFT_CUDA_CHECK(cudaEventRecord(I.ev_join, I.side));
     WEFT_CUDA_CHECK(kernels::embedding_grad_sort(a, scratch, I.scratch_bytes, s));
