@@ -100,8 +100,10 @@ int run_all_methods(Backend& b, const GemmOverlapConfig& cfg, int calls, cudaStr
           fmt::format("{} {}x{}x{} {} {} {} world {} chunks {}", to_string(cfg.op), cfg.m, cfg.k, cfg.n, to_string(m),
                       dev::dtype_name(cfg.dtype), to_string(cfg.b_layout), world, op.chunks());
       progress(rank, what);
-      // ag_gemm, every other call: the gathered A kept too (GemmRunOptions::gathered_a).
-      const bool keep = cfg.op == GemmOp::kAgGemm && e % 2 == 0;
+      // ag_gemm, every other call: the gathered A kept too (GemmRunOptions::gathered_a; K not
+      // a multiple of 8: the baseline's, auto then runs the baseline).
+      const bool padded = op.a_cols() % 8 != 0 && m != GemmMethod::kBaseline && m != GemmMethod::kAuto;
+      const bool keep = cfg.op == GemmOp::kAgGemm && e % 2 == 0 && !padded;
       if (keep) WEFT_CUDA_CHECK(cudaMemset(g.p, 0xFF, g.bytes));
       op.run(a.p, w.p, c.p, {.method = m, .stream = s, .gathered_a = keep ? g.p : nullptr});
       WEFT_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -175,6 +177,31 @@ TEST_P(GemmOverlapGpu, EveryMethodIsExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpus, GemmOverlapGpu, ::testing::Values(1, 0));
+
+// K per rank not a multiple of 8: the baseline on the operands as they are, decomposed, fused
+// and auto on K padded to a multiple of 8 (the op's twin), every one exact.
+TEST_P(GemmOverlapGpu, UnalignedKRunsPadded) {
+  const int n = GetParam() == 0 ? gpus() : GetParam();
+  if (gpus() < 1 || n > gpus()) GTEST_SKIP() << "needs " << n << " GPU(s)";
+  expect_all_ok(run_gpu(n, [] {
+    auto b = make_backend();
+    const int w = b->size();
+    cudaStream_t s;
+    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    int checks = 0;
+    const std::vector<Shape> shapes{{GemmOp::kAgGemm, 6 * w, 28, 40},
+                                    {GemmOp::kGemmRs, 8 * w, 12 * w, 24},
+                                    {GemmOp::kGemmAr, 9, 20 * w, 16},
+                                    {GemmOp::kGemmRs, 256 * w, 132 * w, 264},
+                                    {GemmOp::kGemmAr, 320, 132 * w, 136}};
+    for (const Shape& sh : shapes) {
+      checks += run_all_methods(*b, config(sh, dev::DType::kBF16, BLayout::kNK, 2), 2, s);
+      checks += run_all_methods(*b, config(sh, dev::DType::kF16, BLayout::kKN, 1), 1, s);
+    }
+    if (b->rank() == 0) std::printf("[gpu] gemm_overlap unaligned K: %d ranks, %d exact checks passed\n", w, checks);
+    WEFT_CUDA_CHECK(cudaStreamDestroy(s));
+  }));
+}
 
 // The suite above runs the decomposed paths the small test shapes get by default: ag_gemm
 // reads its own rows in place (shapes whose tiles straddle a rank's rows keep the copy), its

@@ -149,18 +149,27 @@ TEST(GemmOverlapHostErrors, ShapesAndPointersAreRefusedClearly) {
            "gemm_rs: M x K x N = 10 x 48 x 8: M = 10 does not divide among 3 ranks");
     expect(config({GemmOp::kGemmRs, 12, 40, 8}),
            "gemm_rs: M x K x N = 12 x 40 x 8: K = 40 does not divide among 3 ranks");
-    // K per rank not a multiple of 8: the baseline runs it (exact; auto picks it), the other
-    // methods refuse by name.
+    // K per rank not a multiple of 8: the baseline runs the operands as they are, decomposed
+    // and fused on K padded to 16 (exact, both B layouts; auto picks the padded op's choice on
+    // the host backend); gathered_a is the baseline's only.
     for (const Shape& s : {Shape{GemmOp::kGemmAr, 12, 36, 8}, Shape{GemmOp::kAgGemm, 12, 12, 8},
                            Shape{GemmOp::kGemmRs, 12, 36, 8}}) {
-      WEFT_CHECK(run_methods(*b, config(s), {GemmMethod::kBaseline, GemmMethod::kAuto}, 1) == 2, "unaligned K");
+      const std::vector<GemmMethod> all{GemmMethod::kBaseline, GemmMethod::kDecomposed, GemmMethod::kFused,
+                                        GemmMethod::kAuto};
+      WEFT_CHECK(run_methods(*b, config(s), all, 2) == 8, "unaligned K");
+      WEFT_CHECK(run_methods(*b, config(s, dev::DType::kF16, BLayout::kKN), all, 2) == 8, "unaligned K, B [K x N]");
       GemmOverlap op(*b, config(s));
-      WEFT_CHECK(op.auto_choice().method == GemmMethod::kBaseline, op.auto_choice().source);
-      Buf a(static_cast<size_t>(op.a_rows() * op.a_cols())), w(static_cast<size_t>(op.b_rows() * op.b_cols())),
-          c(static_cast<size_t>(op.c_rows() * op.c_cols()));
-      for (GemmMethod m : {GemmMethod::kDecomposed, GemmMethod::kFused}) {
-        got = message_of([&] { op.run(a.p(), w.p(), c.p(), {.method = m}); });
-        WEFT_CHECK(got.find("K per rank = 12 is not a multiple of 8") != std::string::npos, got);
+      WEFT_CHECK(op.auto_choice().method == GemmMethod::kDecomposed &&
+                     op.auto_choice().source.find("K per rank = 12 padded to 16") == 0,
+                 op.auto_choice().source);
+      WEFT_CHECK(op.available_methods().size() == 3, "unaligned K: every method");
+      if (s.op == GemmOp::kAgGemm) {
+        Buf a(static_cast<size_t>(op.a_rows() * op.a_cols())), w(static_cast<size_t>(op.b_rows() * op.b_cols())),
+            c(static_cast<size_t>(op.c_rows() * op.c_cols())), g(static_cast<size_t>(12 * 12));
+        got = message_of([&] { op.run(a.p(), w.p(), c.p(), {.method = GemmMethod::kDecomposed, .gathered_a = g.p()}); });
+        WEFT_CHECK(got.find("gathered_a with K per rank = 12 (not a multiple of 8): only the baseline") !=
+                       std::string::npos,
+                   got);
       }
     }
     expect(config({GemmOp::kAgGemm, 12, 16, 0}), "every dimension must be at least 1");

@@ -163,3 +163,31 @@ TEST(GemmOverlapModel, UsesThePlanCostModelsFormulas) {
 
 }  // namespace
 }  // namespace weft::ops
+
+namespace weft::ops {
+namespace {
+
+// Unaligned K: the padding copies are A and B read and written at HBM speed plus two launches,
+// and `auto` pads where the padded op's prediction with them beats the baseline with its GEMM
+// kUnalignedGemmSlowdown times the aligned prediction.
+TEST(GemmOverlapModel, PadsAnUnalignedKWhereItPays) {
+  const auto d = h200x2();
+  EXPECT_EQ(padded_k_local(1028), 1032);
+  EXPECT_EQ(padded_k_local(1032), 1032);
+  const OverlapModelInput rs{GemmOp::kGemmRs, 4, 5616, 6832, 4112, 2};  // K per rank 1028
+  EXPECT_DOUBLE_EQ(pad_copy_us(rs, d),
+                   plan::hbm_us(d, (5616.0 + 6832.0) * (1028 + 1032) * 2) + 2 * d.calls.gemm_launch_us);
+  const OverlapModelInput ag{GemmOp::kAgGemm, 4, 5616, 6832, 1028, 2};  // A: M / 4 rows of K
+  EXPECT_DOUBLE_EQ(pad_copy_us(ag, d),
+                   plan::hbm_us(d, (1404.0 + 6832.0) * (1028 + 1032) * 2) + 2 * d.calls.gemm_launch_us);
+  // Measured there (4 H200s): the baseline 569.7 us, its GEMM alone 355.6 (the aligned
+  // prediction ~108): the padded op at its own predictions wins.
+  const OverlapModelInput aligned{GemmOp::kGemmRs, 4, 5616, 6832, 4128, 2};
+  const OverlapPrediction p = predict_overlap(aligned, d, RsFold::kNone);
+  EXPECT_TRUE(pad_unaligned_k(rs, d, p.baseline_us, std::min(p.baseline_us, p.decomposed_us)));
+  // Not where the padded op is predicted slower than the unaligned baseline.
+  EXPECT_FALSE(pad_unaligned_k(rs, d, p.baseline_us, 10 * p.baseline_us));
+}
+
+}  // namespace
+}  // namespace weft::ops

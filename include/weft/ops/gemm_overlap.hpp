@@ -118,8 +118,11 @@ class GemmOverlap {
   // Collective. Throws InvalidArgument naming the shape when it cannot run: a dimension < 1,
   // M (ag_gemm, gemm_rs) or K (gemm_rs, gemm_ar) not divisible by the world size, a dtype
   // other than bf16/f16, chunks < 0, an unknown algo. K per rank not a multiple of 8 (rows of
-  // A not 16-byte aligned): only the baseline runs (auto picks it; decomposed and fused throw
-  // InvalidArgument naming the shape at run).
+  // A not 16-byte aligned): the baseline runs the operands as they are; decomposed and fused
+  // run an op on K padded to a multiple of 8 (made here, collectively), A and B copied into its
+  // zero-padded operands each call (device copies on the stream); `auto` picks that op's
+  // choice where the cost model predicts it faster than the baseline (cuBLAS on unaligned
+  // rows: gemm_overlap_model.hpp), and always on the host backend. gathered_a: baseline only.
   GemmOverlap(Backend& backend, const GemmOverlapConfig& config);
   ~GemmOverlap();
   GemmOverlap(const GemmOverlap&) = delete;

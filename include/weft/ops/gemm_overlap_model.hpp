@@ -53,4 +53,19 @@ OverlapPrediction predict_overlap(const OverlapModelInput& in, const plan::Devic
 RsFold default_rs_fold(const OverlapModelInput& in, const plan::DeviceConstants& d, bool weft_fold_ok,
                        bool gather_ok = true);
 
+// K per rank not a multiple of 8 (rows of A not 16-byte aligned): cuBLAS runs the GEMM on such
+// operands at a fraction of its rate (measured 3.3-4.8x its aligned time, 5 random shapes on 4
+// H200s; docs/gemm_overlap.md, "Unaligned K"); GemmOverlap's decomposed and fused pad K instead
+// (A and B copied into zero-padded buffers, then the aligned op). The slowdown the model assumes:
+inline constexpr double kUnalignedGemmSlowdown = 3.0;
+// K padded to the next multiple of 8 per rank.
+inline int64_t padded_k_local(int64_t k_local) { return (k_local + 7) / 8 * 8; }
+// The padding copies' time: A (a_rows x K per rank) and B (N x K per rank) read and written.
+double pad_copy_us(const OverlapModelInput& in, const plan::DeviceConstants& d);
+// Whether `auto` pads an unaligned K: the padded op's best prediction (`padded_best_us`, the
+// aligned op's own choice) plus the copies against the baseline on the unaligned operands (the
+// aligned baseline's `aligned_baseline_us` with its GEMM kUnalignedGemmSlowdown times slower).
+bool pad_unaligned_k(const OverlapModelInput& in, const plan::DeviceConstants& d, double aligned_baseline_us,
+                     double padded_best_us);
+
 }  // namespace weft::ops

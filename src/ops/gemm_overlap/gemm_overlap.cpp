@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <set>
 
@@ -25,6 +26,7 @@
 #include <cuda_runtime.h>
 
 #include "stream_memops.hpp"
+#include "weft/core/cuda_check.hpp"
 #include "weft/kernels/gemm.hpp"
 #endif
 
@@ -82,6 +84,19 @@ struct GemmOverlap::State {
   Impl* traced = nullptr;               // the context of the last traced call
   std::set<std::pair<int64_t, int>> told;  // (M, method) whose fall-back to the baseline was reported
 
+  // K per rank not a multiple of 8: the op on K padded to one (decomposed and fused run there,
+  // A and B copied into its zero-padded operands each call; the baseline runs the operands as
+  // they are), its operands (device memory on GPUs, else host), whether the last traced call
+  // ran there.
+  std::unique_ptr<GemmOverlap> padded;
+  int64_t pad_k = 0;
+  void* pad_a = nullptr;
+  void* pad_b = nullptr;
+  std::vector<unsigned char> host_pad_a, host_pad_b;
+  bool traced_padded = false;
+  std::set<int64_t> auto_pads;  // the prepared Ms whose `auto` runs the padded op (its own auto)
+  ~State();
+
   Impl& root() const { return *shapes.front(); }
   Impl* prepared(int64_t m) const {
     for (const auto& p : shapes)
@@ -122,11 +137,11 @@ void GemmOverlap::Impl::validate() {
                              "multiple of {})",
                              op, shape, c.k, world, world));
   k_local = c.op == GemmOp::kAgGemm ? c.k : c.k / world;
-  // Rows of A not 16-byte aligned: the baseline (cuBLAS and NCCL) runs it, the other methods
-  // refuse (unaligned_why names it).
+  // Rows of A not 16-byte aligned: this context runs the baseline (cuBLAS and NCCL) only; the
+  // op runs the other methods on K padded to a multiple of 8 (make_padded).
   if (k_local % 8 != 0)
     unaligned_why = fmt::format("{}: {} on {} ranks: K per rank = {} is not a multiple of 8 (rows of A must be "
-                                "16-byte aligned for the decomposed and fused methods; the baseline runs it)",
+                                "16-byte aligned for the decomposed and fused methods)",
                                 op, shape, world, k_local);
   m_shard = c.op == GemmOp::kGemmAr ? ceil_div(c.m, world) : c.m / world;
   a_rows = c.op == GemmOp::kAgGemm ? c.m / world : c.m;
@@ -284,6 +299,8 @@ std::string describe(const GemmOverlapConfig& c) {
                                                 : std::string());
 }
 
+void make_padded(GemmOverlap::State& S, Backend& backend, const GemmOverlapConfig& config);
+
 // Rows a call of M may have: 1..max, and (ag_gemm, gemm_rs) a multiple of the world size.
 void check_m(const GemmOverlapConfig& c, int world, int64_t m, const char* what) {
   WEFT_REQUIRE(m >= 1 && m <= c.m, fmt::format("{}: {} M = {} is outside 1 .. {} (the M the op was made for)",
@@ -337,9 +354,94 @@ GemmOverlap::GemmOverlap(Backend& backend, const GemmOverlapConfig& config)
   }
   std::sort(ms.begin(), ms.end(), std::greater<>());
   for (const int64_t m : ms) prepare(m);
+  if (!S.root().unaligned_why.empty()) make_padded(S, backend, config);
+}
+
+GemmOverlap::State::~State() {
+#ifdef WEFT_HAVE_CUDA
+  if (pad_a) cudaFree(pad_a);
+  if (pad_b) cudaFree(pad_b);
+#endif
 }
 
 GemmOverlap::~GemmOverlap() = default;
+
+namespace {
+
+// The twin op on K padded to a multiple of 8 per rank, its zero-padded operands, and what each
+// prepared M's `auto` picks: the twin's own choice where the model predicts it, with the
+// padding copies, faster than the baseline on the unaligned operands (on the host backend:
+// always).
+void make_padded(GemmOverlap::State& S, Backend& backend, const GemmOverlapConfig& config) {
+  GemmOverlap::Impl& R = S.root();
+  S.pad_k = padded_k_local(R.k_local);
+  GemmOverlapConfig c = config;
+  c.k = config.op == GemmOp::kAgGemm ? S.pad_k : S.pad_k * R.world;
+  S.padded = std::make_unique<GemmOverlap>(backend, c);
+  const size_t a_bytes = static_cast<size_t>(R.a_rows * S.pad_k) * R.eb;
+  const size_t b_bytes = static_cast<size_t>(config.n * S.pad_k) * R.eb;
+  const bool gpu = backend.kind() == BackendKind::kNccl;
+  if (!gpu) {
+    S.host_pad_a.assign(a_bytes, 0);
+    S.host_pad_b.assign(b_bytes, 0);
+  } else {
+#ifdef WEFT_HAVE_CUDA
+    WEFT_CUDA_CHECK(cudaMalloc(&S.pad_a, a_bytes));
+    WEFT_CUDA_CHECK(cudaMalloc(&S.pad_b, b_bytes));
+    WEFT_CUDA_CHECK(cudaMemset(S.pad_a, 0, a_bytes));  // the pad columns stay zero: calls copy the rest
+    WEFT_CUDA_CHECK(cudaMemset(S.pad_b, 0, b_bytes));
+    WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+#endif
+  }
+  for (const auto& p : S.shapes) {
+    const AutoChoice t = S.padded->auto_choice(p->cfg.m);
+    const double best = t.method == GemmMethod::kDecomposed ? t.predicted_decomposed_us
+                        : t.method == GemmMethod::kFused    ? t.predicted_fused_us
+                                                            : t.predicted_baseline_us;
+    const OverlapModelInput in{config.op, R.world, p->cfg.m, config.n, config.k, static_cast<int>(R.eb)};
+    if (!gpu || pad_unaligned_k(in, device_constants(), t.predicted_baseline_us, best)) {
+      p->autoc = t;  // the padded op's choice (its baseline too runs on the padded operands)
+      p->autoc.source = fmt::format("K per rank = {} padded to {}: {}", R.k_local, S.pad_k, t.source);
+      S.auto_pads.insert(p->cfg.m);
+    } else {
+      p->autoc.source = fmt::format("K per rank = {} is not a multiple of 8: the baseline (padding it predicted slower)",
+                                    R.k_local);
+    }
+  }
+}
+
+// This call's A (its rows) and B into the twin's zero-padded operands: each row of K per rank
+// elements into a row of pad_k (B stored [K x N]: its K rows, the pad rows after them).
+void pad_operands(GemmOverlap::State& S, const GemmOverlap::Impl& I, int64_t a_rows, const void* a, const void* b,
+                  void* stream) {
+  const size_t kl = static_cast<size_t>(I.k_local) * I.eb, kp = static_cast<size_t>(S.pad_k) * I.eb;
+  const bool b_by_k = I.cfg.b_layout != BLayout::kNK;  // B [K x N]
+  const size_t b_rows = static_cast<size_t>(I.cfg.n);
+  if (I.b.kind() == BackendKind::kHost) {
+    for (int64_t r = 0; r < a_rows; ++r)
+      std::memcpy(S.host_pad_a.data() + static_cast<size_t>(r) * kp, static_cast<const unsigned char*>(a) + r * kl, kl);
+    if (b_by_k) {
+      std::memcpy(S.host_pad_b.data(), b, kl * b_rows);
+    } else {
+      for (size_t r = 0; r < b_rows; ++r)
+        std::memcpy(S.host_pad_b.data() + r * kp, static_cast<const unsigned char*>(b) + r * kl, kl);
+    }
+    return;
+  }
+#ifdef WEFT_HAVE_CUDA
+  auto s = static_cast<cudaStream_t>(stream);
+  WEFT_CUDA_CHECK(
+      cudaMemcpy2DAsync(S.pad_a, kp, a, kl, kl, static_cast<size_t>(a_rows), cudaMemcpyDeviceToDevice, s));
+  if (b_by_k)
+    WEFT_CUDA_CHECK(cudaMemcpyAsync(S.pad_b, b, kl * b_rows, cudaMemcpyDeviceToDevice, s));
+  else
+    WEFT_CUDA_CHECK(cudaMemcpy2DAsync(S.pad_b, kp, b, kl, kl, b_rows, cudaMemcpyDeviceToDevice, s));
+#else
+  (void)stream;
+#endif
+}
+
+}  // namespace
 
 void GemmOverlap::run(const void* a, const void* b, void* c, const GemmRunOptions& opt) {
   State& S = *state_;
@@ -387,9 +489,29 @@ void GemmOverlap::run(const void* a, const void* b, void* c, const GemmRunOption
                  to_string(I.cfg.op), static_cast<long long>(m), fmt::format("{}", fmt::join(prepared_m(), ", ")).c_str(),
                  to_string(opt.method));
   }
+  const bool auto_pads = prepared && opt.method == GemmMethod::kAuto && S.auto_pads.count(m) > 0;
+  if (auto_pads) method = GemmMethod::kAuto;  // the padded op's own auto
+  if (S.padded && method != GemmMethod::kBaseline && opt.gathered_a) {
+    WEFT_REQUIRE(opt.method == GemmMethod::kAuto,
+                 fmt::format("{}: gathered_a with K per rank = {} (not a multiple of 8): only the baseline keeps the "
+                             "gathered A (the other methods run on K padded to {})",
+                             to_string(I.cfg.op), I.k_local, S.pad_k));
+    method = GemmMethod::kBaseline;
+  }
+  if (S.padded && method != GemmMethod::kBaseline) {  // on K padded to a multiple of 8
+    I.op.guarded([&] { pad_operands(S, I, a_rows(m), a, b, opt.stream); });
+    GemmRunOptions o = opt;
+    o.method = method;
+    const void* pa = S.pad_a ? S.pad_a : S.host_pad_a.data();
+    const void* pb = S.pad_b ? S.pad_b : S.host_pad_b.data();
+    S.padded->run(pa, pb, c, o);
+    if (opt.trace) S.traced_padded = true;
+    return;
+  }
   if (opt.trace) {
     I.trace.clear();
     S.traced = &I;
+    S.traced_padded = false;
   }
   I.op.guarded([&] { I.dispatch(method, m, a, b, c, opt.stream, opt.trace, opt.gathered_a); });
 }
@@ -445,7 +567,9 @@ std::vector<std::string> GemmOverlap::gemm_choices() const {
   return {};
 }
 
-std::vector<GemmMethod> GemmOverlap::available_methods() const { return state_->root().available(); }
+std::vector<GemmMethod> GemmOverlap::available_methods() const {
+  return state_->padded ? state_->padded->available_methods() : state_->root().available();
+}
 const AutoChoice& GemmOverlap::auto_choice() const { return state_->root().autoc; }
 
 AutoChoice GemmOverlap::auto_choice(int64_t m) const {
@@ -481,6 +605,7 @@ int64_t GemmOverlap::c_rows(int64_t m) const {
 }
 int64_t GemmOverlap::c_cols() const { return state_->root().c_cols; }
 const std::vector<TraceEvent>& GemmOverlap::trace() const {
+  if (state_->traced_padded) return state_->padded->trace();
   return state_->traced ? state_->traced->trace : state_->root().trace;
 }
 

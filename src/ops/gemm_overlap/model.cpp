@@ -176,4 +176,19 @@ OverlapPrediction predict_overlap(const OverlapModelInput& in, const plan::Devic
   return p;
 }
 
+double pad_copy_us(const OverlapModelInput& in, const plan::DeviceConstants& d) {
+  const int64_t kl = in.op == GemmOp::kAgGemm ? in.k : in.k / std::max(1, in.world);
+  const double a_rows = in.op == GemmOp::kAgGemm ? double(in.m) / std::max(1, in.world) : double(in.m);
+  const double bytes = (a_rows + double(in.n)) * double(kl + padded_k_local(kl)) * in.elem_bytes;
+  return plan::hbm_us(d, bytes) + 2 * d.calls.gemm_launch_us;
+}
+
+bool pad_unaligned_k(const OverlapModelInput& in, const plan::DeviceConstants& d, double aligned_baseline_us,
+                     double padded_best_us) {
+  const Shape s = shape_of(in, d);
+  const double gemm = in.op == GemmOp::kAgGemm ? s.gemm(s.m, s.n, s.k) : s.gemm(s.m, s.n, s.kl);
+  const double unaligned_baseline_us = aligned_baseline_us + (kUnalignedGemmSlowdown - 1) * gemm;
+  return padded_best_us + pad_copy_us(in, d) < unaligned_baseline_us;
+}
+
 }  // namespace weft::ops
