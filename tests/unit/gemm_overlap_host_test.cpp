@@ -166,7 +166,8 @@ TEST(GemmOverlapHostErrors, ShapesAndPointersAreRefusedClearly) {
       if (s.op == GemmOp::kAgGemm) {
         Buf a(static_cast<size_t>(op.a_rows() * op.a_cols())), w(static_cast<size_t>(op.b_rows() * op.b_cols())),
             c(static_cast<size_t>(op.c_rows() * op.c_cols())), g(static_cast<size_t>(12 * 12));
-        got = message_of([&] { op.run(a.p(), w.p(), c.p(), {.method = GemmMethod::kDecomposed, .gathered_a = g.p()}); });
+        got = message_of(
+            [&] { op.run(a.p(), w.p(), c.p(), {.method = GemmMethod::kDecomposed, .gathered_a = g.p()}); });
         WEFT_CHECK(got.find("gathered_a with K per rank = 12 (not a multiple of 8): only the baseline") !=
                        std::string::npos,
                    got);

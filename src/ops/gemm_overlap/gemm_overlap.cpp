@@ -404,8 +404,8 @@ void make_padded(GemmOverlap::State& S, Backend& backend, const GemmOverlapConfi
       p->autoc.source = fmt::format("K per rank = {} padded to {}: {}", R.k_local, S.pad_k, t.source);
       S.auto_pads.insert(p->cfg.m);
     } else {
-      p->autoc.source = fmt::format("K per rank = {} is not a multiple of 8: the baseline (padding it predicted slower)",
-                                    R.k_local);
+      p->autoc.source =
+          fmt::format("K per rank = {} is not a multiple of 8: the baseline (padding it predicted slower)", R.k_local);
     }
   }
 }
