@@ -28,6 +28,7 @@
 #include "stream_memops.hpp"
 #include "weft/core/cuda_check.hpp"
 #include "weft/kernels/gemm.hpp"
+#include "weft/kernels/runtime_kernels.hpp"
 #endif
 
 namespace weft::ops {
@@ -430,12 +431,11 @@ void pad_operands(GemmOverlap::State& S, const GemmOverlap::Impl& I, int64_t a_r
   }
 #ifdef WEFT_HAVE_CUDA
   auto s = static_cast<cudaStream_t>(stream);
-  WEFT_CUDA_CHECK(
-      cudaMemcpy2DAsync(S.pad_a, kp, a, kl, kl, static_cast<size_t>(a_rows), cudaMemcpyDeviceToDevice, s));
+  WEFT_CUDA_CHECK(kernels::copy_rows(S.pad_a, kp, a, kl, kl, static_cast<size_t>(a_rows), s));
   if (b_by_k)
-    WEFT_CUDA_CHECK(cudaMemcpyAsync(S.pad_b, b, kl * b_rows, cudaMemcpyDeviceToDevice, s));
+    WEFT_CUDA_CHECK(kernels::copy_rows(S.pad_b, kl * b_rows, b, kl * b_rows, kl * b_rows, 1, s));
   else
-    WEFT_CUDA_CHECK(cudaMemcpy2DAsync(S.pad_b, kp, b, kl, kl, b_rows, cudaMemcpyDeviceToDevice, s));
+    WEFT_CUDA_CHECK(kernels::copy_rows(S.pad_b, kp, b, kl, kl, b_rows, s));
 #else
   (void)stream;
 #endif
