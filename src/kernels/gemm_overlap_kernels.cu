@@ -122,16 +122,13 @@ __global__ void reduce_kernel_vec(const __grid_constant__ dev::DeviceCtx c, uint
   }
 }
 
-__global__ void copy_kernel(char* dst, size_t dpitch, const char* src, size_t spitch, size_t width, size_t rows,
-                            bool vec) {
-  const size_t unit = vec ? 16 : 1, per_row = width / unit, total = per_row * rows;
+template <class T>
+__global__ void copy_kernel(char* dst, size_t dpitch, const char* src, size_t spitch, size_t width, size_t rows) {
+  const size_t per_row = width / sizeof(T), total = per_row * rows;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const size_t r = i / per_row, c = (i % per_row) * unit;
-    if (vec)
-      *reinterpret_cast<uint4*>(dst + r * dpitch + c) = *reinterpret_cast<const uint4*>(src + r * spitch + c);
-    else
-      dst[r * dpitch + c] = src[r * spitch + c];
+    const size_t r = i / per_row, c = i % per_row;
+    reinterpret_cast<T*>(dst + r * dpitch)[c] = reinterpret_cast<const T*>(src + r * spitch)[c];
   }
 }
 
@@ -184,7 +181,11 @@ cudaError_t overlap_preload() {
                        reinterpret_cast<const void*>(signal_kernel),
                        reinterpret_cast<const void*>(wait_kernel),
                        reinterpret_cast<const void*>(peer_epochs_kernel),
-                       reinterpret_cast<const void*>(copy_kernel),
+                       reinterpret_cast<const void*>(copy_kernel<uint4>),
+                       reinterpret_cast<const void*>(copy_kernel<uint2>),
+                       reinterpret_cast<const void*>(copy_kernel<uint32_t>),
+                       reinterpret_cast<const void*>(copy_kernel<uint16_t>),
+                       reinterpret_cast<const void*>(copy_kernel<unsigned char>),
                        reinterpret_cast<const void*>(reduce_kernel<dev::bf16_t>),
                        reinterpret_cast<const void*>(reduce_kernel<dev::f16_t>),
                        reinterpret_cast<const void*>(reduce_kernel_vec<dev::bf16_t>),
@@ -217,11 +218,21 @@ cudaError_t overlap_peer_epochs(const dev::DeviceCtx& c, uint64_t epoch_off, uin
 cudaError_t overlap_copy(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, int ctas,
                          cudaStream_t s) {
   if (width == 0 || rows == 0) return cudaSuccess;
-  const bool vec = reinterpret_cast<uintptr_t>(dst) % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
-                   dpitch % 16 == 0 && spitch % 16 == 0 && width % 16 == 0;
+  // The widest word that the pointers, pitches and width allow.
+  const size_t all = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | dpitch | spitch | width;
   const int grid = ctas < 1 ? 1 : ctas;
-  copy_kernel<<<grid, 512, 0, s>>>(static_cast<char*>(dst), dpitch, static_cast<const char*>(src), spitch, width, rows,
-                                   vec);
+  auto d = static_cast<char*>(dst);
+  auto x = static_cast<const char*>(src);
+  if (all % 16 == 0)
+    copy_kernel<uint4><<<grid, 512, 0, s>>>(d, dpitch, x, spitch, width, rows);
+  else if (all % 8 == 0)
+    copy_kernel<uint2><<<grid, 512, 0, s>>>(d, dpitch, x, spitch, width, rows);
+  else if (all % 4 == 0)
+    copy_kernel<uint32_t><<<grid, 512, 0, s>>>(d, dpitch, x, spitch, width, rows);
+  else if (all % 2 == 0)
+    copy_kernel<uint16_t><<<grid, 512, 0, s>>>(d, dpitch, x, spitch, width, rows);
+  else
+    copy_kernel<unsigned char><<<grid, 512, 0, s>>>(d, dpitch, x, spitch, width, rows);
   return cudaGetLastError();
 }
 

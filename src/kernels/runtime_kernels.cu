@@ -1,7 +1,5 @@
 #include <nccl_device.h>
 
-#include <algorithm>
-
 #include "weft/core/env.hpp"
 #include "weft/device/api.hpp"
 #include "weft/kernels/runtime_kernels.hpp"
@@ -28,39 +26,7 @@ __global__ void sleep_kernel(uint64_t ns) {
   while (ptx::globaltimer_ns() - t0 < ns) __nanosleep(1000);
 }
 
-template <class T>
-__global__ void copy_rows_kernel(char* dst, size_t dst_pitch, const char* src, size_t src_pitch, size_t row_words,
-                                 size_t rows) {
-  const size_t n = rows * row_words;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const size_t r = i / row_words, w = i % row_words;
-    reinterpret_cast<T*>(dst + r * dst_pitch)[w] = reinterpret_cast<const T*>(src + r * src_pitch)[w];
-  }
-}
-
-template <class T>
-cudaError_t launch_copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
-                             size_t rows, cudaStream_t stream) {
-  const size_t words = row_bytes / sizeof(T), n = words * rows;
-  const int grid = static_cast<int>(std::min<size_t>((n + 255) / 256, 8 * static_cast<size_t>(sm_count())));
-  copy_rows_kernel<T><<<grid, 256, 0, stream>>>(static_cast<char*>(dst), dst_pitch, static_cast<const char*>(src),
-                                                 src_pitch, words, rows);
-  return cudaGetLastError();
-}
-
 }  // namespace
-
-cudaError_t copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes, size_t rows,
-                      cudaStream_t stream) {
-  if (rows == 0 || row_bytes == 0) return cudaSuccess;
-  const size_t all =
-      reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | dst_pitch | src_pitch | row_bytes;
-  if (all % 16 == 0) return launch_copy_rows<uint4>(dst, dst_pitch, src, src_pitch, row_bytes, rows, stream);
-  if (all % 8 == 0) return launch_copy_rows<uint2>(dst, dst_pitch, src, src_pitch, row_bytes, rows, stream);
-  if (all % 4 == 0) return launch_copy_rows<uint32_t>(dst, dst_pitch, src, src_pitch, row_bytes, rows, stream);
-  return launch_copy_rows<uint16_t>(dst, dst_pitch, src, src_pitch, row_bytes, rows, stream);
-}
 
 cudaError_t load_kernels(const void* const* fns, size_t n) {
   cudaFuncAttributes fa;

@@ -153,27 +153,44 @@ class ScopedEnv {
 
 class GemmOverlapGpu : public ::testing::TestWithParam<int> {};
 
-TEST_P(GemmOverlapGpu, EveryMethodIsExact) {
-  const int n = GetParam() == 0 ? gpus() : GetParam();
+namespace {
+// Every method exact on n GPUs (0: all) at each shape of shapes(world), in the configurations
+// given (dtype, B layout, chunks, calls); `what` names the run in the summary line.
+struct RunConfig {
+  dev::DType dtype;
+  BLayout layout;
+  int chunks, calls;
+};
+void every_method_exact(int n, std::vector<Shape> (*shapes)(int), const std::vector<RunConfig>& configs,
+                        const char* what) {
   if (gpus() < 1 || n > gpus()) GTEST_SKIP() << "needs " << n << " GPU(s)";
-  expect_all_ok(run_gpu(n, [] {
+  expect_all_ok(run_gpu(n, [&] {
     auto b = make_backend();
     const int w = b->size();
     cudaStream_t s;
     WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     int checks = 0;
-    // Odd shapes (rows per shard not a multiple of the chunks, N odd), then larger ones.
-    const std::vector<Shape> shapes{{GemmOp::kAgGemm, 5 * w, 24, 13},     {GemmOp::kGemmRs, 5 * w, 16 * w, 13},
-                                    {GemmOp::kGemmAr, 11, 8 * w, 7},      {GemmOp::kAgGemm, 384 * w, 256, 392},
-                                    {GemmOp::kGemmRs, 384 * w, 256, 392}, {GemmOp::kGemmAr, 768, 256, 392}};
-    for (const Shape& sh : shapes) {
-      checks += run_all_methods(*b, config(sh, dev::DType::kBF16, BLayout::kNK, 2), 2, s);
-      checks += run_all_methods(*b, config(sh, dev::DType::kBF16, BLayout::kKN, 3), 1, s);
-      checks += run_all_methods(*b, config(sh, dev::DType::kF16, BLayout::kNK, 4), 1, s);
-    }
-    if (b->rank() == 0) std::printf("[gpu] gemm_overlap: %d ranks, %d exact checks passed\n", w, checks);
+    for (const Shape& sh : shapes(w))
+      for (const RunConfig& rc : configs)
+        checks += run_all_methods(*b, config(sh, rc.dtype, rc.layout, rc.chunks), rc.calls, s);
+    if (b->rank() == 0) std::printf("[gpu] %s: %d ranks, %d exact checks passed\n", what, w, checks);
     WEFT_CUDA_CHECK(cudaStreamDestroy(s));
   }));
+}
+}  // namespace
+
+TEST_P(GemmOverlapGpu, EveryMethodIsExact) {
+  // Odd shapes (rows per shard not a multiple of the chunks, N odd), then larger ones.
+  every_method_exact(
+      GetParam() == 0 ? gpus() : GetParam(),
+      [](int w) {
+        return std::vector<Shape>{{GemmOp::kAgGemm, 5 * w, 24, 13},     {GemmOp::kGemmRs, 5 * w, 16 * w, 13},
+                                  {GemmOp::kGemmAr, 11, 8 * w, 7},      {GemmOp::kAgGemm, 384 * w, 256, 392},
+                                  {GemmOp::kGemmRs, 384 * w, 256, 392}, {GemmOp::kGemmAr, 768, 256, 392}};
+      },
+      {{dev::DType::kBF16, BLayout::kNK, 2, 2}, {dev::DType::kBF16, BLayout::kKN, 3, 1},
+       {dev::DType::kF16, BLayout::kNK, 4, 1}},
+      "gemm_overlap");
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpus, GemmOverlapGpu, ::testing::Values(1, 0));
@@ -181,26 +198,16 @@ INSTANTIATE_TEST_SUITE_P(Gpus, GemmOverlapGpu, ::testing::Values(1, 0));
 // K per rank not a multiple of 8: the baseline on the operands as they are, decomposed, fused
 // and auto on K padded to a multiple of 8 (the op's twin), every one exact.
 TEST_P(GemmOverlapGpu, UnalignedKRunsPadded) {
-  const int n = GetParam() == 0 ? gpus() : GetParam();
-  if (gpus() < 1 || n > gpus()) GTEST_SKIP() << "needs " << n << " GPU(s)";
-  expect_all_ok(run_gpu(n, [] {
-    auto b = make_backend();
-    const int w = b->size();
-    cudaStream_t s;
-    WEFT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    int checks = 0;
-    const std::vector<Shape> shapes{{GemmOp::kAgGemm, 6 * w, 28, 40},
-                                    {GemmOp::kGemmRs, 8 * w, 12 * w, 24},
-                                    {GemmOp::kGemmAr, 9, 20 * w, 16},
-                                    {GemmOp::kGemmRs, 256 * w, 132 * w, 264},
-                                    {GemmOp::kGemmAr, 320, 132 * w, 136}};
-    for (const Shape& sh : shapes) {
-      checks += run_all_methods(*b, config(sh, dev::DType::kBF16, BLayout::kNK, 2), 2, s);
-      checks += run_all_methods(*b, config(sh, dev::DType::kF16, BLayout::kKN, 1), 1, s);
-    }
-    if (b->rank() == 0) std::printf("[gpu] gemm_overlap unaligned K: %d ranks, %d exact checks passed\n", w, checks);
-    WEFT_CUDA_CHECK(cudaStreamDestroy(s));
-  }));
+  every_method_exact(
+      GetParam() == 0 ? gpus() : GetParam(),
+      [](int w) {
+        return std::vector<Shape>{{GemmOp::kAgGemm, 6 * w, 28, 40},
+                                  {GemmOp::kGemmRs, 8 * w, 12 * w, 24},
+                                  {GemmOp::kGemmAr, 9, 20 * w, 16},
+                                  {GemmOp::kGemmRs, 256 * w, 132 * w, 264},
+                                  {GemmOp::kGemmAr, 320, 132 * w, 136}};
+      },
+      {{dev::DType::kBF16, BLayout::kNK, 2, 2}, {dev::DType::kF16, BLayout::kKN, 1, 1}}, "gemm_overlap unaligned K");
 }
 
 // The suite above runs the decomposed paths the small test shapes get by default: ag_gemm

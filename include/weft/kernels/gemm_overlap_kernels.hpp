@@ -61,8 +61,10 @@ cudaError_t overlap_wait(const dev::DeviceCtx& c, uint64_t epoch_off, const Over
 // deadline of a stream memory-operation wait on the peers, which has none of its own: beside
 // it, a peer that never comes traps this kernel instead of hanging the stream.
 cudaError_t overlap_peer_epochs(const dev::DeviceCtx& c, uint64_t epoch_off, uint64_t op, cudaStream_t s);
-// A 2-D copy by SMs (rows x width bytes; pitches in bytes) with `ctas` CTAs: the decomposed
-// method's fallback where the copy engine cannot take a pointer (WEFT_OVERLAP_ENGINE=sm).
+// A 2-D copy by SMs (rows x width bytes; pitches in bytes) with `ctas` CTAs, in the widest words
+// (16 ... 1 bytes) the pointers, pitches and width allow: the decomposed method's fallback where
+// the copy engine cannot take a pointer (WEFT_OVERLAP_ENGINE=sm), and GemmOverlap's padding of an
+// unaligned K (copy engines move its narrow rows slowly).
 cudaError_t overlap_copy(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, int ctas,
                          cudaStream_t s);
 // out[i] = sum over s < nslots of slots[s * slot_stride + i], i < n: fp32 sums in slot order,

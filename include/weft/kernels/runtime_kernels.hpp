@@ -32,12 +32,6 @@ bool pdl_enabled();
 // follows before the GPU reaches it, so launch latency stays out of timed regions.
 cudaError_t device_sleep(uint64_t ns, cudaStream_t stream);
 
-// `rows` rows of `row_bytes` from src (a row every src_pitch bytes) to dst (every dst_pitch),
-// device to device, on the stream: a kernel (copy engines move narrow rows slowly), 16-, 8-,
-// 4- or 2-byte words as the pointers, pitches and row_bytes allow (row_bytes even).
-cudaError_t copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes, size_t rows,
-                      cudaStream_t stream);
-
 // The SMs of `device` (-1: the current one); 1 where they cannot be read. Grids sized "per SM"
 // take it.
 int sm_count(int device = -1);

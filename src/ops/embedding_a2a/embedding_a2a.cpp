@@ -305,10 +305,9 @@ void gpu_checks(const EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, co
 
 void read_bad(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, cudaStream_t s);
 
-// The pool kernel with a's destinations and grid; each table's run length chosen for the call
-// (runs.hpp) where every table's num_indices is given, else the kernel's own rule.
-void pool(const EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, kernels::EmbeddingPoolArgs a,
-          cudaStream_t s) {
+// Each table's run length for launches with a's destination count and grid (runs.hpp), where
+// every table's num_indices is given; else the kernel's own rule (run_bags 0).
+void choose_runs(const EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, kernels::EmbeddingPoolArgs& a) {
   std::vector<embedding::RunTable> rt(static_cast<size_t>(a.n_tables));
   const double bags = static_cast<double>(I.op.world()) * static_cast<double>(a.batch);
   bool known = bags > 0;
@@ -322,7 +321,6 @@ void pool(const EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, kernels:
                                                              kernels::kEmbeddingPoolerBags);
     for (int t = 0; t < a.n_tables; ++t) a.t[t].run_bags = runs[static_cast<size_t>(t)];
   }
-  WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
 }
 
 void gpu_pool(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, void* pooled, uint64_t bytes,
@@ -335,7 +333,8 @@ void gpu_pool(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, void* pool
   a.send_stride = I.rank_dim[static_cast<size_t>(I.op.rank())];
   a.send_dest_bytes = static_cast<uint64_t>(I.cfg.batch * a.send_stride) * I.ob;
   a.dest_count = I.op.world();
-  pool(I, tables, a, s);
+  choose_runs(I, tables, a);
+  WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
   if (I.cfg.check_indices && !I.op.capturing(opt.stream)) read_bad(I, tables, s);
 }
 
@@ -359,11 +358,13 @@ void gpu_forward(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, void* o
   a.send_dest_bytes = static_cast<uint64_t>(c.batch * a.send_stride) * I.ob;
   if (W == 1) {  // nothing to exchange: every method pools straight into out
     a.dest_first = me;
-    pool(I, tables, a, s);
+    choose_runs(I, tables, a);
+    WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
   } else if (m == EmbeddingA2AMethod::kBaseline) {
     a.out = nullptr;  // every destination's rows into d_send, then NCCL, then the re-layout
     a.dest_count = W;
-    pool(I, tables, a, s);
+    choose_runs(I, tables, a);
+    WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
     WEFT_NCCL_CHECK(ncclGroupStart());
     for (int p = 0; p < W; ++p) nccl_step(I, p, p, s);
     WEFT_NCCL_CHECK(ncclGroupEnd());
@@ -373,9 +374,10 @@ void gpu_forward(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, void* o
     // pools; this rank's own rows go straight into out last; then the re-layout of the rest.
     WEFT_CUDA_CHECK(cudaEventRecord(I.ev_fork, s));
     WEFT_CUDA_CHECK(cudaStreamWaitEvent(I.side, I.ev_fork, 0));
+    choose_runs(I, tables, a);  // every step: one destination, the same grid
     for (int k = 1; k < W; ++k) {
       a.dest_first = (me + k) % W;
-      pool(I, tables, a, s);
+      WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
       WEFT_CUDA_CHECK(cudaEventRecord(I.ev[static_cast<size_t>(k)], s));
       WEFT_CUDA_CHECK(cudaStreamWaitEvent(I.side, I.ev[static_cast<size_t>(k)], 0));
       WEFT_NCCL_CHECK(ncclGroupStart());
@@ -383,7 +385,7 @@ void gpu_forward(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, void* o
       WEFT_NCCL_CHECK(ncclGroupEnd());
     }
     a.dest_first = me;
-    pool(I, tables, a, s);
+    WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
     WEFT_CUDA_CHECK(cudaEventRecord(I.ev[0], I.side));
     WEFT_CUDA_CHECK(cudaStreamWaitEvent(s, I.ev[0], 0));
     WEFT_CUDA_CHECK(kernels::embedding_relayout(relayout_args(I, out, me), s));
@@ -399,7 +401,8 @@ void gpu_forward(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, void* o
     a.land_bytes = I.land_bytes;
     a.sig_off = I.sig_off;
     a.ctas = I.push_ctas;
-    pool(I, tables, a, s);
+    choose_runs(I, tables, a);
+    WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
     kernels::EmbeddingLandArgs l;
     l.ctx = I.b.ctx();
     l.land_off = I.land_off;

@@ -48,6 +48,7 @@ plan::DeviceConstants device_constants() {
 // gemm_overlap_impl.hpp).
 struct GemmOverlap::Impl : detail::GemmOpContext {
   AutoChoice autoc;
+  bool auto_pads = false;  // K per rank unaligned: `auto` runs the padded op (its own auto; make_padded)
   std::string cache;
 
   // The method objects, made at construction (setup: never inside a CUDA graph capture). GPU:
@@ -95,7 +96,6 @@ struct GemmOverlap::State {
   void* pad_b = nullptr;
   std::vector<unsigned char> host_pad_a, host_pad_b;
   bool traced_padded = false;
-  std::set<int64_t> auto_pads;  // the prepared Ms whose `auto` runs the padded op (its own auto)
   ~State();
 
   Impl& root() const { return *shapes.front(); }
@@ -403,7 +403,7 @@ void make_padded(GemmOverlap::State& S, Backend& backend, const GemmOverlapConfi
     if (!gpu || pad_unaligned_k(in, device_constants(), t.predicted_baseline_us, best)) {
       p->autoc = t;  // the padded op's choice (its baseline too runs on the padded operands)
       p->autoc.source = fmt::format("K per rank = {} padded to {}: {}", R.k_local, S.pad_k, t.source);
-      S.auto_pads.insert(p->cfg.m);
+      p->auto_pads = true;
     } else {
       p->autoc.source =
           fmt::format("K per rank = {} is not a multiple of 8: the baseline (padding it predicted slower)", R.k_local);
@@ -431,11 +431,13 @@ void pad_operands(GemmOverlap::State& S, const GemmOverlap::Impl& I, int64_t a_r
   }
 #ifdef WEFT_HAVE_CUDA
   auto s = static_cast<cudaStream_t>(stream);
-  WEFT_CUDA_CHECK(kernels::copy_rows(S.pad_a, kp, a, kl, kl, static_cast<size_t>(a_rows), s));
+  // By SMs, the whole GPU (the copy engines move these narrow rows slowly).
+  const int ctas = 8 * kernels::sm_count();
+  WEFT_CUDA_CHECK(kernels::overlap_copy(S.pad_a, kp, a, kl, kl, static_cast<size_t>(a_rows), ctas, s));
   if (b_by_k)
-    WEFT_CUDA_CHECK(kernels::copy_rows(S.pad_b, kl * b_rows, b, kl * b_rows, kl * b_rows, 1, s));
+    WEFT_CUDA_CHECK(kernels::overlap_copy(S.pad_b, kl * b_rows, b, kl * b_rows, kl * b_rows, 1, ctas, s));
   else
-    WEFT_CUDA_CHECK(kernels::copy_rows(S.pad_b, kp, b, kl, kl, b_rows, s));
+    WEFT_CUDA_CHECK(kernels::overlap_copy(S.pad_b, kp, b, kl, kl, b_rows, ctas, s));
 #else
   (void)stream;
 #endif
@@ -489,8 +491,8 @@ void GemmOverlap::run(const void* a, const void* b, void* c, const GemmRunOption
                  to_string(I.cfg.op), static_cast<long long>(m), fmt::format("{}", fmt::join(prepared_m(), ", ")).c_str(),
                  to_string(opt.method));
   }
-  const bool auto_pads = prepared && opt.method == GemmMethod::kAuto && S.auto_pads.count(m) > 0;
-  if (auto_pads) method = GemmMethod::kAuto;  // the padded op's own auto
+  if (prepared && prepared->auto_pads && opt.method == GemmMethod::kAuto)
+    method = GemmMethod::kAuto;  // the padded op's own auto
   if (S.padded && method != GemmMethod::kBaseline && opt.gathered_a) {
     WEFT_REQUIRE(opt.method == GemmMethod::kAuto,
                  fmt::format("{}: gathered_a with K per rank = {} (not a multiple of 8): only the baseline keeps the "
