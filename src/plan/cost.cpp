@@ -23,6 +23,8 @@ constexpr std::pair<const char*, double CallCosts::*> kCallCostKeys[] = {
     {"wait_us", &CallCosts::wait_us},
     {"collective_us", &CallCosts::collective_us},
     {"collective_world_exp", &CallCosts::collective_world_exp},
+    {"nccl_all_gather_efficiency", &CallCosts::nccl_all_gather_efficiency},
+    {"nccl_reduce_scatter_efficiency", &CallCosts::nccl_reduce_scatter_efficiency},
     {"ag_piece_us", &CallCosts::ag_piece_us},
     {"rs_piece_us", &CallCosts::rs_piece_us},
     {"fused_gemm_efficiency", &CallCosts::fused_gemm_efficiency},
@@ -225,7 +227,10 @@ double collective_us(const DeviceConstants& d, Collective c, int world, double b
   const double w = world, f = (w - 1) / w;
   const double bus = (c == Collective::kAllReduce ? 2 : 1) * f * bytes;
   const double grow = std::pow(2 * f, d.calls.collective_world_exp);
-  return bus / (link_gbps(d, Engine::kNccl) * grow * 1e3) + d.calls.collective_us;
+  const double eff = c == Collective::kAllGather       ? d.calls.nccl_all_gather_efficiency
+                     : c == Collective::kReduceScatter ? d.calls.nccl_reduce_scatter_efficiency
+                                                       : 1.0;
+  return bus / (link_gbps(d, Engine::kNccl) * grow * eff * 1e3) + d.calls.collective_us;
 }
 
 double sm_all_reduce_us(const DeviceConstants& d, int world, double bytes) {

@@ -49,6 +49,14 @@ struct CallCosts {
   double wait_us = 2.0;                // a stream waiting on a flag, beyond the flag's latency
   double collective_us = 12.0;         // one NCCL collective, beyond its bus bytes
   double collective_world_exp = 0.44;  // NCCL's rate grows with the world as (2(W-1)/W)^this
+  // NCCL's all-gather and reduce-scatter: their bus rates relative to the all-reduce's (the
+  // nccl link rate). Fitted to the GEMM+communication benches' baselines minus their GEMMs
+  // alone (H200s; docs/gemm_overlap.md, "auto"): against the rates without these the
+  // all-gathers took 1.23x the prediction on 2 and 4 ranks (anchor shapes) and 1.37x (random
+  // shapes), the reduce-scatters 1.21x / 1.09x / 1.09x on 2 / 4 / 8 ranks (anchor) and 1.25x /
+  // 1.14x (random), the all-reduces 0.94-1.02x.
+  double nccl_all_gather_efficiency = 0.8;
+  double nccl_reduce_scatter_efficiency = 0.85;
   // Per peer piece of a decomposed pipeline (a library GEMM on few rows, an event, a copy, a
   // signal, a wait): ag_gemm's; gemm_rs's (its GEMM writes the piece that is then sent).
   double ag_piece_us = 10.5;
@@ -127,8 +135,8 @@ double copy_call_us(const DeviceConstants& d, double bytes);
 enum class Collective { kAllGather, kReduceScatter, kAllReduce };
 // One NCCL collective on `world` ranks of one node. `bytes`: the gathered output (all-gather),
 // one rank's input (reduce-scatter) or the buffer (all-reduce); bus bytes (W-1)/W of it, twice
-// for an all-reduce, at link_gbps[nccl] x (2(W-1)/W)^collective_world_exp, plus the call's
-// fixed cost. 0 on one rank.
+// for an all-reduce, at link_gbps[nccl] x (2(W-1)/W)^collective_world_exp (x the all-gather's
+// or reduce-scatter's efficiency), plus the call's fixed cost. 0 on one rank.
 double collective_us(const DeviceConstants& d, Collective c, int world, double bytes);
 // weft's all-reduce kernel of `bytes` on `world` ranks beside a GEMM that holds the SMs
 // (gemm_ar decomposed's per-chunk all-reduce). 0 on one rank.
