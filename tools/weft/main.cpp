@@ -485,7 +485,7 @@ int main(int argc, char** argv) {
   bench
       ->add_option("--ms", ms,
                    "gemv_ar: tokens per call, 1 ... 128 (default 1,8,16,64,128); moe: tokens per rank (default "
-                   "128,4096); embedding_a2a: dlrm's samples per GPU (default 2048,4096,16384,65536)")
+                   "128,4096); embedding_a2a: samples per GPU (default dlrm 2048,4096,16384,65536, sweep 4096)")
       ->delimiter(',');
   std::vector<std::string> parts;
   bench->add_option("--parts", parts, "moe: exchange, layer, experts (default: all)")->delimiter(',');

@@ -68,11 +68,13 @@ EmbeddingBenchResult bench_embedding(Backend& b, const EmbeddingBenchOptions& op
       for (int64_t B : batches)
         cases.push_back({"dlrm", B, 128, std::vector<int64_t>(std::begin(kDlrmPooling), std::end(kDlrmPooling))});
     } else {
-      for (int64_t d : {64, 128, 256})
-        for (int64_t p : {1, 10, 100}) {
-          if (opt.quick && (d != 128 || p == 1)) continue;
-          cases.push_back({"sweep", gpu ? 4096 : 16, d, std::vector<int64_t>(kTables, p)});
-        }
+      const std::vector<int64_t> batches = opt.batches.empty() ? std::vector<int64_t>{gpu ? 4096 : 16} : opt.batches;
+      for (int64_t B : batches)
+        for (int64_t d : {64, 128, 256})
+          for (int64_t p : {1, 10, 100}) {
+            if (opt.quick && (d != 128 || p == 1)) continue;
+            cases.push_back({"sweep", B, d, std::vector<int64_t>(kTables, p)});
+          }
     }
   }
   EmbeddingBenchResult res;

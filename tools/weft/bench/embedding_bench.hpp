@@ -23,7 +23,10 @@ namespace weft::bench {
 struct EmbeddingBenchOptions {
   bool quick = false;
   std::vector<std::string> shapes;  // dlrm, sweep; empty: both
-  std::vector<int64_t> batches;     // dlrm's samples per GPU; empty: 2048, 4096, 16384, 65536 (GPU)
+  // Samples per GPU; empty: dlrm 2048, 4096, 16384, 65536 and the sweep 4096 (GPU; 64 / 16 on
+  // the host). A rank's lookups at world W cover W x its samples for 26 / W tables, so one GPU
+  // at W x 4096 samples a table reads each table as a rank of W GPUs does.
+  std::vector<int64_t> batches;
   int64_t rows = 0;                 // rows of every table; 0: 1,000,000 on GPUs, 1000 on the host
   std::function<void(const std::string&)> progress;
 };
