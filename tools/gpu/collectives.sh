@@ -2,7 +2,9 @@
 # The collectives issue's GPU run, in one call of the device tool:
 #   device run: bash tools/gpu/collectives.sh .gpu      (carry .gpu, built by tools/gpu/build.sh)
 # Every GPU test (device API and collectives, graph replays included), compute-sanitizer
-# memcheck on the graph test, then `weft bench collectives` beside NCCL. Logs, JSON in $OUT.
+# memcheck on the graph test, then `weft bench collectives` beside NCCL (both modes), and with
+# TORCH=1 PyTorch's collectives beside (bench/torch_collectives_peer.py, symmetric memory on
+# NCCL and on CUDA). Logs, JSON in $OUT.
 set -uo pipefail
 BIN=${1:-.gpu}
 ONLY=${2:-all}   # "bench": the benchmark alone; "quick": collectives tests, then the benchmark
@@ -29,4 +31,13 @@ fi
 step "weft bench collectives"
 "$BIN/weft" bench collectives --out "$OUT" "${BENCH_ARGS[@]}" 2>"$OUT/bench_progress.log" | tee "$OUT/bench.log" || status=1
 tail -3 "$OUT/bench_progress.log"
+if [ "${TORCH:-0}" = 1 ]; then  # PyTorch's collectives on the same sizes, both symmetric-memory backends
+  NGPU=$(nvidia-smi -L | wc -l)
+  for m in nccl cuda; do
+    step "PyTorch collectives peer ($NGPU ranks, symmetric memory backend $m)"
+    timeout 300 torchrun --nproc-per-node "$NGPU" bench/torch_collectives_peer.py --symm $m \
+      --out "$OUT/torch-collectives-$m-${NGPU}r.json" > "$OUT/torch_coll_$m.log" 2>&1 || status=1
+    grep -vE "^\[peer\]|^W[0-9]|[Ww]arn|capture_end" "$OUT/torch_coll_$m.log" | tail -40
+  done
+fi
 exit $status

@@ -26,3 +26,9 @@ step "PyTorch peer (4 ranks)"
 timeout ${T_TORCH:-70} torchrun --nproc-per-node 4 bench/torch_symm_mem_peer.py --out "$W/torch-symm-mem-4r.json" \
   > "$W/torch_peer_4gpu.log" 2>&1
 grep -vE "^\[peer\]|^W[0-9]|warn|symm_mem.enable" "$W/torch_peer_4gpu.log" | tail -12; pack
+for m in nccl cuda; do
+  step "PyTorch collectives peer (4 ranks, symmetric memory backend $m)"
+  timeout ${T_TORCH_COLL:-120} torchrun --nproc-per-node 4 bench/torch_collectives_peer.py --symm $m \
+    --out "$W/torch-collectives-$m-4r.json" > "$W/torch_coll_${m}_4gpu.log" 2>&1
+  grep -vE "^\[peer\]|^W[0-9]|[Ww]arn|capture_end" "$W/torch_coll_${m}_4gpu.log" | tail -40; pack
+done
