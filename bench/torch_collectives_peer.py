@@ -23,8 +23,6 @@ is timed eagerly (the JSON says which). Every method's output is checked against
 (small integers: exact). Prints a table; writes JSON (--out).
 """
 import argparse
-import datetime
-import json
 import os
 import statistics
 import sys
@@ -35,6 +33,7 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from peer_util import slowest, write_result  # noqa: E402
 
 COLLS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
 
@@ -86,12 +85,6 @@ def timed(fn, nbytes, reps):
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / per)
     return statistics.median(times), mode
-
-
-def slowest(us):
-    t = torch.tensor([us], dtype=torch.float64, device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
 
 
 def same_everywhere(ok):
@@ -225,18 +218,13 @@ def main():
                 cells.append(f"{'-' if v is None else f'{v:.1f}'}{tag:>2}".rjust(26))
             print(f"{r['coll']:<15} {r['bytes'] >> 10:>8} " + " ".join(cells))
         print("(* not a CUDA-graph time, or a wrong result: the JSON's <method>_mode says which)")
-        stamp = datetime.datetime.now(datetime.timezone.utc)
-        path = args.out or (f"bench/results/torch-collectives-{args.symm}-{world}r-"
-                            f"{stamp.strftime('%Y%m%d-%H%M%S')}.json")
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, "w") as f:
-            json.dump({"bench": "torch_collectives_peer", "torch": torch.__version__,
-                       "device": torch.cuda.get_device_name(), "world": world, "dtype": "bf16",
-                       "symm_backend": args.symm, "date": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                       "timing": "CUDA graphs of 20 / 5 / 2 calls (<= 1 MiB / <= 16 MiB / above), "
-                                 f"median of {reps} replays after a barrier, slowest rank",
-                       "points": results}, f, indent=2)
-        print("wrote", path)
+        write_result(args.out, f"bench/results/torch-collectives-{args.symm}-{world}r",
+                     {"bench": "torch_collectives_peer", "torch": torch.__version__,
+                      "device": torch.cuda.get_device_name(), "world": world, "dtype": "bf16",
+                      "symm_backend": args.symm,
+                      "timing": "CUDA graphs of 20 / 5 / 2 calls (<= 1 MiB / <= 16 MiB / above), "
+                                f"median of {reps} replays after a barrier, slowest rank",
+                      "points": results})
     dist.barrier()
     dist.destroy_process_group()
 

@@ -18,8 +18,6 @@ lined up by a barrier before each repetition; the median over `--reps` repetitio
 per-call time, the slowest rank's. Prints a table; writes JSON (--out).
 """
 import argparse
-import datetime
-import json
 import os
 import statistics
 import sys
@@ -30,6 +28,7 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from peer_util import slowest, write_result  # noqa: E402
 
 SHAPES = ["8192x8192x14336", "4096x8192x8192", "16384x8192x3584", "2048x4096x4096"]
 
@@ -56,12 +55,6 @@ def timed(fn, warmup, iters, reps):
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / iters)
     return statistics.median(times)
-
-
-def slowest(us):
-    t = torch.tensor([us], dtype=torch.float64, device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
 
 
 def rel_err(x, ref):
@@ -171,17 +164,12 @@ def main():
         for r in results:
             print(f"{r['op']:<8} {r['m']}x{r['k']}x{r['n']:<8} {r['nccl+matmul']:>12.1f} {r['matmul_only']:>12.1f} "
                   f"{r['torch_fused']:>12.1f} {r['torch_fused'] / r['nccl+matmul']:>10.2f} {r['check_rel_err']:>9.1e}")
-        stamp = datetime.datetime.now(datetime.timezone.utc)
-        path = args.out or f"bench/results/torch-symm-mem-{world}r-{stamp.strftime('%Y%m%d-%H%M%S')}.json"
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, "w") as f:
-            json.dump({"bench": "torch_symm_mem_peer", "torch": torch.__version__,
-                       "device": torch.cuda.get_device_name(), "world": world, "dtype": "bf16", "b_layout": "nk",
-                       "date": stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                       "timing": f"eager, CUDA events around {args.iters} calls after {args.warmup} warm-up calls, "
-                                 f"median of {args.reps} repetitions, slowest rank",
-                       "points": results}, f, indent=2)
-        print("wrote", path)
+        write_result(args.out, f"bench/results/torch-symm-mem-{world}r",
+                     {"bench": "torch_symm_mem_peer", "torch": torch.__version__,
+                      "device": torch.cuda.get_device_name(), "world": world, "dtype": "bf16", "b_layout": "nk",
+                      "timing": f"eager, CUDA events around {args.iters} calls after {args.warmup} warm-up calls, "
+                                f"median of {args.reps} repetitions, slowest rank",
+                      "points": results})
     dist.barrier()
     dist.destroy_process_group()
 
