@@ -2,9 +2,26 @@
 import datetime
 import json
 import os
+import statistics
 
 import torch
 import torch.distributed as dist
+
+
+def median_us(run, reps, calls):
+    """Median us per call on this rank: `reps` timings of run() (`calls` calls each) between two
+    CUDA events, the ranks lined up by a barrier before each."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
 
 
 def slowest(us):

@@ -24,7 +24,6 @@ is timed eagerly (the JSON says which). Every method's output is checked against
 """
 import argparse
 import os
-import statistics
 import sys
 
 # Multicast (NVLS) can take the host's GPUs down on the device machine: keep it off.
@@ -33,7 +32,7 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from peer_util import slowest, write_result  # noqa: E402
+from peer_util import median_us, slowest, write_result  # noqa: E402
 
 COLLS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
 
@@ -74,17 +73,7 @@ def timed(fn, nbytes, reps):
 
     run()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        dist.barrier()
-        torch.cuda.synchronize()
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / per)
-    return statistics.median(times), mode
+    return median_us(run, reps, per), mode
 
 
 def same_everywhere(ok):

@@ -19,7 +19,6 @@ per-call time, the slowest rank's. Prints a table; writes JSON (--out).
 """
 import argparse
 import os
-import statistics
 import sys
 
 # Multicast (NVLS) can take the host's GPUs down on the device machine: keep it off.
@@ -28,7 +27,7 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from peer_util import slowest, write_result  # noqa: E402
+from peer_util import median_us, slowest, write_result  # noqa: E402
 
 SHAPES = ["8192x8192x14336", "4096x8192x8192", "16384x8192x3584", "2048x4096x4096"]
 
@@ -43,18 +42,12 @@ def timed(fn, warmup, iters, reps):
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        dist.barrier()
-        torch.cuda.synchronize()
-        start.record()
+
+    def run():
         for _ in range(iters):
             fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / iters)
-    return statistics.median(times)
+
+    return median_us(run, reps, iters)
 
 
 def rel_err(x, ref):
