@@ -221,19 +221,16 @@ cudaError_t overlap_copy(void* dst, size_t dpitch, const void* src, size_t spitc
   // The widest word that the pointers, pitches and width allow.
   const size_t all = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | dpitch | spitch | width;
   const int grid = ctas < 1 ? 1 : ctas;
-  auto d = static_cast<char*>(dst);
-  auto x = static_cast<const char*>(src);
-  if (all % 16 == 0)
-    copy_kernel<uint4><<<grid, 512, 0, s>>>(d, dpitch, x, spitch, width, rows);
-  else if (all % 8 == 0)
-    copy_kernel<uint2><<<grid, 512, 0, s>>>(d, dpitch, x, spitch, width, rows);
-  else if (all % 4 == 0)
-    copy_kernel<uint32_t><<<grid, 512, 0, s>>>(d, dpitch, x, spitch, width, rows);
-  else if (all % 2 == 0)
-    copy_kernel<uint16_t><<<grid, 512, 0, s>>>(d, dpitch, x, spitch, width, rows);
-  else
-    copy_kernel<unsigned char><<<grid, 512, 0, s>>>(d, dpitch, x, spitch, width, rows);
-  return cudaGetLastError();
+  auto launch = [&](auto word) {
+    copy_kernel<decltype(word)>
+        <<<grid, 512, 0, s>>>(static_cast<char*>(dst), dpitch, static_cast<const char*>(src), spitch, width, rows);
+    return cudaGetLastError();
+  };
+  if (all % 16 == 0) return launch(uint4{});
+  if (all % 8 == 0) return launch(uint2{});
+  if (all % 4 == 0) return launch(uint32_t{});
+  if (all % 2 == 0) return launch(uint16_t{});
+  return launch(static_cast<unsigned char>(0));
 }
 
 cudaError_t overlap_wait_reduce(const dev::DeviceCtx& c, uint64_t epoch_off, const OverlapWaits& w, const void* slots,

@@ -323,6 +323,12 @@ void choose_runs(const EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, k
   }
 }
 
+// One pool launch with a's destinations and grid, its run lengths chosen for it.
+void pool(const EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, kernels::EmbeddingPoolArgs a, cudaStream_t s) {
+  choose_runs(I, tables, a);
+  WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
+}
+
 void gpu_pool(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, void* pooled, uint64_t bytes,
               const EmbeddingA2ARunOptions& opt) {
   gpu_checks(I, tables, pooled, bytes);
@@ -333,8 +339,7 @@ void gpu_pool(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, void* pool
   a.send_stride = I.rank_dim[static_cast<size_t>(I.op.rank())];
   a.send_dest_bytes = static_cast<uint64_t>(I.cfg.batch * a.send_stride) * I.ob;
   a.dest_count = I.op.world();
-  choose_runs(I, tables, a);
-  WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
+  pool(I, tables, a, s);
   if (I.cfg.check_indices && !I.op.capturing(opt.stream)) read_bad(I, tables, s);
 }
 
@@ -358,13 +363,11 @@ void gpu_forward(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, void* o
   a.send_dest_bytes = static_cast<uint64_t>(c.batch * a.send_stride) * I.ob;
   if (W == 1) {  // nothing to exchange: every method pools straight into out
     a.dest_first = me;
-    choose_runs(I, tables, a);
-    WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
+    pool(I, tables, a, s);
   } else if (m == EmbeddingA2AMethod::kBaseline) {
     a.out = nullptr;  // every destination's rows into d_send, then NCCL, then the re-layout
     a.dest_count = W;
-    choose_runs(I, tables, a);
-    WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
+    pool(I, tables, a, s);
     WEFT_NCCL_CHECK(ncclGroupStart());
     for (int p = 0; p < W; ++p) nccl_step(I, p, p, s);
     WEFT_NCCL_CHECK(ncclGroupEnd());
@@ -401,8 +404,7 @@ void gpu_forward(EmbeddingA2A::Impl& I, const EmbeddingBagInput* tables, void* o
     a.land_bytes = I.land_bytes;
     a.sig_off = I.sig_off;
     a.ctas = I.push_ctas;
-    choose_runs(I, tables, a);
-    WEFT_CUDA_CHECK(kernels::embedding_pool(a, s));
+    pool(I, tables, a, s);
     kernels::EmbeddingLandArgs l;
     l.ctx = I.b.ctx();
     l.land_off = I.land_off;
