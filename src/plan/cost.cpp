@@ -214,8 +214,8 @@ double tile_us(const DeviceConstants& d, double rows, double cols, double k) {
   return 2 * rows * cols * k / (d.gemm_tflops * 1e6 / d.sm_count);
 }
 
-double gemm_us(const DeviceConstants& d, double rows, double cols, double k) {
-  return 2 * rows * cols * k / (d.gemm_tflops * 1e6) + d.calls.gemm_launch_us;
+double gemm_us(const DeviceConstants& d, double rows, double cols, double k, double out_elem_bytes) {
+  return 2 * rows * cols * k / (d.gemm_tflops * 1e6) + hbm_us(d, rows * cols * out_elem_bytes) + d.calls.gemm_launch_us;
 }
 
 double copy_call_us(const DeviceConstants& d, double bytes) {

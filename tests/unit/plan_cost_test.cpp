@@ -155,9 +155,11 @@ TEST(PlanCost, FormulasWorkedOutByHand) {
   EXPECT_NEAR(local_copy_us(d, Engine::kSm, 1e6), 2.0, 1e-12);
   EXPECT_NEAR(local_reduce_us(d, Engine::kSm, 1e6), 3.0, 1e-12);
   EXPECT_NEAR(hbm_us(d, 1e6), 1.0, 1e-12);
-  // 2*100*100*1000 = 2e7 FLOP: 0.2 us on the GPU (+ 4 us launch), 2 us on one SM.
+  // 2*100*100*1000 = 2e7 FLOP: 0.2 us on the GPU, 2 us on one SM; the call also writes its
+  // 2e4 output bytes through HBM (0.02 us; 4e4 at 4 bytes each) and pays 4 us of launch.
   EXPECT_NEAR(tile_us(d, 100, 100, 1000), 2.0, 1e-12);
-  EXPECT_NEAR(gemm_us(d, 100, 100, 1000), 4.2, 1e-12);
+  EXPECT_NEAR(gemm_us(d, 100, 100, 1000), 4.22, 1e-12);
+  EXPECT_NEAR(gemm_us(d, 100, 100, 1000, 4), 4.24, 1e-12);
   EXPECT_NEAR(copy_call_us(d, 2e5), 3.0, 1e-12);
   // NCCL on 4 ranks: bus bytes 3/4 of 1e6 (twice for an all-reduce) at 5e4 B/us x (1.5)^0.5,
   // the all-gather's at 0.8 of that and the reduce-scatter's at 0.85.

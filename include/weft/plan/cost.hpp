@@ -23,7 +23,9 @@
 //    waits for the remote stores to be acknowledged);
 //  - a tile of r x c outputs with depth K takes 2*r*c*K / (gemm_tflops / sm_count): one
 //    worker is one SM running at its share of the measured GEMM rate (tile_us); a library GEMM
-//    call takes the whole GPU: 2*r*c*K / gemm_tflops + CallCosts::gemm_launch_us (gemm_us);
+//    call takes the whole GPU: 2*r*c*K / gemm_tflops, then its r x c output written at hbm_gbps
+//    (the epilogue's stores are not hidden behind the main loop of a call of one or two waves),
+//    + CallCosts::gemm_launch_us (gemm_us);
 //  - host-issued calls pay their CallCosts: a copy-engine copy copy_us, a stream wait on a flag
 //    wait_us, an NCCL collective collective_us on top of its bus bytes at link_gbps[nccl]
 //    growing with the world as (2(W-1)/W)^collective_world_exp (collective_us());
@@ -127,8 +129,11 @@ double reduce_rmw_us(const DeviceConstants& d, Engine e, double bytes, int ctas 
 double hbm_us(const DeviceConstants& d, double bytes);
 // One tile of rows x cols outputs, depth k, on one SM at its share of gemm_tflops.
 double tile_us(const DeviceConstants& d, double rows, double cols, double k);
-// One library GEMM call of rows x cols outputs, depth k, on the whole GPU (its launch included).
-double gemm_us(const DeviceConstants& d, double rows, double cols, double k);
+// One library GEMM call of rows x cols outputs of out_elem_bytes each, depth k, on the whole
+// GPU: its FLOPs, its output's write through HBM and its launch (the write term: 84 GEMM-alone
+// points of recorded bf16 runs, K 264 ... 8192, worst predicted/measured 0.60 -> 0.87;
+// docs/gemm_overlap.md, "The GEMM's time").
+double gemm_us(const DeviceConstants& d, double rows, double cols, double k, double out_elem_bytes = 2);
 // One copy-engine copy call of `bytes` to a peer (its fixed cost included).
 double copy_call_us(const DeviceConstants& d, double bytes);
 
