@@ -100,6 +100,7 @@ TEST(CliHardening, BadNumbersAreUsageErrorsNamingTheOption) {
       {"plan --rows 4611686018427387904 --world 4", "--rows", "4611686018427387904"},
       {"plan --cols 4611686018427387904", "--cols", "4611686018427387904"},
       {"plan --op gemm_rs --m 4294967296 --k 4294967296 --n 2 --world 2", "--m x --k", "4294967296"},
+      {"plan --op gemv_ar --m 4294967296 --k 8 --n 4294967296 --world 1", "--m x --n", "4294967296"},
   };
   for (const Case& c : cases) {
     const CliRun r = run(kWeft + " " + c.args);

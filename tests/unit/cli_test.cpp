@@ -197,6 +197,30 @@ TEST(Cli, PlanPredictsAGemmOpAsAutoDoes) {
   EXPECT_NE(r.out.find("(4 chunks)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("fused"), std::string::npos) << r.out;
   EXPECT_NE(run(kWeft + " plan --op ag_gemm --world 2").status, 0);  // no shape
+  // The baseline's line names its two calls.
+  r = run(kWeft + " plan --op gemm_ar --m 4096 --k 8192 --n 8192 --world 4" + c);
+  EXPECT_NE(r.out.find("(GEMM "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" + NCCL all-reduce "), std::string::npos) << r.out;
+  EXPECT_EQ(run(kWeft + " plan --op gemm_rs --m 64 --k 64 --n 64 --epilogue" + c).status, 2);  // gemv_ar's option
+}
+
+// `weft plan --op gemv_ar`: GemvAllReduce's auto on GPUs (ops::predict_gemv_ar). The model test
+// pins the rules these rest on: fused at decode sizes (M <= kGemvSmallM), never above.
+TEST(Cli, PlanPredictsGemvArAsAutoDoes) {
+  const std::string c = std::string(" --constants ") + WEFT_SOURCE_TREE + "/bench/constants/h200x2.json";
+  auto r = run(kWeft + " plan --op gemv_ar --m 1 --k 8192 --n 8192 --world 4" + c);
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("gemv_ar M 1 x K 8192 x N 8192 (bf16) on 4 ranks"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("auto: fused"), std::string::npos) << r.out;
+  r = run(kWeft + " plan --op gemv_ar --m 128 --k 8192 --n 8192 --world 4 --epilogue" + c);
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("+ residual and RMSNorm"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("decomposed"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("auto: fused"), std::string::npos) << r.out;
+  r = run(kWeft + " plan --op gemv_ar --m 1 --k 8190 --n 8192 --world 4" + c);
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("--k 8190 does not divide among 4 ranks"), std::string::npos) << r.out;
+  EXPECT_NE(run(kWeft + " plan --op gemv_ar --k 8192 --n 8192 --world 4" + c).status, 0);  // no --m
 }
 
 TEST(Cli, SimulatePredictsALargerCluster) {

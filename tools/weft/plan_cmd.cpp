@@ -15,6 +15,7 @@
 #include "cli_util.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ops/gemm_overlap_model.hpp"
+#include "weft/ops/gemv_ar.hpp"
 #include "weft/plan/cost.hpp"
 #include "weft/plan/dlrm.hpp"
 #include "weft/plan/schedule.hpp"
@@ -44,7 +45,8 @@ struct PlanOptions {
   // plan --op: the GEMM op's methods as auto predicts them (global M x K x N, like the bench)
   std::string gemm_op;
   int64_t m = 0, k = 0, n = 0;
-  int chunks = 0;  // 0: the model's best
+  int chunks = 0;         // 0: the model's best
+  bool epilogue = false;  // --op gemv_ar
   // simulate
   int nodes = 1, gpus = 2;
   double link_gbps = 0, net_gbps = 50;
@@ -236,9 +238,11 @@ int run_gemm_op(const PlanOptions& o) {
   const ops::RsFold fold = ops::default_rs_fold(in, dev, /*weft_fold_ok=*/true);
   const ops::OverlapPrediction p = ops::predict_overlap(in, dev, fold, o.chunks);
   static constexpr const char* kFolds[] = {"reduce pass", "weft", "lt", "gather"};
+  static constexpr const char* kCollectives[] = {"NCCL all-gather", "NCCL reduce-scatter", "NCCL all-reduce"};
   std::cout << fmt::format("{} {}x{}x{} (M x K x N, bf16) on {} ranks, predicted on {}:\n", o.gemm_op, o.m, o.k, o.n,
                            o.world, dev.device);
-  std::cout << fmt::format("  baseline   {:10.1f} us\n", p.baseline_us);
+  std::cout << fmt::format("  baseline   {:10.1f} us (GEMM {:.1f} + {} {:.1f})\n", p.baseline_us, p.baseline_gemm_us,
+                           kCollectives[static_cast<int>(in.op)], p.baseline_comm_us);
   std::cout << fmt::format("  decomposed {:10.1f} us ({} chunks{})\n", p.decomposed_us, p.chunks,
                            in.op == ops::GemmOp::kGemmRs && o.world > 1
                                ? fmt::format(", fold: {}", kFolds[static_cast<int>(fold)])
@@ -248,7 +252,27 @@ int run_gemm_op(const PlanOptions& o) {
   return 0;
 }
 
+// GemvAllReduce's methods for --m tokens as its auto predicts them on GPUs (ops::predict_gemv_ar).
+int run_gemv_op(const PlanOptions& o) {
+  WEFT_REQUIRE(o.m > 0 && o.k > 0 && o.n > 0, "--op gemv_ar needs --m (tokens), --k and --n (the weight: N x K)");
+  require_at_least("--world", o.world, 1);
+  if (o.k % o.world != 0) throw UsageError(fmt::format("--k {} does not divide among {} ranks", o.k, o.world));
+  checked_mul(checked_mul(o.n, o.k, fmt::format("--n x --k ({} x {})", o.n, o.k)), 2, "--n x --k x 2 bytes");
+  checked_mul(checked_mul(o.m, o.n, fmt::format("--m x --n ({} x {})", o.m, o.n)), 2, "--m x --n x 2 bytes");
+  const plan::DeviceConstants dev = constants(o);
+  const ops::GemvAutoChoice a = ops::predict_gemv_ar(o.world, o.m, o.n, o.k, o.epilogue, dev);
+  std::cout << fmt::format("gemv_ar M {} x K {} x N {} (bf16{}) on {} ranks, predicted on {}:\n", o.m, o.k, o.n,
+                           o.epilogue ? ", + residual and RMSNorm" : "", o.world, dev.device);
+  std::cout << fmt::format("  baseline   {:10.1f} us\n", a.predicted_baseline_us);
+  if (o.world > 1) std::cout << fmt::format("  decomposed {:10.1f} us\n", a.predicted_decomposed_us);
+  std::cout << fmt::format("  fused      {:10.1f} us\n", a.predicted_fused_us);
+  std::cout << fmt::format("auto: {}\n", ops::to_string(a.method));
+  return 0;
+}
+
 int run_plan(const PlanOptions& o) {
+  if (o.gemm_op == "gemv_ar") return run_gemv_op(o);
+  if (o.epilogue) throw UsageError("--epilogue: only with --op gemv_ar");
   if (!o.gemm_op.empty()) return run_gemm_op(o);
   validate(o, o.world, "--world");
   check_template_size(o, o.world, "--world");
@@ -472,12 +496,13 @@ std::function<int()> add_plan_commands(CLI::App& app) {
   plan->add_option("--file", o->file, "a hand-written plan (docs/plan.md) instead of a template");
   plan->add_flag("--print", o->print, "print the plan in the text format");
   plan->add_option("--op", o->gemm_op,
-                   "ag_gemm, gemm_rs or gemm_ar: predict the op's methods as auto does (with --m, --k, --n, "
-                   "--world; no plan is built)");
+                   "ag_gemm, gemm_rs, gemm_ar or gemv_ar: predict the op's methods as auto does (with --m, --k, "
+                   "--n, --world; no plan is built)");
   plan->add_option("--m", o->m, "--op: global M");
   plan->add_option("--k", o->k, "--op: global K");
   plan->add_option("--n", o->n, "--op: global N");
   plan->add_option("--chunks", o->chunks, "--op: decomposed's chunk count (0: the model's best)");
+  plan->add_flag("--epilogue", o->epilogue, "--op gemv_ar: with the residual add + RMSNorm epilogue");
   auto* sim = app.add_subcommand("simulate", "Predict a collective on a cluster of nodes x GPUs");
   add_common(sim, *o);
   sim->add_option("--nodes", o->nodes, "nodes");

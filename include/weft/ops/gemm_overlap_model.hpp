@@ -33,6 +33,7 @@ struct OverlapModelInput {
 
 struct OverlapPrediction {
   double baseline_us = 0;
+  double baseline_gemm_us = 0, baseline_comm_us = 0;  // the baseline's two calls (it is their sum)
   double decomposed_us = 0;                   // at `chunks`
   int chunks = 1;                             // decomposed's best chunk count of 1, 2, 4, 8 (at most the rows per rank)
   double fused_us = 0;                        // 0: not modelled (gemm_rs, gemm_ar)

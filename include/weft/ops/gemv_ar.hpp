@@ -34,6 +34,10 @@
 #include "weft/ops/names.hpp"
 #include "weft/runtime/backend.hpp"
 
+namespace weft::plan {
+struct DeviceConstants;
+}
+
 namespace weft::ops {
 
 enum class GemvMethod { kAuto, kBaseline, kDecomposed, kFused };
@@ -79,6 +83,13 @@ struct GemvAutoChoice {
   std::string source;  // "cost model", "host backend default", "tuning cache <path>"
   double predicted_baseline_us = 0, predicted_decomposed_us = 0, predicted_fused_us = 0;
 };
+
+// The model `auto` runs on GPUs (src/ops/gemv_ar/model.cpp): every method's predicted time for
+// M tokens of an [N, K] weight (K global, split over `world` ranks) on the device `d`, and the
+// fastest, with decomposed and fused both available (weft's sm_90a build). `weft plan --op
+// gemv_ar` prints it; the op itself also weighs the tuning cache and what the build has.
+GemvAutoChoice predict_gemv_ar(int world, int64_t m, int64_t n, int64_t k, bool epilogue,
+                               const plan::DeviceConstants& d);
 
 class GemvAllReduce {
  public:

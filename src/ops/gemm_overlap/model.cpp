@@ -2,6 +2,8 @@
 #include "weft/ops/gemm_overlap_model.hpp"
 
 #include <algorithm>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace weft::ops {
@@ -27,18 +29,18 @@ Shape shape_of(const OverlapModelInput& in, const plan::DeviceConstants& d) {
   return Shape{d, in.op, in.world, double(in.m), double(in.n), double(in.k), kl, double(in.elem_bytes)};
 }
 
-// NCCL's collective and a library GEMM, one after the other.
-double predict_baseline(const Shape& s) {
-  if (s.w == 1) return s.gemm(s.m, s.n, s.kl);
+// NCCL's collective and a library GEMM, one after the other: {GEMM, collective}.
+std::pair<double, double> predict_baseline(const Shape& s) {
+  if (s.w == 1) return {s.gemm(s.m, s.n, s.kl), 0};
   switch (s.op) {
     case GemmOp::kAgGemm:
-      return plan::collective_us(s.d, Collective::kAllGather, s.w, s.m * s.k * s.eb) + s.gemm(s.m, s.n, s.k);
+      return {s.gemm(s.m, s.n, s.k), plan::collective_us(s.d, Collective::kAllGather, s.w, s.m * s.k * s.eb)};
     case GemmOp::kGemmRs:
-      return s.gemm(s.m, s.n, s.kl) + plan::collective_us(s.d, Collective::kReduceScatter, s.w, s.m * s.n * s.eb);
+      return {s.gemm(s.m, s.n, s.kl), plan::collective_us(s.d, Collective::kReduceScatter, s.w, s.m * s.n * s.eb)};
     case GemmOp::kGemmAr:
-      return s.gemm(s.m, s.n, s.kl) + plan::collective_us(s.d, Collective::kAllReduce, s.w, s.m * s.n * s.eb);
+      return {s.gemm(s.m, s.n, s.kl), plan::collective_us(s.d, Collective::kAllReduce, s.w, s.m * s.n * s.eb)};
   }
-  return 0;
+  return {0, 0};
 }
 
 // The decomposed methods stepped through piece by piece: library GEMM calls, copy-engine
@@ -155,7 +157,8 @@ OverlapPrediction predict_overlap(const OverlapModelInput& in, const plan::Devic
     }
   }
   if (chunks > 0) p.chunks = chunks;
-  p.baseline_us = predict_baseline(s);
+  std::tie(p.baseline_gemm_us, p.baseline_comm_us) = predict_baseline(s);
+  p.baseline_us = p.baseline_gemm_us + p.baseline_comm_us;
   p.decomposed_us = predict_decomposed(s, p.chunks, fold);
   // The fused gemm_rs / gemm_ar measured slower than decomposed almost everywhere
   // (docs/gemm_overlap.md): not modelled (a tuning-cache entry can choose them).

@@ -1,10 +1,13 @@
 // The op's model: which all-reduce decomposed runs for each M, and what `auto` picks -- each
 // method's call stepped through the plan cost model's formulas (include/weft/plan/cost.hpp).
 // On the host backend `auto` is the fused method (gemv_ar.cpp): the model is for GPUs.
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "gemv_ar_impl.hpp"
 #include "weft/core/env.hpp"
+#include "weft/core/error.hpp"
 
 namespace weft::ops::detail {
 
@@ -76,3 +79,15 @@ GemvAutoChoice predict_gemv(const GemvModelInput& in, const plan::DeviceConstant
 }
 
 }  // namespace weft::ops::detail
+
+namespace weft::ops {
+
+GemvAutoChoice predict_gemv_ar(int world, int64_t m, int64_t n, int64_t k, bool epilogue,
+                               const plan::DeviceConstants& d) {
+  WEFT_REQUIRE(world >= 1 && m >= 1 && n >= 1 && k >= world,
+               fmt::format("predict_gemv_ar: world {}, M {}, N {}, K {}: each must be positive, K at least world",
+                           world, m, n, k));
+  return detail::predict_gemv({world, m, n, k / world, 2, epilogue, true, true}, d);
+}
+
+}  // namespace weft::ops
