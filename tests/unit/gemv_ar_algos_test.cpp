@@ -214,7 +214,7 @@ TEST_P(GemvArAlgosHost, AnyTeamMayPushAPart) {
   }));
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, GemvArAlgosHost, ::testing::Values(1, 2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GemvArAlgosHost, ::testing::Values(1, 2, 3, 4, 8));
 
 class GemvArAlgosHostFaults : public ::testing::TestWithParam<int> {};
 
