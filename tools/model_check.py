@@ -199,10 +199,26 @@ def gemv_file(d, predict, world_override):
     return out
 
 
+def gemm_bench_file(d, predict):
+    """`weft bench gemm`: cuBLAS's bf16 GEMM alone against the model's library GEMM (the
+    baseline of ag_gemm on one rank is exactly plan::gemm_us)."""
+    out = ["| M×K×N | cuBLAS measured | predicted | predicted / measured |", "|---|---|---|---|"]
+    ratios = []
+    for p in sorted(d["points"], key=lambda p: (p["m"], p["k"], p["n"])):
+        if p.get("impl") != "cublas" or p.get("dtype") != "bf16" or p.get("b_layout") != "nk":
+            continue
+        pr = predict("ag_gemm", 1, p["m"], p["k"], p["n"])["baseline"]
+        ratios.append(pr / p["median_us"])
+        out.append(f"| {p['m']}×{p['k']}×{p['n']} | {p['median_us']:.1f} | {pr:.1f} | {pr / p['median_us']:.2f} |")
+    out += ["", summary("GEMM alone", ratios) + f"; mean |log error| "
+            f"{statistics.mean(abs(math.log(r)) for r in ratios):.3f}." if ratios else "no cuBLAS bf16 points"]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("weft", help="the weft CLI (any build: `weft plan` needs no GPU)")
-    ap.add_argument("files", nargs="+", help="weft bench JSON files (ag_gemm, gemm_rs, gemm_ar, gemv_ar)")
+    ap.add_argument("files", nargs="+", help="weft bench JSON files (ag_gemm, gemm_rs, gemm_ar, gemv_ar, gemm)")
     ap.add_argument("--constants", default="", help="device constants JSON (default: the CLI's)")
     ap.add_argument("--predict-world", type=int, default=None, help="predict the files' shapes on this many ranks")
     ap.add_argument("--out", default="", help="write the Markdown here instead of stdout")
@@ -218,8 +234,14 @@ def main():
         except (OSError, json.JSONDecodeError) as e:
             raise SystemExit(f"model_check: {f}: {e}") from e
         bench = d.get("bench")
-        if bench not in GEMM_OPS + ("gemv_ar",):
-            raise SystemExit(f"model_check: {f}: bench '{bench}': expected one of {', '.join(GEMM_OPS)}, gemv_ar")
+        if bench not in GEMM_OPS + ("gemv_ar", "gemm"):
+            raise SystemExit(f"model_check: {f}: bench '{bench}': expected one of {', '.join(GEMM_OPS)}, gemv_ar, gemm")
+        if bench == "gemm":
+            if a.predict_world is not None:
+                raise SystemExit(f"model_check: {f}: --predict-world: not for `weft bench gemm` files (one GPU)")
+            lines += [f"### gemm (cuBLAS alone), {d.get('device', '?')}, {d.get('date', '?')} (`{f.split('/')[-1]}`)", ""]
+            lines += gemm_bench_file(d, predict) + [""]
+            continue
         world = d.get("world", 0)
         head = f"### {bench}, {world} × {d.get('device', '?')}, {d.get('date', '?')} (`{f.split('/')[-1]}`)"
         if a.predict_world is not None:
