@@ -668,7 +668,14 @@ __global__ void __launch_bounds__(32 * kRegWarps, 2)
 }
 
 // Unfused epilogue: one CTA per token row; 16-byte vectors (n % 8 == 0, 16-byte aligned rows).
+// A thread's vectors are v = tid, tid + kNormThreads, ...; each pass takes them kNormBatch at a
+// time, every load of a batch issued before the first is used (the stores to ro / out may alias
+// nothing the loads read but the compiler cannot know: without the batches each vector's loads
+// waited for the previous vector's store, one memory latency per vector). The sum of squares
+// adds the values in the same order as one vector at a time (rank order of v, then element).
+// residual may be residual_out (in place): a vector's store follows its own loads only.
 constexpr int kNormThreads = 256;
+constexpr int kNormBatch = 4;  // n <= 8 * kNormThreads * kNormBatch (8192): one batch a pass
 
 template <class T>
 __global__ void __launch_bounds__(kNormThreads)
@@ -676,19 +683,35 @@ __global__ void __launch_bounds__(kNormThreads)
   __shared__ float warp_sums[kNormThreads / 32];
   const size_t row = static_cast<size_t>(blockIdx.x) * n;
   const int vecs = n / 8;
+  const uint4* yv = reinterpret_cast<const uint4*>(y + row);
+  const uint4* rv = reinterpret_cast<const uint4*>(res + row);
+  const uint4* gv = reinterpret_cast<const uint4*>(gamma);
+  uint4* rov = reinterpret_cast<uint4*>(ro + row);
+  uint4* ov = reinterpret_cast<uint4*>(out + row);
   float sq = 0.f;
-  for (int v = threadIdx.x; v < vecs; v += kNormThreads) {
-    uint4 a = reinterpret_cast<const uint4*>(y + row)[v], b = reinterpret_cast<const uint4*>(res + row)[v];
-    T ea[8], eb[8];
-    __builtin_memcpy(ea, &a, 16);
-    __builtin_memcpy(eb, &b, 16);
-    for (int i = 0; i < 8; ++i) {
-      ea[i] = dev::from_float<T>(dev::to_float(ea[i]) + dev::to_float(eb[i]));
-      const float f = dev::to_float(ea[i]);
-      sq += f * f;
+  for (int v0 = threadIdx.x; v0 < vecs; v0 += kNormBatch * kNormThreads) {
+    uint4 a[kNormBatch], b[kNormBatch];
+#pragma unroll
+    for (int u = 0; u < kNormBatch; ++u)
+      if (const int v = v0 + u * kNormThreads; v < vecs) {
+        a[u] = yv[v];
+        b[u] = rv[v];
+      }
+#pragma unroll
+    for (int u = 0; u < kNormBatch; ++u) {
+      const int v = v0 + u * kNormThreads;
+      if (v >= vecs) break;
+      T ea[8], eb[8];
+      __builtin_memcpy(ea, &a[u], 16);
+      __builtin_memcpy(eb, &b[u], 16);
+      for (int i = 0; i < 8; ++i) {
+        ea[i] = dev::from_float<T>(dev::to_float(ea[i]) + dev::to_float(eb[i]));
+        const float f = dev::to_float(ea[i]);
+        sq += f * f;
+      }
+      __builtin_memcpy(&a[u], ea, 16);
+      rov[v] = a[u];
     }
-    __builtin_memcpy(&a, ea, 16);
-    reinterpret_cast<uint4*>(ro + row)[v] = a;
   }
   for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
   if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = sq;
@@ -696,14 +719,25 @@ __global__ void __launch_bounds__(kNormThreads)
   float total = 0.f;
   for (int wi = 0; wi < kNormThreads / 32; ++wi) total += warp_sums[wi];
   const float inv = 1.0f / sqrtf(total / static_cast<float>(n) + eps);
-  for (int v = threadIdx.x; v < vecs; v += kNormThreads) {
-    uint4 a = reinterpret_cast<const uint4*>(ro + row)[v], b = reinterpret_cast<const uint4*>(gamma)[v];
-    T ea[8], eb[8];
-    __builtin_memcpy(ea, &a, 16);
-    __builtin_memcpy(eb, &b, 16);
-    for (int i = 0; i < 8; ++i) ea[i] = dev::from_float<T>(dev::to_float(ea[i]) * inv * dev::to_float(eb[i]));
-    __builtin_memcpy(&a, ea, 16);
-    reinterpret_cast<uint4*>(out + row)[v] = a;
+  for (int v0 = threadIdx.x; v0 < vecs; v0 += kNormBatch * kNormThreads) {
+    uint4 a[kNormBatch], b[kNormBatch];
+#pragma unroll
+    for (int u = 0; u < kNormBatch; ++u)
+      if (const int v = v0 + u * kNormThreads; v < vecs) {
+        a[u] = rov[v];
+        b[u] = gv[v];
+      }
+#pragma unroll
+    for (int u = 0; u < kNormBatch; ++u) {
+      const int v = v0 + u * kNormThreads;
+      if (v >= vecs) break;
+      T ea[8], eb[8];
+      __builtin_memcpy(ea, &a[u], 16);
+      __builtin_memcpy(eb, &b[u], 16);
+      for (int i = 0; i < 8; ++i) ea[i] = dev::from_float<T>(dev::to_float(ea[i]) * inv * dev::to_float(eb[i]));
+      __builtin_memcpy(&a[u], ea, 16);
+      ov[v] = a[u];
+    }
   }
 }
 
