@@ -3,7 +3,9 @@
 
 #include <array>
 #include <cstdio>
+#include <fstream>
 #include <map>
+#include <regex>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -221,6 +223,61 @@ TEST(Cli, PlanPredictsGemvArAsAutoDoes) {
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("--k 8190 does not divide among 4 ranks"), std::string::npos) << r.out;
   EXPECT_NE(run(kWeft + " plan --op gemv_ar --k 8192 --n 8192 --world 4" + c).status, 0);  // no --m
+}
+
+// tools/model_check.py computes no time: every prediction is the CLI's, set beside the measured
+// column with the ratio, and `auto now` is the CLI's choice with that method's measured time.
+TEST(Cli, ModelCheckSetsTheModelBesideMeasuredRuns) {
+  char dir[] = "/tmp/weft-model-check-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string c = std::string(" --constants ") + WEFT_SOURCE_TREE + "/bench/constants/h200x2.json";
+  const auto p = run(kWeft + " plan --op gemm_rs --m 2048 --k 4096 --n 4096 --world 2" + c);
+  std::smatch b, d;
+  ASSERT_TRUE(std::regex_search(p.out, b, std::regex(R"(baseline\s+([0-9.]+) us)"))) << p.out;
+  ASSERT_TRUE(std::regex_search(p.out, d, std::regex(R"(decomposed\s+([0-9.]+) us \(1 chunks)"))) << p.out;
+  ASSERT_NE(p.out.find("auto: decomposed"), std::string::npos) << p.out;
+  const double base = std::stod(b[1]), dec = std::stod(d[1]);
+  nlohmann::json j = {{"bench", "gemm_rs"}, {"world", 2}, {"device", "test"}, {"date", "today"}};
+  j["points"] = {{{"m", 2048}, {"k", 4096}, {"n", 4096}, {"method", "baseline"}, {"median_us", 2 * base}, {"chunks", 0}},
+                 {{"m", 2048}, {"k", 4096}, {"n", 4096}, {"method", "decomposed"}, {"median_us", dec}, {"chunks", 1}}};
+  const std::string file = std::string(dir) + "/gemm_rs.json";
+  std::ofstream(file) << j.dump();
+  const std::string tool = std::string("python3 ") + WEFT_SOURCE_TREE + "/tools/model_check.py " + kWeft + " ";
+  auto r = run(tool + file + c);
+  EXPECT_EQ(r.status, 0) << r.out;
+  char cell[64];
+  std::snprintf(cell, sizeof cell, "%.1f / %.1f (0.50)", 2 * base, base);
+  EXPECT_NE(r.out.find(cell), std::string::npos) << cell << "\n" << r.out;
+  std::snprintf(cell, sizeof cell, "%.1f / %.1f (1.00) (1)", dec, dec);
+  EXPECT_NE(r.out.find(cell), std::string::npos) << cell << "\n" << r.out;
+  EXPECT_NE(r.out.find("| decomposed, fold reduce pass | "), std::string::npos) << r.out;  // auto now, measured
+  std::snprintf(cell, sizeof cell, "geometric mean %.3f", dec / (2 * base));
+  EXPECT_NE(r.out.find(cell), std::string::npos) << cell << "\n" << r.out;
+  // The same shapes predicted on 8 ranks: the CLI's 8-rank baseline.
+  const auto p8 = run(kWeft + " plan --op gemm_rs --m 2048 --k 4096 --n 4096 --world 8" + c);
+  ASSERT_TRUE(std::regex_search(p8.out, b, std::regex(R"(baseline\s+([0-9.]+) us)"))) << p8.out;
+  r = run(tool + "--predict-world 8 " + file + c);
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("### gemm_rs on 8 ranks, predicted"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| " + b[1].str() + " |"), std::string::npos) << r.out;
+  // A file of a bench it does not model is refused, naming the file and the bench.
+  std::ofstream(std::string(dir) + "/other.json") << R"({"bench": "moe", "world": 2, "points": []})";
+  r = run(tool + dir + "/other.json" + c);
+  EXPECT_NE(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("other.json: bench 'moe'"), std::string::npos) << r.out;
+  run(std::string("rm -rf ") + dir);
+}
+
+// tools/predictions.sh: every modelled op's predictions for W GPUs in one Markdown file.
+TEST(Cli, PredictionsCoverEveryModelledOp) {
+  const std::string sh = std::string("bash ") + WEFT_SOURCE_TREE + "/tools/predictions.sh " + kWeft;
+  auto r = run(sh + " 8");
+  EXPECT_EQ(r.status, 0) << r.out;
+  for (const char* want : {"# Cost-model predictions for 8 GPUs of one node", "| 8 KiB |", "### ag_gemm on 8 ranks",
+                           "### gemm_rs on 8 ranks", "### gemm_ar on 8 ranks", "### gemv_ar on 8 ranks",
+                           "DLRM-DCNv2 training iteration", "## Mixture-of-experts"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out.substr(0, 2000);
+  EXPECT_EQ(run(sh + " 0").status, 2);
 }
 
 TEST(Cli, SimulatePredictsALargerCluster) {
