@@ -83,6 +83,25 @@ def summary(name, ratios):
             f"{min(ratios):.2f} … {max(ratios):.2f}, {inside} within 25 %")
 
 
+def header(*cells):
+    """A Markdown table's header and rule."""
+    return ["| " + " | ".join(cells) + " |", "|" + "---|" * len(cells)]
+
+
+def closing(ratios, picks, measured, what=""):
+    """The lines under a table: the ratios' summary and auto's against the baseline."""
+    out = [""]
+    if measured:
+        out.append("Cells: measured / predicted µs (predicted / measured). " +
+                   "; ".join(summary(n, r) for n, r in ratios.items() if r) + ".")
+        if picks:
+            out.append(f"`auto` now, measured / baseline: geometric mean {geomean(picks):.3f}, worst {max(picks):.3f}"
+                       f"{what}.")
+    elif picks:
+        out.append(f"Predicted `auto` / baseline: geometric mean {geomean(picks):.3f}, worst {max(picks):.3f}.")
+    return out
+
+
 def group(points, keys):
     shapes = {}
     for p in points:
@@ -95,12 +114,11 @@ def gemm_file(d, predict, world_override):
     out, ratios = [], {"GEMM alone": [], "baseline": [], "decomposed": [], "fused": []}
     picks = []
     if world_override is None:
-        out.append("| M×K×N | GEMM alone | baseline | decomposed (chunks) | fused | auto now | auto now / baseline "
-                   "| fastest measured |")
-        out.append("|---|---|---|---|---|---|---|---|")
+        out += header("M×K×N", "GEMM alone", "baseline", "decomposed (chunks)", "fused", "auto now",
+                      "auto now / baseline", "fastest measured")
     else:
-        out.append("| M×K×N | GEMM alone | NCCL | baseline | decomposed (chunks, fold) | fused | auto | auto / baseline |")
-        out.append("|---|---|---|---|---|---|---|---|")
+        out += header("M×K×N", "GEMM alone", "NCCL", "baseline", "decomposed (chunks, fold)", "fused", "auto",
+                      "auto / baseline")
     for (m, k, n), ms in sorted(group(d["points"], ("m", "k", "n")).items()):
         unaligned = op != "ag_gemm" and (k // world) % 8 != 0
         if world_override is not None:
@@ -140,16 +158,7 @@ def gemm_file(d, predict, world_override):
                    f"{cell(p['baseline'], meas.get('baseline'))} | {cell(pc.get('decomposed'), meas.get('decomposed'))} "
                    f"({dec_chunks or '-'}) | {cell(p.get('fused'), meas.get('fused'))} | {pick}{note} | {vs_base} | "
                    f"{fastest} |")
-    out.append("")
-    if world_override is None:
-        out.append("Cells: measured / predicted µs (predicted / measured). " +
-                   "; ".join(summary(n, r) for n, r in ratios.items() if r) + ".")
-        if picks:
-            out.append(f"`auto` now, measured / baseline: geometric mean {geomean(picks):.3f}, worst {max(picks):.3f} "
-                       f"({len(picks)} aligned shapes).")
-    elif picks:
-        out.append(f"Predicted `auto` / baseline: geometric mean {geomean(picks):.3f}, worst {max(picks):.3f}.")
-    return out
+    return out + closing(ratios, picks, world_override is None, f" ({len(picks)} aligned shapes)")
 
 
 def gemv_file(d, predict, world_override):
@@ -157,12 +166,10 @@ def gemv_file(d, predict, world_override):
     out, ratios = [], {"baseline": [], "decomposed": [], "fused": [], "baseline + epilogue": [],
                        "fused + epilogue": []}
     if world_override is None:
-        out.append("| K×N | M | baseline | decomposed | fused | baseline + epilogue | fused + epilogue | auto now "
-                   "| fastest measured |")
-        out.append("|---|---|---|---|---|---|---|---|---|")
+        out += header("K×N", "M", "baseline", "decomposed", "fused", "baseline + epilogue", "fused + epilogue",
+                      "auto now", "fastest measured")
     else:
-        out.append("| K×N | M | baseline | decomposed | fused | auto | auto / baseline |")
-        out.append("|---|---|---|---|---|---|---|")
+        out += header("K×N", "M", "baseline", "decomposed", "fused", "auto", "auto / baseline")
     picks = []
     for (k, n, m), ms in sorted(group(d["points"], ("k", "n", "m")).items()):
         p = predict("gemv_ar", world, m, k, n)
@@ -188,21 +195,13 @@ def gemv_file(d, predict, world_override):
             picks.append(meas[p["auto"]] / meas["baseline"])
         out.append(f"| {k}×{n} | {m} | " + " | ".join(cell(pr, me) for _, pr, me in pairs) +
                    f" | {p['auto']} | {fastest} |")
-    out.append("")
-    if world_override is None:
-        out.append("Cells: measured / predicted µs (predicted / measured). " +
-                   "; ".join(summary(n, r) for n, r in ratios.items() if r) + ".")
-        if picks:
-            out.append(f"`auto` now, measured / baseline: geometric mean {geomean(picks):.3f}, worst {max(picks):.3f}.")
-    elif picks:
-        out.append(f"Predicted `auto` / baseline: geometric mean {geomean(picks):.3f}, worst {max(picks):.3f}.")
-    return out
+    return out + closing(ratios, picks, world_override is None)
 
 
 def gemm_bench_file(d, predict):
     """`weft bench gemm`: cuBLAS's bf16 GEMM alone against the model's library GEMM (the
     baseline of ag_gemm on one rank is exactly plan::gemm_us)."""
-    out = ["| M×K×N | cuBLAS measured | predicted | predicted / measured |", "|---|---|---|---|"]
+    out = header("M×K×N", "cuBLAS measured", "predicted", "predicted / measured")
     ratios = []
     for p in sorted(d["points"], key=lambda p: (p["m"], p["k"], p["n"])):
         if p.get("impl") != "cublas" or p.get("dtype") != "bf16" or p.get("b_layout") != "nk":

@@ -677,68 +677,60 @@ __global__ void __launch_bounds__(32 * kRegWarps, 2)
 constexpr int kNormThreads = 256;
 constexpr int kNormBatch = 4;  // n <= 8 * kNormThreads * kNormBatch (8192): one batch a pass
 
+// f(v, a, b) for each of this thread's vectors v (tid, tid + kNormThreads, ... < vecs), with
+// a = x[v] and b = w[v]: kNormBatch at a time, every load of a batch before the first f.
+template <class F>
+__device__ __forceinline__ void norm_pass(const uint4* x, const uint4* w, int vecs, F f) {
+  for (int v0 = static_cast<int>(threadIdx.x); v0 < vecs; v0 += kNormBatch * kNormThreads) {
+    uint4 a[kNormBatch], b[kNormBatch];
+#pragma unroll
+    for (int u = 0; u < kNormBatch; ++u)
+      if (const int v = v0 + u * kNormThreads; v < vecs) {
+        a[u] = x[v];
+        b[u] = w[v];
+      }
+#pragma unroll
+    for (int u = 0; u < kNormBatch; ++u)
+      if (const int v = v0 + u * kNormThreads; v < vecs) f(v, a[u], b[u]);
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(kNormThreads)
     add_rmsnorm_kernel(const T* y, const T* res, const T* gamma, T* ro, T* out, int n, float eps) {
   __shared__ float warp_sums[kNormThreads / 32];
   const size_t row = static_cast<size_t>(blockIdx.x) * n;
   const int vecs = n / 8;
-  const uint4* yv = reinterpret_cast<const uint4*>(y + row);
-  const uint4* rv = reinterpret_cast<const uint4*>(res + row);
-  const uint4* gv = reinterpret_cast<const uint4*>(gamma);
   uint4* rov = reinterpret_cast<uint4*>(ro + row);
   uint4* ov = reinterpret_cast<uint4*>(out + row);
   float sq = 0.f;
-  for (int v0 = threadIdx.x; v0 < vecs; v0 += kNormBatch * kNormThreads) {
-    uint4 a[kNormBatch], b[kNormBatch];
-#pragma unroll
-    for (int u = 0; u < kNormBatch; ++u)
-      if (const int v = v0 + u * kNormThreads; v < vecs) {
-        a[u] = yv[v];
-        b[u] = rv[v];
-      }
-#pragma unroll
-    for (int u = 0; u < kNormBatch; ++u) {
-      const int v = v0 + u * kNormThreads;
-      if (v >= vecs) break;
-      T ea[8], eb[8];
-      __builtin_memcpy(ea, &a[u], 16);
-      __builtin_memcpy(eb, &b[u], 16);
-      for (int i = 0; i < 8; ++i) {
-        ea[i] = dev::from_float<T>(dev::to_float(ea[i]) + dev::to_float(eb[i]));
-        const float f = dev::to_float(ea[i]);
-        sq += f * f;
-      }
-      __builtin_memcpy(&a[u], ea, 16);
-      rov[v] = a[u];
-    }
-  }
+  norm_pass(reinterpret_cast<const uint4*>(y + row), reinterpret_cast<const uint4*>(res + row), vecs,
+            [&](int v, uint4 a, uint4 b) {
+              T ea[8], eb[8];
+              __builtin_memcpy(ea, &a, 16);
+              __builtin_memcpy(eb, &b, 16);
+              for (int i = 0; i < 8; ++i) {
+                ea[i] = dev::from_float<T>(dev::to_float(ea[i]) + dev::to_float(eb[i]));
+                const float f = dev::to_float(ea[i]);
+                sq += f * f;
+              }
+              __builtin_memcpy(&a, ea, 16);
+              rov[v] = a;
+            });
   for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
   if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = sq;
   __syncthreads();
   float total = 0.f;
   for (int wi = 0; wi < kNormThreads / 32; ++wi) total += warp_sums[wi];
   const float inv = 1.0f / sqrtf(total / static_cast<float>(n) + eps);
-  for (int v0 = threadIdx.x; v0 < vecs; v0 += kNormBatch * kNormThreads) {
-    uint4 a[kNormBatch], b[kNormBatch];
-#pragma unroll
-    for (int u = 0; u < kNormBatch; ++u)
-      if (const int v = v0 + u * kNormThreads; v < vecs) {
-        a[u] = rov[v];
-        b[u] = gv[v];
-      }
-#pragma unroll
-    for (int u = 0; u < kNormBatch; ++u) {
-      const int v = v0 + u * kNormThreads;
-      if (v >= vecs) break;
-      T ea[8], eb[8];
-      __builtin_memcpy(ea, &a[u], 16);
-      __builtin_memcpy(eb, &b[u], 16);
-      for (int i = 0; i < 8; ++i) ea[i] = dev::from_float<T>(dev::to_float(ea[i]) * inv * dev::to_float(eb[i]));
-      __builtin_memcpy(&a[u], ea, 16);
-      ov[v] = a[u];
-    }
-  }
+  norm_pass(rov, reinterpret_cast<const uint4*>(gamma), vecs, [&](int v, uint4 a, uint4 b) {
+    T ea[8], eb[8];
+    __builtin_memcpy(ea, &a, 16);
+    __builtin_memcpy(eb, &b, 16);
+    for (int i = 0; i < 8; ++i) ea[i] = dev::from_float<T>(dev::to_float(ea[i]) * inv * dev::to_float(eb[i]));
+    __builtin_memcpy(&a, ea, 16);
+    ov[v] = a;
+  });
 }
 
 // ---- launch helpers ------------------------------------------------------------------------
