@@ -672,7 +672,7 @@ __global__ void __launch_bounds__(32 * kRegWarps, 2)
 // time, every load of a batch issued before the first is used (the stores to ro / out may alias
 // nothing the loads read but the compiler cannot know: without the batches each vector's loads
 // waited for the previous vector's store, one memory latency per vector). The sum of squares
-// adds the values in the same order as one vector at a time (rank order of v, then element).
+// adds the values in the same order as one vector at a time (increasing v, then element).
 // residual may be residual_out (in place): a vector's store follows its own loads only.
 constexpr int kNormThreads = 256;
 constexpr int kNormBatch = 4;  // n <= 8 * kNormThreads * kNormBatch (8192): one batch a pass
