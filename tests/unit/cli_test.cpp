@@ -26,6 +26,8 @@ Run run(const std::string& cmd) {
 }
 
 const std::string kWeft = WEFT_CLI_PATH;
+// `weft plan`'s device constants named explicitly, whatever the working directory.
+const std::string kConstants = std::string(" --constants ") + WEFT_SOURCE_TREE + "/bench/constants/h200x2.json";
 
 // The word after `label` in `out` ("  baseline   102.7 us" -> "102.7"); empty when absent.
 std::string word_after(const std::string& out, const std::string& label) {
@@ -195,7 +197,7 @@ TEST(Cli, PlanFromAFileWithAMissingChunkIsRejected) {
 // `weft plan --op`: the GEMM op's methods as auto predicts them (ops::predict_overlap, the same
 // model and constants as the plan simulation); the choices are GemmOverlapModel's pinned ones.
 TEST(Cli, PlanPredictsAGemmOpAsAutoDoes) {
-  const std::string c = std::string(" --constants ") + WEFT_SOURCE_TREE + "/bench/constants/h200x2.json";
+  const std::string& c = kConstants;
   auto r = run(kWeft + " plan --op gemm_rs --m 2048 --k 4096 --n 4096 --world 8" + c);
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("gemm_rs 2048x4096x4096 (M x K x N, bf16) on 8 ranks"), std::string::npos) << r.out;
@@ -217,7 +219,7 @@ TEST(Cli, PlanPredictsAGemmOpAsAutoDoes) {
 // `weft plan --op gemv_ar`: GemvAllReduce's auto on GPUs (ops::predict_gemv_ar). The model test
 // pins the rules these rest on: fused at decode sizes (M <= kGemvSmallM), never above.
 TEST(Cli, PlanPredictsGemvArAsAutoDoes) {
-  const std::string c = std::string(" --constants ") + WEFT_SOURCE_TREE + "/bench/constants/h200x2.json";
+  const std::string& c = kConstants;
   auto r = run(kWeft + " plan --op gemv_ar --m 1 --k 8192 --n 8192 --world 4" + c);
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("gemv_ar M 1 x K 8192 x N 8192 (bf16) on 4 ranks"), std::string::npos) << r.out;
@@ -238,7 +240,7 @@ TEST(Cli, PlanPredictsGemvArAsAutoDoes) {
 TEST(Cli, ModelCheckSetsTheModelBesideMeasuredRuns) {
   char dir[] = "/tmp/weft-model-check-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
-  const std::string c = std::string(" --constants ") + WEFT_SOURCE_TREE + "/bench/constants/h200x2.json";
+  const std::string& c = kConstants;
   const auto p = run(kWeft + " plan --op gemm_rs --m 2048 --k 4096 --n 4096 --world 2" + c);
   const std::string b = word_after(p.out, "  baseline "), d = word_after(p.out, "  decomposed ");
   ASSERT_FALSE(b.empty() || d.empty()) << p.out;
@@ -246,8 +248,10 @@ TEST(Cli, ModelCheckSetsTheModelBesideMeasuredRuns) {
   ASSERT_NE(p.out.find("auto: decomposed"), std::string::npos) << p.out;
   const double base = std::stod(b), dec = std::stod(d);
   nlohmann::json j = {{"bench", "gemm_rs"}, {"world", 2}, {"device", "test"}, {"date", "today"}};
-  j["points"] = {{{"m", 2048}, {"k", 4096}, {"n", 4096}, {"method", "baseline"}, {"median_us", 2 * base}, {"chunks", 0}},
-                 {{"m", 2048}, {"k", 4096}, {"n", 4096}, {"method", "decomposed"}, {"median_us", dec}, {"chunks", 1}}};
+  auto point = [](const char* method, double us, int chunks) {
+    return nlohmann::json{{"m", 2048}, {"k", 4096}, {"n", 4096}, {"method", method}, {"median_us", us}, {"chunks", chunks}};
+  };
+  j["points"] = {point("baseline", 2 * base, 0), point("decomposed", dec, 1)};
   const std::string file = std::string(dir) + "/gemm_rs.json";
   std::ofstream(file) << j.dump();
   const std::string tool = std::string("python3 ") + WEFT_SOURCE_TREE + "/tools/model_check.py " + kWeft + " ";
